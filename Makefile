@@ -1,0 +1,34 @@
+# make demo / make test work on a fresh machine: they create .venv and install pinned versions.
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.qvl-installed
+# Exact versions for this machine (CPU torch that imports beside torchvision); pyproject keeps ranges.
+PINS := torch==2.14.1 torchvision==0.29.1 transformers==5.15.1 typer==0.29.2 rich==15.0.0 \
+        pyyaml==6.0.4 pillow==13.0.0 av==18.1.0 filelock==4.3.1 pytest==9.2.0 hypothesis==6.170.17 ruff==0.17.6
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check $(PINS)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	PATH=$(abspath $(BIN)):$$PATH bash scripts/demo.sh
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check qwenvl_rbln tests benchmarks scripts
+	$(BIN)/ruff format --check qwenvl_rbln tests benchmarks scripts
+
+bench: install
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) qvl-out .pytest_cache

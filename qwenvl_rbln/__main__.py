@@ -1,0 +1,4 @@
+from qwenvl_rbln.cli import main
+
+if __name__ == "__main__":
+    main()

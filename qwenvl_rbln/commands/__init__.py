@@ -1,0 +1,29 @@
+"""Command modules. Each exposes ``register(app)``; heavy imports stay inside the command bodies."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+# Order here is the order in `qvl --help`.
+COMMAND_MODULES = [
+    "compile_cmd",
+    "load_check_cmd",
+    "infer_cmd",
+    "bucket_plan_cmd",
+    "compare_cmd",
+    "presets_cmd",
+    "tiny_model_cmd",
+]
+
+
+def register_all(app: typer.Typer) -> None:
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"qwenvl_rbln.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"qwenvl_rbln.commands.{name}":
+                continue  # command not built yet
+            raise
+        module.register(app)

@@ -1,0 +1,24 @@
+"""Options shared by several commands, so each is spelled and documented once."""
+
+from __future__ import annotations
+
+import typer
+
+PresetOpt = typer.Option(
+    "rebel100-1npu", "--preset", "-p", help="Preset name (see `qvl presets list`) or path to a YAML file."
+)
+SetOpt = typer.Option(
+    None,
+    "--set",
+    "-s",
+    help="Override a key: dotted.key=value (JSON values), e.g. --set visual.max_seq_len=[1024,16384]. Repeatable.",
+)
+ModelOpt = typer.Option(None, "--model", "-m", help="Hub id or local model directory (overrides the preset).")
+JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout; diagnostics go to stderr.")
+
+
+def print_warnings(warnings: list[str]) -> None:
+    from qwenvl_rbln import render
+
+    for w in warnings:
+        render.warn(w)

@@ -1,0 +1,91 @@
+"""`qvl compile`: preset -> exact rbln_config -> (dry run | real compile into artifacts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from qwenvl_rbln.commands.common import JsonOpt, ModelOpt, PresetOpt, SetOpt
+
+
+def plan_summary(console: Any, plan: dict[str, Any]) -> None:
+    """Human view of a resolved plan (shared by compile --dry-run and compile)."""
+    import json
+
+    from rich.table import Table
+
+    r = plan["resolved"]
+    table = Table(box=None, show_header=False, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("preset", f"{plan['preset']}  ({plan['description']})")
+    table.add_row("model", f"{plan['model_id']}  [dim]{plan['model_geometry']['source']}[/dim]")
+    table.add_row("backend / npu", f"{plan['backend']} / {plan['npu']} ({plan['device_spec']['product']})")
+    table.add_row("ViT buckets", ", ".join(str(b) for b in r["vit_buckets"]) + " patches")
+    table.add_row(
+        "LM",
+        f"batch {r['batch_size']}, max_seq_len {r['max_seq_len']}, {r['attn_impl']}"
+        + (f" (partition {r['kvcache_partition_len']})" if r["kvcache_partition_len"] else "")
+        + f", prefill chunk {r['prefill_chunk_size']}",
+    )
+    table.add_row("graphs", ", ".join(r["graph_names"]) + ", visual/compiled_model")
+    blocks = "auto" if not r["kvcache_num_blocks"] else str(r["kvcache_num_blocks"])
+    table.add_row("KV blocks", f"{blocks} (full {r['num_full_blocks']}, minimum {r['num_min_blocks']})")
+    p = plan["processor"]
+    table.add_row("processor", f"min_pixels {p['min_pixels']}, max_pixels {p['max_pixels']}")
+    table.add_row("placement", f"LM on device {plan['placement']['device']}, visual on {plan['placement']['visual_device']}")
+    table.add_row("output", plan["output_dir"])
+    console.print(table)
+    console.print("[bold]compile rbln_config[/bold] (from_pretrained(export=True))")
+    console.print(json.dumps(plan["rbln_config"], indent=2), markup=False, highlight=False)
+    console.print("[bold]load rbln_config[/bold] (from_pretrained(export=False))")
+    console.print(json.dumps(plan["load_rbln_config"], indent=2), markup=False, highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("compile")
+    def compile_cmd(
+        preset: str = PresetOpt,
+        sets: list[str] = SetOpt,
+        model: str = ModelOpt,
+        output: Path = typer.Option(None, "--output", "-o", help="Artifact directory (default: the preset's)."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Resolve, validate and estimate memory; compile nothing."),
+        force: bool = typer.Option(
+            False, "--force", help="Replace an existing artifact directory; compile even if the planner says it won't fit."
+        ),
+        cache_dir: Path = typer.Option(None, "--cache-dir", help="Compile cache (default: $QVL_HOME/compile-cache)."),
+        no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the compile cache."),
+        device_memory: str = typer.Option(None, "--device-memory", help="Usable bytes per NPU you measured, e.g. 120GiB."),
+        as_json: bool = JsonOpt,
+    ) -> None:
+        """Compile Qwen3-VL with a preset (optimum-rbln on an RBLN host, transformers for backend torch)."""
+        from qwenvl_rbln import render
+        from qwenvl_rbln.commands.common import print_warnings
+        from qwenvl_rbln.memory import estimate_plan
+        from qwenvl_rbln.memory_view import print_memory
+        from qwenvl_rbln.plan import build_plan
+
+        plan = build_plan(preset, sets, model=model, output_dir=str(output) if output else None)
+        print_warnings(plan.warnings)
+        memory = estimate_plan(plan, device_memory=device_memory)
+        data = {**plan.to_dict(), "memory": memory.to_dict()}
+        if dry_run:
+            def human(console: Any, d: dict[str, Any]) -> None:
+                plan_summary(console, d)
+                print_memory(console, d["memory"])
+                console.print("[dim]dry run: nothing was compiled[/dim]")
+
+            render.emit({**data, "dry_run": True}, as_json=as_json, human=human)
+            return
+        from qwenvl_rbln.compile_job import run_compile
+
+        result = run_compile(
+            plan, memory, force=force, cache_dir=cache_dir, use_cache=not no_cache, as_json=as_json
+        )
+
+        def human_done(console: Any, d: dict[str, Any]) -> None:
+            console.print(d.get("summary", ""), markup=False)
+
+        render.emit({**data, "dry_run": False, "result": result}, as_json=as_json, human=human_done)

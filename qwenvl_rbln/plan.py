@@ -1,0 +1,611 @@
+"""Preset -> Plan: the exact optimum-rbln rbln_config dicts, validated before anything slow runs.
+
+Every rule of optimum-rbln 0.12.0 that can be checked without the compiler is checked here, with
+the key, the value and the allowed range in the message, plus the cases optimum-rbln misses
+(single ``decoder_batch_sizes`` entry != batch_size, duplicates, ViT buckets not a multiple of 4,
+``max_seq_len`` above the model's ``max_position_embeddings``, negative device ids).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln.devices import NpuSpec, npu_spec, parse_byte_size
+from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.modelinfo import ModelGeometry, load_geometry, processor_defaults
+from qwenvl_rbln.presets import LoadedPreset, closest, load_preset
+
+# optimum-rbln 0.12 modeling_attention_utils.AttentionLimits
+ATTENTION_LIMITS = {
+    "REBEL": {"max_eager": 16384, "partition_min": 1024, "partition_max": 16384, "default_partition": 8192},
+    "ATOM": {"max_eager": 32768, "partition_min": 1024, "partition_max": 32768, "default_partition": 16384},
+}
+MIN_FLASH_MAX_SEQ_LEN = 2048
+
+# Keys optimum-rbln accepts (RBLNModelConfig + RBLNDecoderOnlyModelConfig + Qwen3-VL), by level.
+BASE_KEYS = {
+    "create_runtimes": bool,
+    "device": "device",
+    "device_map": dict,
+    "activate_profiler": bool,
+    "npu": str,
+    "num_devices": int,
+    "timeout": int,
+    "dtype": str,
+    "optimize_host_memory": bool,
+}
+LM_KEYS = {
+    **BASE_KEYS,
+    "batch_size": int,
+    "max_seq_len": int,
+    "use_inputs_embeds": bool,
+    "use_attention_mask": bool,
+    "use_position_ids": bool,
+    "attn_impl": str,
+    "kvcache_partition_len": int,
+    "kvcache_block_size": int,
+    "prefill_chunk_size": int,
+    "kvcache_num_blocks": int,
+    "memory_budget": "budget",
+    "decoder_batch_sizes": list,
+    "quantization": dict,
+    "lora_config": dict,
+    "cache_impl": str,
+    "sliding_window": int,
+    "sliding_window_layers": list,
+    "phases": list,
+    "logits_to_keep": int,
+    "output_hidden_states": bool,
+    "visual": dict,
+    "_load_visual_runtime": bool,
+}
+VISUAL_KEYS = {**BASE_KEYS, "max_seq_len": "buckets", "batch_size": int}
+RUNTIME_ONLY_KEYS = ("create_runtimes", "device", "device_map", "activate_profiler", "timeout")
+
+
+@dataclass(frozen=True)
+class ProcessorCaps:
+    """Pixel caps handed to the Qwen3-VL processor (images per image, videos over all frames)."""
+
+    min_pixels: int
+    max_pixels: int
+    video_min_pixels: int
+    video_max_pixels: int
+    fps: float = 2.0
+    min_frames: int = 4
+    max_frames: int = 768
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ResolvedLM:
+    """What optimum-rbln will resolve the LM config to (the values it computes, not just what was typed)."""
+
+    batch_size: int
+    max_seq_len: int
+    attn_impl: str
+    kvcache_partition_len: int | None
+    kvcache_block_size: int
+    prefill_chunk_size: int
+    kvcache_num_blocks: int  # 0 = automatic
+    memory_budget: float | int | None  # fraction (0, 1] or bytes
+    decoder_batch_sizes: list[int]  # descending, as optimum-rbln sorts them
+    vit_buckets: list[int]  # ascending, as optimum-rbln's searchsorted uses them
+    num_full_blocks: int
+    num_min_blocks: int
+    num_devices: int
+    visual_num_devices: int
+
+    @property
+    def graph_names(self) -> list[str]:
+        return ["prefill"] + [f"decoder_batch_{b}" for b in self.decoder_batch_sizes]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "graph_names": self.graph_names}
+
+
+@dataclass
+class Plan:
+    preset: str
+    preset_path: str
+    preset_hash: str
+    preset_chain: list[str]
+    description: str
+    backend: str
+    model_id: str
+    npu: str
+    npu_spec: NpuSpec
+    geometry: ModelGeometry
+    rbln_config: dict[str, Any]
+    load_rbln_config: dict[str, Any]
+    placement: dict[str, Any]
+    processor: ProcessorCaps
+    resolved: ResolvedLM
+    output_dir: str
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def vit_buckets(self) -> list[int]:
+        return self.resolved.vit_buckets
+
+    @property
+    def lm_device(self) -> int | list[int]:
+        return self.placement["device"]
+
+    @property
+    def visual_device(self) -> int | list[int]:
+        return self.placement["visual_device"]
+
+    def cache_config(self) -> dict[str, Any]:
+        """The compile rbln_config without runtime-only keys (what decides the compiled bytes)."""
+        return strip_runtime_keys(self.rbln_config)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "preset": self.preset,
+            "preset_path": self.preset_path,
+            "preset_hash": self.preset_hash,
+            "preset_chain": self.preset_chain,
+            "description": self.description,
+            "backend": self.backend,
+            "model_id": self.model_id,
+            "npu": self.npu,
+            "device_spec": self.npu_spec.to_dict(),
+            "model_geometry": self.geometry.to_dict(),
+            "rbln_config": self.rbln_config,
+            "load_rbln_config": self.load_rbln_config,
+            "placement": self.placement,
+            "processor": self.processor.to_dict(),
+            "resolved": self.resolved.to_dict(),
+            "output_dir": self.output_dir,
+            "warnings": self.warnings,
+        }
+
+
+def strip_runtime_keys(cfg: dict[str, Any]) -> dict[str, Any]:
+    out = {k: copy.deepcopy(v) for k, v in cfg.items() if k not in RUNTIME_ONLY_KEYS}
+    if isinstance(out.get("visual"), dict):
+        out["visual"] = strip_runtime_keys(out["visual"])
+    return out
+
+
+class _Checker:
+    """Raises InputError naming the preset file that gave the key."""
+
+    def __init__(self, loaded: LoadedPreset):
+        self.loaded = loaded
+
+    def fail(self, key: str, message: str, hint: str) -> None:
+        raise InputError(f"{self.loaded.source_of(key)}: {message}", hint)
+
+    def int_(self, key: str, value: Any, *, minimum: int | None = None, allowed: str = "") -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(key, f"{key}={value!r} must be an integer{allowed}", f"set {key} to an integer{allowed}")
+        if minimum is not None and value < minimum:
+            self.fail(key, f"{key}={value} is below the minimum {minimum}{allowed}", f"use {key} >= {minimum}")
+        return value
+
+    def bool_(self, key: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            self.fail(key, f"{key}={value!r} must be true or false", f"set {key}: true or {key}: false")
+        return value
+
+    def device(self, key: str, value: Any) -> int | list[int]:
+        ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 0) or (
+            isinstance(value, list)
+            and value
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+        )
+        if not ok:
+            self.fail(
+                key,
+                f"{key}={value!r} is not a device id (non-negative integer or a list of them)",
+                f"e.g. {key}: 0 (see `rbln-smi` for the ids on this host)",
+            )
+        if isinstance(value, list) and len(set(value)) != len(value):
+            self.fail(key, f"{key}={value!r} repeats a device id", "list each NPU once")
+        return value
+
+    def keys(self, prefix: str, data: dict[str, Any], schema: dict[str, Any]) -> None:
+        for key, value in data.items():
+            dotted = f"{prefix}{key}"
+            if key not in schema:
+                near = closest(str(key), list(schema))
+                hint = f"did you mean '{prefix}{near}'?" if near else "see `qvl presets show` for valid keys"
+                self.fail(dotted, f"unknown rbln_config key '{dotted}' (optimum-rbln 0.12 rejects it)", hint)
+            kind = schema[key]
+            if value is None:
+                continue
+            if kind is int:
+                self.int_(dotted, value)
+            elif kind is bool:
+                self.bool_(dotted, value)
+            elif kind is str and not isinstance(value, str):
+                self.fail(dotted, f"{dotted}={value!r} must be a string", f"quote the value of {dotted}")
+            elif kind is dict and not isinstance(value, dict):
+                self.fail(dotted, f"{dotted}={value!r} must be a mapping", f"write {dotted} as key: value pairs")
+            elif kind is list and not isinstance(value, list):
+                self.fail(dotted, f"{dotted}={value!r} must be a list", f"write {dotted} as [a, b, ...]")
+            elif kind == "device":
+                self.device(dotted, value)
+
+
+def build_plan(
+    preset: str,
+    sets: list[str] | None = None,
+    *,
+    model: str | None = None,
+    output_dir: str | None = None,
+) -> Plan:
+    """Load, merge, validate and resolve a preset into a Plan."""
+    loaded = load_preset(preset, sets)
+    return plan_from_loaded(loaded, model=model, output_dir=output_dir)
+
+
+def plan_from_loaded(loaded: LoadedPreset, *, model: str | None = None, output_dir: str | None = None) -> Plan:
+    chk = _Checker(loaded)
+    data = loaded.data
+    warnings = list(loaded.warnings)
+
+    description = data.get("description") or ""
+    if not isinstance(description, str):
+        chk.fail("description", f"description={description!r} must be a string", "write one line of text")
+    backend = data.get("backend", "rbln")
+    if backend not in ("rbln", "torch"):
+        chk.fail("backend", f"backend={backend!r} is not one of rbln, torch", "set backend: rbln or backend: torch")
+    model_id = model or data.get("model")
+    if not isinstance(model_id, str) or not model_id.strip():
+        chk.fail("model", f"model={model_id!r} must name a hub id or a local directory", "set model: or pass --model")
+
+    rbln = data.get("rbln_config")
+    if not isinstance(rbln, dict):
+        chk.fail("rbln_config", f"rbln_config={rbln!r} must be a mapping", "add an rbln_config: section")
+    rbln = copy.deepcopy(rbln)
+    chk.keys("rbln_config.", rbln, LM_KEYS)
+    visual = rbln.get("visual")
+    if not isinstance(visual, dict):
+        chk.fail("rbln_config.visual", "rbln_config.visual is missing", "add visual: {max_seq_len: 16384, ...}")
+    chk.keys("rbln_config.visual.", visual, VISUAL_KEYS)
+
+    # Target NPU: the preset's `npu`, or rbln_config.npu; both must agree.
+    npu = data.get("npu") or rbln.get("npu")
+    if rbln.get("npu") and data.get("npu") and rbln["npu"] != data["npu"]:
+        chk.fail("npu", f"npu={data['npu']!r} but rbln_config.npu={rbln['npu']!r}", "set the target NPU once")
+    if not npu:
+        chk.fail("npu", "no target npu", "set npu: RBLN-CR13 (without it optimum-rbln falls back to ATOM limits)")
+    try:
+        spec = npu_spec(npu)
+    except InputError as exc:
+        chk.fail("npu", exc.message, exc.hint or "")
+    limits = ATTENTION_LIMITS[spec.family]
+    if spec.family == "REBEL" and npu not in ("RBLN-CR13",):
+        warnings.append(f"npu {npu} is not Rebel100 (RBLN-CR13); limits follow optimum-rbln's RBLN-CR rules")
+
+    geometry, geo_warnings = load_geometry(model_id)
+    warnings.extend(geo_warnings)
+
+    resolved = _resolve_lm(chk, rbln, visual, spec, limits, geometry, warnings)
+
+    # Compile dict: the preset's rbln_config, exactly, plus the target NPU at the top level.
+    compile_cfg = copy.deepcopy(rbln)
+    compile_cfg["npu"] = npu
+
+    placement = _placement(chk, data.get("placement") or {}, resolved)
+    load_cfg: dict[str, Any] = {"visual": {"device": placement["visual_device"]}, "device": placement["device"]}
+
+    processor = _processor(chk, data.get("processor") or {}, model_id, resolved, warnings)
+
+    out = output_dir or data.get("output_dir") or f"qvl-out/{Path(loaded.name).stem}"
+    if not isinstance(out, str):
+        chk.fail("output_dir", f"output_dir={out!r} must be a path", "e.g. output_dir: qvl-out/my-preset")
+
+    return Plan(
+        preset=loaded.name,
+        preset_path=str(loaded.path),
+        preset_hash=loaded.content_hash(),
+        preset_chain=loaded.chain,
+        description=description,
+        backend=backend,
+        model_id=model_id,
+        npu=npu,
+        npu_spec=spec,
+        geometry=geometry,
+        rbln_config=compile_cfg,
+        load_rbln_config=load_cfg,
+        placement=placement,
+        processor=processor,
+        resolved=resolved,
+        output_dir=out,
+        warnings=warnings,
+    )
+
+
+def _resolve_lm(
+    chk: _Checker,
+    rbln: dict[str, Any],
+    visual: dict[str, Any],
+    spec: NpuSpec,
+    limits: dict[str, int],
+    geometry: ModelGeometry,
+    warnings: list[str],
+) -> ResolvedLM:
+    fam = spec.family
+    # --- ViT buckets
+    buckets = visual.get("max_seq_len")
+    if buckets is None:
+        chk.fail("rbln_config.visual.max_seq_len", "'max_seq_len' must be specified for visual", "e.g. 16384 or [1024, 3136, 16384]")
+    bucket_list = buckets if isinstance(buckets, list) else [buckets]
+    if not bucket_list:
+        chk.fail("rbln_config.visual.max_seq_len", "visual.max_seq_len is an empty list", "give at least one bucket")
+    for b in bucket_list:
+        chk.int_("rbln_config.visual.max_seq_len", b, minimum=4, allowed=" (ViT patches per image)")
+        if b % 4:
+            chk.fail(
+                "rbln_config.visual.max_seq_len",
+                f"visual.max_seq_len bucket {b} is not a multiple of 4 (spatial_merge_size**2)",
+                f"use {b - b % 4} or {b - b % 4 + 4}",
+            )
+    if len(set(bucket_list)) != len(bucket_list):
+        chk.fail("rbln_config.visual.max_seq_len", f"visual.max_seq_len={bucket_list} has duplicates", "list each bucket once")
+    small = [b for b in bucket_list if b < 256]
+    if small:
+        warnings.append(f"visual.max_seq_len buckets {small} are below 256 patches, the smallest image the processor makes")
+    vbatch = visual.get("batch_size", 1)
+    if vbatch != 1:
+        chk.fail(
+            "rbln_config.visual.batch_size",
+            f"visual.batch_size={vbatch!r}: the Qwen3-VL vision encoder only supports batch_size=1",
+            "remove visual.batch_size",
+        )
+    visual_num_devices = chk.int_("rbln_config.visual.num_devices", visual.get("num_devices", rbln.get("num_devices", 1)), minimum=1)
+
+    # --- LM basics
+    batch = chk.int_("rbln_config.batch_size", rbln.get("batch_size", 1), minimum=1)
+    num_devices = chk.int_("rbln_config.num_devices", rbln.get("num_devices", 1), minimum=1)
+    if fam == "REBEL" and (num_devices > 1 or visual_num_devices > 1):
+        warnings.append("Rebel100 does not shard a submodule across NPUs (RSD unsupported): use num_devices 1 per submodule")
+    max_pos = geometry.text.max_position_embeddings
+    max_seq_len = rbln.get("max_seq_len")
+    if max_seq_len is None:
+        max_seq_len = max_pos
+        warnings.append(f"rbln_config.max_seq_len not set: optimum-rbln uses max_position_embeddings ({max_pos})")
+    chk.int_("rbln_config.max_seq_len", max_seq_len, minimum=1)
+    if max_seq_len > max_pos:
+        chk.fail(
+            "rbln_config.max_seq_len",
+            f"max_seq_len={max_seq_len} exceeds the model's max_position_embeddings ({max_pos})",
+            f"use max_seq_len <= {max_pos}",
+        )
+    if rbln.get("use_inputs_embeds") is False:
+        chk.fail(
+            "rbln_config.use_inputs_embeds",
+            "RBLNQwen3VLForConditionalGenerationConfig requires use_inputs_embeds=True",
+            "remove use_inputs_embeds",
+        )
+    if rbln.get("use_position_ids") and not rbln.get("use_attention_mask"):
+        chk.fail("rbln_config.use_position_ids", "Position IDs should be used with attention mask", "also set use_attention_mask: true")
+    if rbln.get("logits_to_keep", 1) not in (None, 0, 1):
+        chk.fail("rbln_config.logits_to_keep", f"logits_to_keep={rbln['logits_to_keep']} > 1 is not supported by RBLN models", "remove it")
+    cache_impl = rbln.get("cache_impl", "static")
+    if cache_impl != "static":
+        chk.fail("rbln_config.cache_impl", f"cache_impl={cache_impl!r}: Qwen3-VL text has no sliding window", "use cache_impl: static")
+    phases = rbln.get("phases")
+    if phases is not None:
+        bad = [p for p in phases if p not in ("prefill", "decode")]
+        if bad:
+            chk.fail("rbln_config.phases", f"phases={phases} contains {bad} (Qwen3-VL uses prefill and decode)", "remove phases")
+
+    # --- Attention method (optimum-rbln validate_attention_method)
+    partition = rbln.get("kvcache_partition_len")
+    attn = rbln.get("attn_impl")
+    if attn is None:
+        attn = "flash_attn" if partition is not None else "eager"
+    if attn not in ("eager", "flash_attn"):
+        chk.fail("rbln_config.attn_impl", f"Unknown attn_impl: {attn!r} (Available: 'eager', 'flash_attn')", "use flash_attn")
+    if attn == "flash_attn":
+        if partition is None:
+            partition = limits["default_partition"]
+        chk.int_("rbln_config.kvcache_partition_len", partition)
+        lo, hi = limits["partition_min"], limits["partition_max"]
+        if not lo <= partition <= hi:
+            chk.fail(
+                "rbln_config.kvcache_partition_len",
+                f"kvcache_partition_len={partition} is out of the {fam} supported range for flash_attn ({lo} <= P <= {hi})",
+                f"use a partition between {lo} and {hi}, e.g. {limits['default_partition']}",
+            )
+        if max_seq_len < MIN_FLASH_MAX_SEQ_LEN:
+            chk.fail(
+                "rbln_config.max_seq_len",
+                f"max_seq_len={max_seq_len} is too small for flash_attn (minimum {MIN_FLASH_MAX_SEQ_LEN})",
+                f"use max_seq_len >= {MIN_FLASH_MAX_SEQ_LEN}",
+            )
+        if max_seq_len % partition or max_seq_len // partition < 2:
+            fix = max(2, round(max_seq_len / partition)) * partition
+            chk.fail(
+                "rbln_config.max_seq_len",
+                f"max_seq_len={max_seq_len} must be a multiple of kvcache_partition_len ({partition}) and at least 2x it",
+                f"use max_seq_len={fix}",
+            )
+        block = rbln.get("kvcache_block_size", partition)
+        if block != partition:
+            chk.fail(
+                "rbln_config.kvcache_block_size",
+                f"kvcache_block_size={block} must equal kvcache_partition_len ({partition}) with flash attention",
+                "remove kvcache_block_size",
+            )
+    else:
+        if partition is not None:
+            chk.fail("rbln_config.kvcache_partition_len", "kvcache_partition_len is only used with flash_attn", "remove it or use flash_attn")
+        if max_seq_len > limits["max_eager"]:
+            chk.fail(
+                "rbln_config.max_seq_len",
+                f"max_seq_len={max_seq_len} exceeds the {fam} limit of {limits['max_eager']} for eager attention",
+                f"reduce max_seq_len to {limits['max_eager']} or set kvcache_partition_len (flash_attn)",
+            )
+        block = rbln.get("kvcache_block_size", max_seq_len)
+        if block != max_seq_len:
+            chk.fail(
+                "rbln_config.kvcache_block_size",
+                f"kvcache_block_size={block} must equal max_seq_len ({max_seq_len}) with eager attention",
+                "remove kvcache_block_size",
+            )
+    chunk = rbln.get("prefill_chunk_size", 512 if spec.family == "REBEL" else 128)
+    chk.int_("rbln_config.prefill_chunk_size", chunk, minimum=64)
+    if chunk % 64:
+        chk.fail("rbln_config.prefill_chunk_size", f"prefill_chunk_size={chunk} must be divisible by 64", f"use {chunk - chunk % 64 or 64}")
+
+    # --- Decoder graphs
+    dbs = rbln.get("decoder_batch_sizes")
+    if dbs is None:
+        dbs = [batch]
+    else:
+        key = "rbln_config.decoder_batch_sizes"
+        if not dbs:
+            chk.fail(key, "decoder_batch_sizes is empty", f"remove it, or include the batch size {batch}")
+        for b in dbs:
+            chk.int_(key, b, minimum=1)
+        if len(set(dbs)) != len(dbs):
+            chk.fail(key, f"decoder_batch_sizes={dbs} has duplicates (they would compile duplicate graph names)", "list each size once")
+        if max(dbs) > batch:
+            chk.fail(
+                key,
+                f"decoder batch size {max(dbs)} must be <= batch_size ({batch}); decoder_batch_sizes={dbs}",
+                f"drop entries above {batch} or raise batch_size",
+            )
+        if len(dbs) == 1 and dbs[0] != batch:
+            chk.fail(
+                key,
+                f"decoder_batch_sizes={dbs} has a single entry different from batch_size ({batch}); load would fail with KeyError",
+                f"use decoder_batch_sizes: [{batch}] or [{dbs[0]}, {batch}]",
+            )
+        if max(dbs) < batch:
+            warnings.append(
+                f"Maximum decoder batch size ({max(dbs)}) is less than the model's batch size ({batch}); "
+                f"optimum-rbln appends {batch}"
+            )
+            dbs = [*dbs, batch]
+    dbs = sorted(dbs, reverse=True)
+
+    # --- KV blocks
+    num_full = (max_seq_len // block) * batch
+    num_min = min(max(max_seq_len // block, batch) + 1, num_full) if attn == "flash_attn" else batch
+    num_blocks = rbln.get("kvcache_num_blocks") or 0
+    chk.int_("rbln_config.kvcache_num_blocks", num_blocks, minimum=0)
+    budget = rbln.get("memory_budget")
+    if budget is not None and num_blocks:
+        chk.fail(
+            "rbln_config.memory_budget",
+            "memory_budget and an explicit kvcache_num_blocks are mutually exclusive",
+            "keep one of them",
+        )
+    if num_blocks and attn == "flash_attn":
+        if num_blocks < num_min:
+            chk.fail(
+                "rbln_config.kvcache_num_blocks",
+                f"kvcache_num_blocks={num_blocks} is less than the minimum number of blocks ({num_min})",
+                f"use kvcache_num_blocks >= {num_min} or leave it automatic",
+            )
+        if num_blocks > num_full:
+            warnings.append(
+                f"kvcache_num_blocks ({num_blocks}) is greater than the required number of blocks ({num_full}); "
+                "this can cause a failure during model compilation"
+            )
+    budget_value = _memory_budget(chk, budget, spec)
+    if budget_value is not None and attn != "flash_attn":
+        warnings.append("memory_budget only applies to flash attention; it is ignored with eager")
+
+    return ResolvedLM(
+        batch_size=batch,
+        max_seq_len=max_seq_len,
+        attn_impl=attn,
+        kvcache_partition_len=partition if attn == "flash_attn" else None,
+        kvcache_block_size=block,
+        prefill_chunk_size=chunk,
+        kvcache_num_blocks=num_blocks,
+        memory_budget=budget_value,
+        decoder_batch_sizes=dbs,
+        vit_buckets=sorted(bucket_list),
+        num_full_blocks=num_full,
+        num_min_blocks=num_min,
+        num_devices=num_devices,
+        visual_num_devices=visual_num_devices,
+    )
+
+
+def _memory_budget(chk: _Checker, budget: Any, spec: NpuSpec) -> float | int | None:
+    """optimum-rbln _resolve_memory_budget: fraction (0, 1], 'N%', bytes, or 'NGB' (binary)."""
+    key = "rbln_config.memory_budget"
+    if budget is None:
+        return None
+    if isinstance(budget, bool):
+        chk.fail(key, f"memory_budget={budget!r} is not a fraction or size", "e.g. 0.8, '80%' or '100GiB'")
+    if isinstance(budget, str) and budget.strip().endswith("%"):
+        try:
+            budget = float(budget.strip()[:-1]) / 100
+        except ValueError:
+            chk.fail(key, f"memory_budget={budget!r} is not a percentage", "e.g. '80%'")
+    if isinstance(budget, float):
+        if not 0 < budget <= 1:
+            chk.fail(key, f"memory_budget fraction must be in (0, 1] (or (0%, 100%]), got {budget}", "e.g. 0.8")
+        return budget
+    try:
+        nbytes = parse_byte_size(budget, "memory_budget")
+    except InputError as exc:
+        chk.fail(key, exc.message, exc.hint or "")
+    if nbytes <= 0:
+        chk.fail(key, f"memory_budget={budget!r} must be positive", "e.g. '100GiB'")
+    if nbytes > spec.usable_bytes:
+        chk.fail(
+            key,
+            f"memory_budget ({nbytes} bytes) exceeds the target NPU's available DRAM ({spec.usable_bytes} bytes)",
+            f"use at most {spec.usable_bytes} bytes, or a fraction",
+        )
+    return nbytes
+
+
+def _placement(chk: _Checker, placement: dict[str, Any], resolved: ResolvedLM) -> dict[str, Any]:
+    device = chk.device("placement.device", placement.get("device", 0))
+    visual_device = chk.device("placement.visual_device", placement.get("visual_device", device))
+    for key, dev, n in (
+        ("placement.device", device, resolved.num_devices),
+        ("placement.visual_device", visual_device, resolved.visual_num_devices),
+    ):
+        if isinstance(dev, list) and len(dev) != n:
+            chk.fail(key, f"{key}={dev} lists {len(dev)} devices but num_devices is {n}", f"list {n} device id(s)")
+    return {"device": device, "visual_device": visual_device}
+
+
+def _processor(
+    chk: _Checker, proc: dict[str, Any], model_id: str, resolved: ResolvedLM, warnings: list[str]
+) -> ProcessorCaps:
+    defaults = processor_defaults(model_id)
+    largest = resolved.vit_buckets[-1]
+    bucket_cap = largest * 256  # smart_resize keeps h*w <= max_pixels, so patches <= largest bucket
+    values: dict[str, Any] = {}
+    for key in ("min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", "min_frames", "max_frames"):
+        if key in proc and proc[key] is not None:
+            values[key] = chk.int_(f"processor.{key}", proc[key], minimum=1)
+    min_px = values.get("min_pixels", defaults["min_pixels"])
+    max_px = values.get("max_pixels", min(defaults["max_pixels"], bucket_cap))
+    if "max_pixels" in values and max_px > bucket_cap:
+        warnings.append(
+            f"processor.max_pixels={max_px} lets images exceed the largest ViT bucket {largest} "
+            f"(needs <= {bucket_cap}); such images fail at run time"
+        )
+    if min_px > max_px:
+        chk.fail("processor.min_pixels", f"processor.min_pixels={min_px} is above max_pixels={max_px}", "lower min_pixels")
+    fps = proc.get("fps", 2.0)
+    if isinstance(fps, bool) or not isinstance(fps, int | float) or fps <= 0:
+        chk.fail("processor.fps", f"processor.fps={fps!r} must be a positive number", "e.g. fps: 2")
+    vmin = values.get("video_min_pixels", defaults["video_min_pixels"])
+    vmax = values.get("video_max_pixels", defaults["video_max_pixels"])
+    fmin = values.get("min_frames", 4)
+    fmax = values.get("max_frames", 768)
+    if fmin > fmax:
+        chk.fail("processor.min_frames", f"processor.min_frames={fmin} is above max_frames={fmax}", "lower min_frames")
+    return ProcessorCaps(min_px, max_px, vmin, vmax, float(fps), fmin, fmax)

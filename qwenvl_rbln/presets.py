@@ -1,0 +1,325 @@
+"""Preset files: safe YAML, ``extends:``, ``--set`` overrides, and errors that name file and key.
+
+A preset is plain data; turning it into a validated Plan is ``plan.py``'s job. This module only
+produces the merged mapping plus, for each leaf key, where its value came from, so every later
+message can say "configs/x.yaml: rbln_config.max_seq_len=...".
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln.errors import InputError
+
+# Top-level preset keys and what they hold.
+TOP_KEYS: dict[str, str] = {
+    "description": "one-line description",
+    "extends": "name or path of the preset this one builds on",
+    "backend": "rbln (optimum-rbln on an NPU host) or torch (transformers reference)",
+    "model": "hub id or local directory of the Qwen3-VL model",
+    "npu": "compile target, e.g. RBLN-CR13 (Rebel100)",
+    "output_dir": "where `qvl compile` writes artifacts",
+    "rbln_config": "the optimum-rbln rbln_config tree, spelled as optimum-rbln spells it",
+    "placement": "load-time device placement: device, visual_device",
+    "processor": "pixel caps: min_pixels, max_pixels, video_min_pixels, video_max_pixels, fps, ...",
+}
+PLACEMENT_KEYS = ("device", "visual_device")
+PROCESSOR_KEYS = (
+    "min_pixels",
+    "max_pixels",
+    "video_min_pixels",
+    "video_max_pixels",
+    "fps",
+    "min_frames",
+    "max_frames",
+)
+
+
+def preset_dirs() -> list[Path]:
+    """Where named presets live: inside the wheel, or the repo's configs/ in a checkout."""
+    here = Path(__file__).resolve().parent
+    return [p for p in (here / "configs", here.parent / "configs") if p.is_dir()]
+
+
+def list_preset_files() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for d in preset_dirs():
+        for p in sorted(d.glob("*.yaml")):
+            found.setdefault(p.stem, p)
+    return found
+
+
+def closest(word: str, options: list[str] | tuple[str, ...]) -> str | None:
+    match = difflib.get_close_matches(word, list(options), n=1, cutoff=0.5)
+    return match[0] if match else None
+
+
+def _is_path_ref(ref: str) -> bool:
+    return ref.endswith((".yaml", ".yml")) or "/" in ref or "\\" in ref
+
+
+def resolve_ref(ref: str, relative_to: Path | None = None) -> Path:
+    """A preset name (configs/NAME.yaml) or a path to a YAML file."""
+    if _is_path_ref(ref):
+        path = Path(ref).expanduser()
+        if not path.is_absolute() and relative_to is not None and not path.exists():
+            path = relative_to / path
+        if not path.is_file():
+            raise InputError(f"preset file {ref} does not exist", "check the path, or use a name from `qvl presets list`")
+        return path.resolve()
+    presets = list_preset_files()
+    if ref in presets:
+        return presets[ref]
+    near = closest(ref, list(presets))
+    hint = f"did you mean '{near}'? " if near else ""
+    raise InputError(
+        f"unknown preset '{ref}' (known: {', '.join(presets) or 'none'})",
+        f"{hint}use one of the known names, or a path to a .yaml file",
+    )
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Safe loading only: a YAML tag such as !!python/object is an error, never executed."""
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read preset {path}: {exc}", "check the file exists and is UTF-8 text") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.constructor.ConstructorError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark else "?"
+        raise InputError(
+            f"{path} line {line}: YAML tag not allowed ({exc.problem})",
+            "presets are plain YAML: remove the !!tag; qvl loads YAML safely and never builds objects from it",
+        ) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else "?"
+        col = mark.column + 1 if mark else "?"
+        raise InputError(
+            f"{path} line {line} column {col}: YAML syntax error: {exc.problem or exc.context}",
+            "fix the YAML at that line (indentation, a missing ':' or quote)",
+        ) from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: YAML error: {exc}", "fix the YAML syntax") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise InputError(
+            f"{path}: a preset must be a mapping of keys, got {type(data).__name__}",
+            "start the file with keys such as `description:` and `rbln_config:`",
+        )
+    return data
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Mappings merge key by key; every other value (lists included) is replaced."""
+    result = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = deep_merge(result[key], value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result
+
+
+def leaf_paths(data: dict[str, Any], prefix: str = "") -> list[str]:
+    paths: list[str] = []
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            paths.extend(leaf_paths(value, path + "."))
+        else:
+            paths.append(path)
+    return paths
+
+
+def parse_set_value(raw: str) -> Any:
+    """JSON first (numbers, lists, objects, true/false/null), then yes/no words, else the text."""
+    text = raw.strip()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        if text[:1] in "[{\"":
+            raise InputError(
+                f"--set value {raw!r} looks like JSON but does not parse",
+                "write lists as JSON, e.g. --set visual.max_seq_len=[1024,16384]",
+            ) from None
+    lowered = text.lower()
+    if lowered in ("true", "yes", "on"):
+        return True
+    if lowered in ("false", "no", "off"):
+        return False
+    if lowered in ("null", "none"):
+        return None
+    return text
+
+
+def set_route(key: str) -> list[str]:
+    """Dotted key to path: top-level preset keys stay, anything else goes under rbln_config."""
+    parts = key.split(".")
+    if any(not p.strip() or p != p.strip() for p in parts):
+        raise InputError(f"--set key {key!r} has an empty or padded segment", "write it as dotted.key=value")
+    if parts[0] in TOP_KEYS:
+        return parts
+    return ["rbln_config", *parts]
+
+
+def parse_set(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise InputError(
+            f"malformed --set {item!r}: expected KEY=VALUE",
+            "e.g. --set max_seq_len=32768 or --set visual.max_seq_len=[1024,16384]",
+        )
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise InputError(f"malformed --set {item!r}: the key is empty", "e.g. --set batch_size=4")
+    return set_route(key), parse_set_value(raw)
+
+
+def _assign(data: dict[str, Any], path: list[str], value: Any, origin: str) -> None:
+    node = data
+    for i, part in enumerate(path[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            where = ".".join(path[: i + 1])
+            raise InputError(f"{origin}: cannot set {'.'.join(path)}: {where} is not a mapping", "check the key")
+        node = child
+    node[path[-1]] = value
+
+
+@dataclass
+class LoadedPreset:
+    """The merged preset plus where each value came from."""
+
+    name: str
+    path: Path
+    data: dict[str, Any]
+    sources: dict[str, str] = field(default_factory=dict)
+    chain: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def source_of(self, dotted: str) -> str:
+        """The file (or --set) that gave a key, falling back to its nearest parent."""
+        probe = dotted
+        while probe:
+            if probe in self.sources:
+                return self.sources[probe]
+            probe = probe.rpartition(".")[0]
+        return str(self.path)
+
+    def content_hash(self) -> str:
+        canonical = json.dumps(self.data, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _load_chain(path: Path, stack: list[Path]) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    if path in stack:
+        cycle = " -> ".join(p.name for p in [*stack, path])
+        raise InputError(f"extends cycle: {cycle}", f"remove the `extends:` in {stack[-1]} that points back")
+    data = read_yaml(path)
+    display = _display(path)
+    base: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    chain: list[str] = []
+    parent = data.pop("extends", None)
+    if parent is not None:
+        if not isinstance(parent, str) or not parent.strip():
+            raise InputError(f"{display}: extends must be a preset name or path, got {parent!r}", "e.g. extends: rebel100-1npu")
+        base, sources, chain = _load_chain(resolve_ref(parent, relative_to=path.parent), [*stack, path])
+    check_keys(data, display)
+    for leaf in leaf_paths(data):
+        sources[leaf] = display
+    return deep_merge(base, data), sources, [*chain, display]
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        for d in preset_dirs():
+            if path.parent == d.resolve():
+                return f"configs/{path.name}"
+        return str(path)
+
+
+def check_keys(data: dict[str, Any], origin: str) -> None:
+    """Top-level and fixed-schema sections; rbln_config keys are checked by plan.py against optimum-rbln."""
+    for key in data:
+        if key not in TOP_KEYS:
+            near = closest(str(key), list(TOP_KEYS))
+            hint = f"did you mean '{near}'?" if near else f"valid keys: {', '.join(TOP_KEYS)}"
+            raise InputError(f"{origin}: unknown key '{key}'", hint)
+    for section, allowed in (("placement", PLACEMENT_KEYS), ("processor", PROCESSOR_KEYS)):
+        value = data.get(section)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise InputError(f"{origin}: {section} must be a mapping, got {value!r}", f"valid keys: {', '.join(allowed)}")
+        for key in value:
+            if key not in allowed:
+                near = closest(str(key), allowed)
+                hint = f"did you mean '{section}.{near}'?" if near else f"valid keys: {', '.join(allowed)}"
+                raise InputError(f"{origin}: unknown key '{section}.{key}'", hint)
+
+
+def load_preset(ref: str, sets: list[str] | None = None) -> LoadedPreset:
+    """Load a preset by name or path, apply ``extends:`` then ``--set`` overrides."""
+    path = resolve_ref(ref)
+    data, sources, chain = _load_chain(path, [])
+    name = path.stem if not _is_path_ref(ref) else ref
+    for item in sets or []:
+        route, value = parse_set(item)
+        _assign(data, route, value, "--set")
+        dotted = ".".join(route)
+        for key in [k for k in sources if k == dotted or k.startswith(dotted + ".")]:
+            del sources[key]
+        if isinstance(value, dict):
+            for leaf in leaf_paths(value, dotted + "."):
+                sources[leaf] = "--set"
+        sources[dotted] = "--set"
+    check_keys(data, "--set" if sets else _display(path))
+    loaded = LoadedPreset(name=name, path=path, data=data, sources=sources, chain=chain)
+    _rewrite_deprecated(loaded)
+    return loaded
+
+
+# optimum-rbln 0.12 rejects these spellings; qvl rewrites them and says so.
+DEPRECATED_ALIASES = {
+    "rbln_config.visual.max_seq_lens": "max_seq_len",
+    "rbln_config.visual.tensor_parallel_size": "num_devices",
+    "rbln_config.tensor_parallel_size": "num_devices",
+}
+
+
+def _rewrite_deprecated(loaded: LoadedPreset) -> None:
+    for dotted, new in DEPRECATED_ALIASES.items():
+        *parents, old = dotted.split(".")
+        node: Any = loaded.data
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or old not in node:
+            continue
+        where = loaded.source_of(dotted)
+        new_dotted = ".".join([*parents, new])
+        if new in node:
+            raise InputError(
+                f"{where}: both {dotted} (deprecated) and {new_dotted} are set",
+                f"keep only {new_dotted}",
+            )
+        node[new] = node.pop(old)
+        loaded.sources[new_dotted] = loaded.sources.pop(dotted, where)
+        loaded.warnings.append(
+            f"{where}: {dotted} is the pre-0.12 spelling that optimum-rbln 0.12 rejects; rewritten to {new_dotted}"
+        )
