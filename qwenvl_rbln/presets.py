@@ -313,7 +313,7 @@ def _rewrite_deprecated(loaded: LoadedPreset) -> None:
             continue
         where = loaded.source_of(dotted)
         new_dotted = ".".join([*parents, new])
-        if new in node:
+        if node.get(new) is not None:
             raise InputError(
                 f"{where}: both {dotted} (deprecated) and {new_dotted} are set",
                 f"keep only {new_dotted}",

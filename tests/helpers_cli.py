@@ -1,0 +1,33 @@
+"""Run qvl exactly as a user does: through cli.main, capturing stdout, stderr and the exit code."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Result:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def run_qvl(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300) -> Result:
+    """A subprocess, so the error handler in cli.main (one line, exit code) is what gets tested."""
+    import os
+
+    full_env = {**os.environ, **(env or {}), "COLUMNS": "200", "NO_COLOR": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "qwenvl_rbln", *args],
+        cwd=cwd or REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)

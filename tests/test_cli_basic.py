@@ -1,0 +1,110 @@
+"""The CLI as a user meets it: help, version, dry-run JSON, exit codes, one-line errors, no heavy imports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers_cli import REPO, run_qvl
+
+HEAVY = ("torch", "transformers", "optimum", "torchvision")
+
+
+def _imported_after(argv: list[str]) -> list[str]:
+    code = (
+        "import sys\n"
+        f"sys.argv = {['qvl', *argv]!r}\n"
+        "from qwenvl_rbln import cli\n"
+        "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+        f"print('MODS', sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("MODS")][-1]
+    return eval(line[5:])  # noqa: S307 - our own printed list
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["compile", "--dry-run", "--json"], ["presets", "list"]])
+def test_no_heavy_imports(argv):
+    assert _imported_after(argv) == []
+
+
+def test_import_package_is_light():
+    proc = subprocess.run(
+        [sys.executable, "-c", f"import sys, qwenvl_rbln; print(sorted(set(sys.modules) & set({HEAVY!r})))"],
+        capture_output=True, text=True, cwd=REPO,
+    )
+    assert proc.stdout.strip() == "[]"
+
+
+def test_version():
+    r = run_qvl("--version")
+    assert r.exit_code == 0
+    assert r.stdout.startswith("qvl ")
+
+
+def test_help_lists_every_command():
+    r = run_qvl("--help")
+    assert r.exit_code == 0
+    for cmd in ("compile", "load-check", "infer", "bucket-plan", "presets"):
+        assert cmd in r.stdout
+
+
+def test_dry_run_json_has_the_contract_keys():
+    r = run_qvl("compile", "--preset", "rebel100-1npu", "--dry-run", "--json")
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(r.stdout)
+    for key in ("preset", "model_id", "rbln_config", "load_rbln_config", "processor", "memory"):
+        assert key in data
+    assert data["processor"]["max_pixels"] == 16384 * 256
+
+
+def test_dry_run_human_output():
+    r = run_qvl("compile", "--preset", "rebel100-1npu-vit-buckets", "--dry-run")
+    assert r.exit_code == 0, r.stderr
+    assert "1024, 3136, 16384" in r.stdout
+    assert "dry run" in r.stdout
+
+
+def test_presets_list_and_show():
+    r = run_qvl("presets", "list", "--json")
+    names = [p["name"] for p in json.loads(r.stdout)["presets"]]
+    assert {"rebel100-1npu", "rebel100-1npu-vit-buckets", "rebel100-1npu-batch4", "rebel100-2npu-batch4", "cpu-tiny"} <= set(names)
+    assert all(p["description"] for p in json.loads(r.stdout)["presets"])
+    r = run_qvl("presets", "show", "rebel100-2npu-batch4", "--json")
+    data = json.loads(r.stdout)
+    assert data["load_rbln_config"] == {"visual": {"device": 1}, "device": 0}
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["compile", "--preset", "nope", "--dry-run"], "unknown preset 'nope'"),
+        (["compile", "--dry-run", "--set", "max_seq_len"], "malformed --set"),
+        (["compile", "--dry-run", "--set", "max_seq_len=1000"], "max_seq_len=1000"),
+        (["compile", "--dry-run", "--set", "visual.max_seq_len=[1022]"], "not a multiple of 4"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, needle):
+    r = run_qvl(*args)
+    assert r.exit_code == 2
+    assert needle in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("warning")]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_yaml_tag_via_cli(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("description: !!python/object:os.system {}\n")
+    r = run_qvl("compile", "--preset", str(bad), "--dry-run")
+    assert r.exit_code == 2
+    assert "YAML tag not allowed" in r.stderr
+
+
+def test_json_errors_keep_stdout_clean():
+    r = run_qvl("compile", "--preset", "nope", "--dry-run", "--json")
+    assert r.exit_code == 2
+    assert r.stdout == ""
