@@ -1,0 +1,346 @@
+"""Header-only probing of input images and videos.
+
+Planning needs each input's size (and a video's frame count and fps) before any model work,
+for many files at once, so nothing here decodes pixel data: PIL is opened lazily and PyAV reads
+container metadata only. Every failure is an ``InputError`` that names the file, so the CLI can
+report bad inputs one per line and carry on with the rest.
+"""
+
+from __future__ import annotations
+
+import mmap
+import re
+import struct
+import warnings
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from qwenvl_rbln.errors import DependencyMissing, InputError
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".bmp", ".gif",
+                              ".tif", ".tiff"})
+VIDEO_EXTENSIONS = frozenset({".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v"})
+
+_EXIF_ORIENTATION = 0x0112
+_SWAPPING_ORIENTATIONS = frozenset({5, 6, 7, 8})  # transpose / rotate 270 / transverse / rotate 90
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """An image as the model will see it: width/height are after EXIF transpose."""
+
+    path: Path
+    width: int
+    height: int
+    format: str
+    orientation: int  # EXIF orientation 1..8 (1 when absent or invalid)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["path"] = str(self.path)
+        return d
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """Container metadata of a video's first video stream (what transformers' decoders report)."""
+
+    path: Path
+    width: int
+    height: int
+    total_frames: int
+    fps: float | None  # average frame rate; None when the container has none
+    duration_s: float | None
+    codec: str
+    frames_estimated: bool = False  # total_frames computed as duration * fps (no frame count stored)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["path"] = str(self.path)
+        return d
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:200]
+
+
+def _check_file(path: Path, kind: str) -> None:
+    """Missing paths, directories and unreadable files fail the same way for images and videos."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file", f"check the {kind} path")
+    if path.is_dir():
+        raise InputError(f"{path} is a directory, not an {kind} file",
+                         f"pass the {kind} files inside it (directories are expanded only where qvl "
+                         "accepts a list of inputs)")
+    if not path.is_file():
+        raise InputError(f"{path} is not a regular file", f"pass a regular {kind} file")
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as e:
+        raise InputError(f"{path}: cannot be read ({_one_line(e)})", "check the file permissions") from e
+
+
+# --- images -----------------------------------------------------------------------------------------
+
+def _png_problem(f, size: int) -> str | None:
+    """Walk PNG chunk headers (seek only, no inflate) up to IEND."""
+    pos = 8
+    while True:
+        f.seek(pos)
+        header = f.read(8)
+        if len(header) < 8:
+            return "ends before its IEND chunk"
+        length, ctype = struct.unpack(">I4s", header)
+        end = pos + 8 + length + 4
+        if end > size:
+            return f"chunk {ctype.decode('latin-1')!r} runs past the end of the file"
+        if ctype == b"IEND":
+            return None
+        pos = end
+
+
+def _jpeg_problem(f, size: int) -> str | None:
+    """Walk JPEG marker segments to the first scan, then look for the end-of-image marker.
+
+    0xFFD9 cannot occur inside entropy-coded data (0xFF is stuffed as 0xFF00), so a missing EOI
+    after the scan means the file was cut short; data after EOI (e.g. motion-photo trailers) is fine.
+    """
+    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        pos = 2
+        while pos < size:
+            if mm[pos] != 0xFF:  # junk between segments: PIL skips it too
+                pos += 1
+                continue
+            marker = mm[pos + 1] if pos + 1 < size else None
+            if marker is None:
+                break
+            if marker == 0xFF:  # fill byte
+                pos += 1
+                continue
+            if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # standalone markers
+                pos += 2
+                continue
+            if marker == 0xD9:
+                return "ends before its image data"
+            if pos + 4 > size:
+                break
+            seg_end = pos + 2 + struct.unpack(">H", mm[pos + 2:pos + 4])[0]
+            if seg_end > size:
+                return f"segment 0xFF{marker:02X} runs past the end of the file"
+            if marker == 0xDA:  # start of scan
+                if mm.find(b"\xff\xd9", seg_end) < 0:
+                    return "has no end-of-image marker"
+                return None
+            pos = seg_end
+        return "ends before its image data"
+
+
+def _webp_problem(f, size: int) -> str | None:
+    f.seek(0)
+    header = f.read(12)
+    if len(header) == 12 and header[:4] == b"RIFF":
+        declared = struct.unpack("<I", header[4:8])[0] + 8
+        if declared > size:
+            return f"declares {declared} bytes but has {size}"
+    return None
+
+
+_COMPLETENESS_CHECKS = {"PNG": _png_problem, "JPEG": _jpeg_problem, "MPO": _jpeg_problem,
+                        "WEBP": _webp_problem}
+
+
+def _completeness_problem(path: Path, fmt: str) -> str | None:
+    """Cheap structural check for a cut-short file (PIL's lazy open does not notice one).
+
+    Only PNG, JPEG/MPO and WebP are checked; other formats fail later, at decode time.
+    """
+    check = _COMPLETENESS_CHECKS.get(fmt)
+    if check is None:
+        return None
+    with path.open("rb") as f:
+        size = path.stat().st_size
+        return check(f, size)
+
+
+def _declared_size(path: Path) -> tuple[int, int] | None:
+    """The size a bomb-sized image declares, read by PIL's own format plugins (no bomb check there)."""
+    from PIL import Image
+
+    Image.init()
+    try:
+        with path.open("rb") as fp:
+            prefix = fp.read(16)
+            for fmt_id in Image.ID:
+                factory, accept = Image.OPEN[fmt_id]
+                if accept is not None and not accept(prefix):
+                    continue
+                fp.seek(0)
+                try:
+                    im = factory(fp, str(path))
+                except Exception:
+                    continue
+                return im.size
+    except OSError:
+        return None
+    return None
+
+
+def _bomb_error(path: Path, exc: BaseException) -> InputError:
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    size = _declared_size(path)
+    if size is not None:
+        what = f"{size[0]}x{size[1]} ({size[0] * size[1]} pixels)"
+    else:
+        m = re.search(r"\((\d+) pixels\)", str(exc))
+        what = f"{m.group(1)} pixels" if m else "too many pixels"
+    return InputError(
+        f"{path}: image is {what}, over Pillow's decompression-bomb limit of {limit} pixels",
+        "if the file is trusted, raise PIL.Image.MAX_IMAGE_PIXELS (or set it to None) before loading, "
+        "or downscale the image")
+
+
+def probe_image(path: str | Path) -> ImageInfo:
+    """Read an image's size, format and EXIF orientation without decoding its pixels.
+
+    Orientations 5-8 swap width and height, as transformers' ``load_image`` (``exif_transpose``)
+    does. Pillow's decompression-bomb warning (> MAX_IMAGE_PIXELS) is an error here too: the
+    model run would decode it. EXIF is read from the header only, so a PNG whose eXIf chunk sits
+    after the image data reports orientation 1 (transformers would load the pixels and find it).
+    """
+    p = Path(path)
+    _check_file(p, "image")
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(p) as img:
+                width, height = img.size
+                fmt = img.format or "unknown"
+                try:
+                    # Base-class getexif reads header data only (PNG's override would decode).
+                    orientation = int(Image.Image.getexif(img).get(_EXIF_ORIENTATION, 1))
+                except Exception:
+                    orientation = 1
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise _bomb_error(p, e) from e
+    except UnidentifiedImageError as e:
+        raise InputError(f"{p}: not a recognised image (Pillow cannot identify it)",
+                         "pass a JPEG/PNG/WebP/BMP/GIF/TIFF image, or a video with a video extension") from e
+    except Exception as e:
+        raise InputError(f"{p}: damaged image header ({_one_line(e)})",
+                         "re-export or re-download the image") from e
+    if orientation not in range(1, 9):
+        orientation = 1
+    problem = _completeness_problem(p, fmt)
+    if problem:
+        raise InputError(f"{p}: {fmt} file {problem} (truncated or damaged)",
+                         "re-export or re-download the image")
+    if orientation in _SWAPPING_ORIENTATIONS:
+        width, height = height, width
+    return ImageInfo(path=p, width=width, height=height, format=fmt, orientation=orientation)
+
+
+# --- videos -----------------------------------------------------------------------------------------
+
+def probe_video(path: str | Path) -> VideoInfo:
+    """Read a video's first video stream metadata (size, frame count, fps, duration, codec).
+
+    Frame count and fps come from the container (``stream.frames``, ``average_rate``) like
+    transformers' PyAV reader; containers that store no frame count (webm/mkv) get
+    ``round(duration * fps)`` and ``frames_estimated=True``. Nothing is decoded.
+    """
+    p = Path(path)
+    _check_file(p, "video")
+    try:
+        import av
+    except ImportError as e:
+        raise DependencyMissing("PyAV (module 'av') is not installed; it is needed to read video metadata",
+                                "pip install av") from e
+    try:
+        container = av.open(str(p), mode="r")
+    except Exception as e:  # av.error.FFmpegError and friends; garbage fails fast here
+        raise InputError(f"{p}: not a readable video ({_one_line(e)})",
+                         "pass an mp4/webm/mkv/mov/avi video, or re-encode it with ffmpeg") from e
+    try:
+        if not container.streams.video:
+            raise InputError(f"{p}: has no video stream", "pass a file that contains video")
+        stream = container.streams.video[0]
+        ctx = stream.codec_context
+        width = int(ctx.width or 0)
+        height = int(ctx.height or 0)
+        rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+        fps = float(rate) if rate else None
+        duration: float | None = None
+        if stream.duration and stream.time_base:
+            duration = float(stream.duration * stream.time_base)
+        elif container.duration:
+            duration = container.duration / av.time_base
+        frames = int(stream.frames or 0)
+        estimated = False
+        if frames <= 0 and duration and fps:
+            frames = round(duration * fps)
+            estimated = True
+        if duration is None and frames > 0 and fps:
+            duration = frames / fps
+        codec = ctx.name or "unknown"
+    except InputError:
+        raise
+    except Exception as e:
+        raise InputError(f"{p}: unreadable video metadata ({_one_line(e)})",
+                         "re-encode the video with ffmpeg") from e
+    finally:
+        container.close()
+    if width <= 0 or height <= 0 or frames <= 0:
+        raise InputError(
+            f"{p}: video metadata has no usable size/frame count (width={width}, height={height}, "
+            f"frames={frames}, fps={fps}, duration={duration})",
+            "re-encode the video with ffmpeg (e.g. ffmpeg -i in -c:v libx264 out.mp4)")
+    return VideoInfo(path=p, width=width, height=height, total_frames=frames, fps=fps,
+                     duration_s=duration, codec=codec, frames_estimated=estimated)
+
+
+# --- paths and sizes --------------------------------------------------------------------------------
+
+def classify(path: str | Path) -> str:
+    """``"video"`` for a video extension, else ``"image"`` (so unknown files get the image error)."""
+    return "video" if Path(path).suffix.lower() in VIDEO_EXTENSIONS else "image"
+
+
+def _is_hidden(path: Path, root: Path) -> bool:
+    return any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
+def expand_inputs(paths: Iterable[str | Path]) -> list[Path]:
+    """Expand directories into their image/video files (recursive, sorted, hidden entries skipped).
+
+    Files are kept whatever their extension and missing paths are kept as given, so the caller
+    reports each bad item by name instead of silently dropping it.
+    """
+    out: list[Path] = []
+    known = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            out.extend(sorted(f for f in p.rglob("*")
+                              if f.suffix.lower() in known and f.is_file() and not _is_hidden(f, p)))
+        else:
+            out.append(p)
+    return out
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*[xX×]\s*(\d+)\s*$")
+
+
+def parse_size(value: str) -> tuple[int, int]:
+    """Parse ``"1920x1080"`` into ``(width, height)`` (width first; ``x``, ``X`` or ``×``)."""
+    m = _SIZE_RE.match(value or "")
+    if not m or int(m.group(1)) <= 0 or int(m.group(2)) <= 0:
+        raise InputError(f"size {value!r} is not WIDTHxHEIGHT with positive integers",
+                         "write it as WIDTHxHEIGHT, e.g. 1920x1080")
+    return int(m.group(1)), int(m.group(2))
