@@ -1,0 +1,70 @@
+"""`qvl tiny-model`: write the tiny random-weight Qwen3-VL used for offline tests and dry runs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+
+def _human(console: Console, data: dict[str, Any]) -> None:
+    from qwenvl_rbln import render
+
+    verb = "wrote" if data["created"] else "already present:"
+    size = render.fmt_bytes(data["total_bytes"])
+    console.print(f"{verb} tiny Qwen3-VL (seed {data['seed']}, {size}) at {data['path']}", markup=False)
+    console.print(f"note: {data['note']}", markup=False)
+    if not data["created"]:
+        console.print("pass --force to rebuild it", markup=False)
+
+
+def tiny_model(
+    directory: Path | None = typer.Argument(
+        None,
+        metavar="DIR",
+        help="Where to write it (default: $QVL_HOME/tiny-qwen3-vl, QVL_HOME defaults to ~/.cache/qvl).",
+        show_default=False,
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed for the random weights (same seed, same bytes)."),
+    force: bool = typer.Option(False, "--force", help="Replace DIR if it already exists and is not empty."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+) -> None:
+    """Write a tiny Qwen3-VL (real architecture, random weights, full processor) for offline use.
+
+    Its generated text is meaningless; it exists so every code path runs on a CPU in seconds.
+    """
+    from qwenvl_rbln import render
+    from qwenvl_rbln import tiny_model as tm
+
+    target = (directory if directory is not None else tm.default_tiny_model_dir()).expanduser().absolute()
+    marker = tm.read_marker(target)
+    reuse = (
+        not force
+        and marker is not None
+        and marker.get("seed") == seed
+        and marker.get("format") == tm.FORMAT_VERSION
+        and (target / "model.safetensors").is_file()
+    )
+    start = time.perf_counter()
+    if not reuse:
+        if not as_json:
+            render.info(f"building tiny Qwen3-VL in {target} ...")
+        tm.create_tiny_model(target, seed=seed, overwrite=force)
+    info = tm.describe(target)
+    data = {
+        "path": str(target),
+        "created": not reuse,
+        "seed": seed,
+        "seconds": round(time.perf_counter() - start, 3),
+        "total_bytes": info["total_bytes"],
+        "files": info["files"],
+        "note": tm.MARKER_NOTE,
+    }
+    render.emit(data, as_json=as_json, human=_human)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tiny-model")(tiny_model)
