@@ -1,0 +1,863 @@
+"""Memory planner: will ViT + LM + KV cache fit on each NPU, decided from the plan alone.
+
+Per device, the items below are summed and compared with the usable DRAM (docs/memory-model.md):
+
+* ``lm.weights``       exact: decoder layers + final norm + lm_head (the token embedding stays on the host)
+* ``lm.kv_cache``      exact for a given block count: 2 x layers tensors [blocks, kv_heads, block, head_dim],
+                       each aligned up to 2 MiB; the block count is what optimum-rbln 0.12 would choose
+* ``lm.workspace``     modelled: activations of the prefill graph and of every decoder graph
+* ``visual.weights``   exact: ViT blocks + merger + deepstack mergers (patch/pos embeddings stay on the host)
+* ``visual.workspace`` modelled: attention over the largest bucket S, ~(heads x (4 + 2) + 2 x 2) x S^2 bytes
+
+Automatic KV sizing (flash attention, ``kvcache_num_blocks`` 0) is modelled the way optimum-rbln 0.12
+does it: after compiling the LM *alone*, against the nominal DRAM (x ``memory_budget``), fullest chiplet
+deciding. The ViT that shares the card is not counted there, which is why a shared card can be filled
+by the KV pool and the ViT then fails to load.
+
+Pure Python: no torch, no transformers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from qwenvl_rbln import calibration as cal
+from qwenvl_rbln.devices import GiB, MiB, NpuSpec, parse_byte_size
+from qwenvl_rbln.errors import DoesNotFit, InputError
+from qwenvl_rbln.modelinfo import ModelGeometry, TextGeometry, VisionGeometry
+
+KV_ALIGN = 2 * MiB  # optimum-rbln aligns every KV tensor to 2 MiB
+FP32 = 4  # attention scores and logits are accumulated in fp32 (modelled)
+RBLN_DTYPE_BYTES = 2  # optimum-rbln artifacts of Qwen3-VL are bf16
+THIN_MARGIN = 2 * GiB  # verdicts closer than this rest on the modelled workspaces
+SOURCE_SPEC = "optimum-rbln 0.12 DRAM spec"
+SOURCE_OVERRIDE = "--device-memory"
+
+# optimum-rbln 0.12 attention limits (plan.ATTENTION_LIMITS), for the max_seq_len suggestion.
+_EAGER_MAX = {"REBEL": 16384, "ATOM": 32768}
+_MIN_FLASH_LEN = 2048
+
+
+def gib(n: float) -> float:
+    return n / GiB
+
+
+def align_up(n: int, a: int = KV_ALIGN) -> int:
+    return -(-n // a) * a
+
+
+def _fmt_gib(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def _devices(value: int | list[int]) -> list[int]:
+    return list(value) if isinstance(value, list) else [value]
+
+
+def model_key(geometry: ModelGeometry) -> str:
+    """A calibration key that names the geometry, not the directory it was read from."""
+    t, v = geometry.text, geometry.vision
+    return (
+        f"qwen3_vl/text-L{t.num_hidden_layers}-H{t.hidden_size}-h{t.num_attention_heads}-kv{t.num_key_value_heads}"
+        f"-d{t.head_dim}-I{t.intermediate_size}-V{t.vocab_size}"
+        f"/vision-D{v.depth}-H{v.hidden_size}-h{v.num_heads}-I{v.intermediate_size}-O{v.out_hidden_size}"
+    )
+
+
+# --- exact parameter counts (transformers 5.15.1 Qwen3-VL module shapes) ---------------------------
+
+
+def text_layer_params(t: TextGeometry) -> int:
+    """One Qwen3VLTextDecoderLayer: q/k/v/o without bias, q_norm/k_norm of head_dim, gate/up/down, 2 RMSNorms."""
+    q = t.hidden_size * t.num_attention_heads * t.head_dim
+    kv = 2 * t.hidden_size * t.num_key_value_heads * t.head_dim
+    o = t.num_attention_heads * t.head_dim * t.hidden_size
+    qk_norm = 2 * t.head_dim
+    mlp = 3 * t.hidden_size * t.intermediate_size
+    norms = 2 * t.hidden_size
+    return q + kv + o + qk_norm + mlp + norms
+
+
+def lm_params(t: TextGeometry) -> dict[str, int]:
+    """LM parameters by where they live: layers + norm + lm_head on the device, embed_tokens on the host."""
+    layers = t.num_hidden_layers * text_layer_params(t)
+    norm = t.hidden_size
+    lm_head = t.vocab_size * t.hidden_size  # a copy in the graph even when tied to embed_tokens
+    embed = t.vocab_size * t.hidden_size
+    return {
+        "layer": text_layer_params(t),
+        "layers": layers,
+        "norm": norm,
+        "lm_head": lm_head,
+        "device": layers + norm + lm_head,
+        "embed_tokens_host": embed,
+    }
+
+
+def vision_block_params(v: VisionGeometry) -> int:
+    """One Qwen3VLVisionBlock: 2 LayerNorms with bias, qkv + proj with bias, fc1 + fc2 with bias."""
+    h, i = v.hidden_size, v.intermediate_size
+    norms = 2 * 2 * h
+    qkv = h * 3 * h + 3 * h
+    proj = h * h + h
+    fc1 = h * i + i
+    fc2 = i * h + h
+    return norms + qkv + proj + fc1 + fc2
+
+
+def merger_params(v: VisionGeometry, *, postshuffle_norm: bool) -> int:
+    """Qwen3VLVisionPatchMerger: LayerNorm (hidden, or hidden*m^2 after the shuffle) + fc1 + fc2 with bias."""
+    merged = v.hidden_size * v.spatial_merge_size**2
+    norm = 2 * (merged if postshuffle_norm else v.hidden_size)
+    fc1 = merged * merged + merged
+    fc2 = merged * v.out_hidden_size + v.out_hidden_size
+    return norm + fc1 + fc2
+
+
+def vision_params(v: VisionGeometry) -> dict[str, int]:
+    """ViT parameters by where they live: blocks + mergers on the device, patch/pos embeddings on the host."""
+    blocks = v.depth * vision_block_params(v)
+    merger = merger_params(v, postshuffle_norm=False)
+    deepstack = v.num_deepstack * merger_params(v, postshuffle_norm=True)
+    patch = v.in_channels * v.temporal_patch_size * v.patch_size**2 * v.hidden_size + v.hidden_size
+    pos = v.num_position_embeddings * v.hidden_size
+    return {
+        "block": vision_block_params(v),
+        "blocks": blocks,
+        "merger": merger,
+        "deepstack_mergers": deepstack,
+        "device": blocks + merger + deepstack,
+        "patch_embed_host": patch,
+        "pos_embed_host": pos,
+    }
+
+
+# --- KV cache --------------------------------------------------------------------------------------
+
+
+def kv_tensor_count(geometry: ModelGeometry) -> int:
+    return 2 * geometry.text.num_hidden_layers
+
+
+def kv_block_bytes_per_tensor(geometry: ModelGeometry, block: int, dtype_bytes: int = 2, shards: int = 1) -> int:
+    """Bytes of one block in one K or V tensor (kv heads split over ``shards`` devices)."""
+    heads = -(-geometry.text.num_key_value_heads // shards)
+    return heads * block * geometry.text.head_dim * dtype_bytes
+
+
+def kv_tensor_bytes(
+    geometry: ModelGeometry, block: int, num_blocks: int, dtype_bytes: int = 2, shards: int = 1
+) -> int:
+    """One K or V tensor [num_blocks, kv_heads, block, head_dim], aligned up to 2 MiB."""
+    return align_up(num_blocks * kv_block_bytes_per_tensor(geometry, block, dtype_bytes, shards))
+
+
+def kv_bytes(geometry: ModelGeometry, block: int, num_blocks: int, dtype_bytes: int = 2, shards: int = 1) -> int:
+    """The whole KV pool on one device: 2 x layers aligned tensors."""
+    return kv_tensor_count(geometry) * kv_tensor_bytes(geometry, block, num_blocks, dtype_bytes, shards)
+
+
+# --- modelled workspaces ---------------------------------------------------------------------------
+
+
+def lm_graph_workspace(geometry: ModelGeometry, rows: int, block: int, logits_rows: int, dtype_bytes: int = 2,
+                       prefill: bool = False) -> dict[str, int]:
+    """Activations of one LM graph with ``rows`` query rows (prefill: the chunk; decoder: the batch).
+
+    attention = heads x rows x block x (4 + d)       fp32 scores + probs over one KV block (flash: one partition)
+    linear    = rows x d x (3 H + (heads + 2 kv) hd + 3 I)   residual/normed/attn-out, q/k/v, gate/up/act
+    io        = rows x d x H x (1 + deepstack if prefill) + 2 x rows x hd x d + logits_rows x vocab x 4
+    """
+    t, d = geometry.text, dtype_bytes
+    attention = t.num_attention_heads * rows * block * (FP32 + d)
+    linear = rows * d * (3 * t.hidden_size + (t.num_attention_heads + 2 * t.num_key_value_heads) * t.head_dim
+                         + 3 * t.intermediate_size)
+    inputs = rows * d * t.hidden_size * (1 + (geometry.vision.num_deepstack if prefill else 0))
+    io = inputs + 2 * rows * t.head_dim * d + logits_rows * t.vocab_size * FP32
+    return {"attention": attention, "linear": linear, "io": io, "total": attention + linear + io}
+
+
+LM_WORKSPACE_FORMULA = (
+    "per graph (prefill: rows = prefill_chunk_size, 1 logits row; decoder_batch_B: rows = B, B logits rows): "
+    "heads x rows x block x (4 + d) [fp32 scores + probs over one KV block] "
+    "+ rows x d x (3H + (heads + 2 kv_heads) x head_dim + 3I) [linear activations] "
+    "+ inputs (inputs_embeds, deepstack embeds, position_emb) + logits_rows x vocab x 4; summed over graphs "
+    "(each .rbln is its own runtime with its own buffers)"
+)
+
+
+def visual_workspace(geometry: ModelGeometry, bucket: int, dtype_bytes: int = 2) -> dict[str, int]:
+    """Peak ViT activations for one bucket S (hypothesis: attention scores are materialised, not tiled).
+
+    attention = S^2 x (heads x (4 + d) + 2 d)     fp32 scores + probs for all heads + two S x S masks
+                (= 100 S^2 bytes for 16 heads in bf16)
+    linear    = S x d x (6 h + I)                 residual, normed, q/k/v, attention out, fc1
+    io        = S x d x (h + 2 head_dim) + S/m^2 x out x d x (1 + deepstack)   inputs, cos/sin, outputs
+    """
+    v, d, s = geometry.vision, dtype_bytes, bucket
+    head_dim = v.hidden_size // v.num_heads
+    attention = s * s * (v.num_heads * (FP32 + d) + 2 * d)
+    linear = s * d * (6 * v.hidden_size + v.intermediate_size)
+    merged = s // (v.spatial_merge_size**2)
+    io = s * d * (v.hidden_size + 2 * head_dim) + merged * v.out_hidden_size * d * (1 + v.num_deepstack)
+    return {"attention": attention, "linear": linear, "io": io, "total": attention + linear + io}
+
+
+VISUAL_WORKSPACE_FORMULA = (
+    "largest bucket S: S^2 x (heads x (4 + d) + 2d) [fp32 scores + probs of all heads + two S x S masks] "
+    "+ S x d x (6h + I) [linear activations] + S x d x (h + 2 head_dim) + S/4 x out x d x (1 + deepstack) [io]"
+)
+
+
+def estimate_for_bucket(
+    geometry: ModelGeometry,
+    bucket: int,
+    dtype_bytes: int = 2,
+    *,
+    calibration: dict[str, Any] | None = None,
+    npu: str | None = None,
+) -> dict[str, Any]:
+    """Visual workspace for one ViT bucket (bucket-plan's per-bucket column)."""
+    ws = visual_workspace(geometry, bucket, dtype_bytes)
+    weights = vision_params(geometry.vision)["device"] * dtype_bytes
+    measured = None
+    if calibration and npu:
+        measured = cal.lookup(calibration, [model_key(geometry), geometry.name], npu, cal.visual_key(bucket))
+    workspace = measured if measured is not None else ws["total"]
+    return {
+        "bucket": bucket,
+        "workspace_bytes": workspace,
+        "attention_bytes": ws["attention"],
+        "linear_bytes": ws["linear"],
+        "io_bytes": ws["io"],
+        "weights_bytes": weights,
+        "visual_total_bytes": weights + workspace,
+        "exact": False,
+        "calibrated": measured is not None,
+        "formula": VISUAL_WORKSPACE_FORMULA,
+    }
+
+
+# --- report ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class MemoryItem:
+    name: str
+    bytes: int
+    exact: bool
+    formula: str
+    note: str = ""
+    calibrated: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class DeviceMemory:
+    device: int
+    usable_bytes: int
+    items: list[MemoryItem]
+    chiplets: dict[str, Any]
+    fits: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(i.bytes for i in self.items)
+
+    @property
+    def free_bytes(self) -> int:
+        return self.usable_bytes - self.total_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "usable_bytes": self.usable_bytes,
+            "items": [i.to_dict() for i in self.items],
+            "total_bytes": self.total_bytes,
+            "free_bytes": self.free_bytes,
+            "fits": self.fits,
+            "chiplets": self.chiplets,
+            "notes": self.notes,
+        }
+
+
+@dataclass
+class MemoryReport:
+    npu: str
+    usable_bytes: int
+    usable_source: str
+    devices: list[DeviceMemory]
+    kv: dict[str, Any]
+    suggestions: list[dict[str, Any]]
+    assumptions: list[str]
+    notes: list[str]
+
+    @property
+    def fits(self) -> bool:
+        return all(d.fits for d in self.devices)
+
+    @property
+    def margin_bytes(self) -> int:
+        return min(d.free_bytes for d in self.devices)
+
+    def device(self, device_id: int) -> DeviceMemory:
+        for d in self.devices:
+            if d.device == device_id:
+                return d
+        raise KeyError(device_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "npu": self.npu,
+            "usable_bytes": self.usable_bytes,
+            "usable_source": self.usable_source,
+            "devices": [d.to_dict() for d in self.devices],
+            "fits": self.fits,
+            "margin_bytes": self.margin_bytes,
+            "kv": self.kv,
+            "notes": self.notes,
+            "suggestions": self.suggestions,
+            "assumptions": self.assumptions,
+        }
+
+
+ASSUMPTIONS = [
+    "verdict: a device fits when the sum of its items <= its usable bytes (pooled over the card's chiplets); "
+    "the per-chiplet view (KV tensors whole, round-robin over chiplets; everything else split evenly) is shown "
+    "next to it because optimum-rbln sizes the KV cache per chiplet",
+    "usable bytes: chiplets x (DRAM / chiplets - reserve) as optimum-rbln 0.12 computes it (Rebel100: "
+    "4 x (36 - 1) GiB = 140 GiB), unless --device-memory gives a measured figure",
+    "weights: exact parameter counts x dtype bytes (bf16 = 2 for RBLN artifacts); token embedding, ViT patch "
+    "and position embeddings run on the host",
+    "KV cache: 2 x layers tensors [blocks, kv_heads, block, head_dim] in the model dtype (no fp8 KV), "
+    "each aligned up to 2 MiB; one pool shared by prefill and all decoder graphs",
+    "automatic KV blocks (flash, kvcache_num_blocks 0): optimum-rbln 0.12 sizes the pool for the LM graphs alone "
+    "(the ViT is not counted), against the nominal DRAM x memory_budget, fullest chiplet deciding",
+    "lm.workspace (modelled): " + LM_WORKSPACE_FORMULA,
+    "visual.workspace (modelled, hypothesis): " + VISUAL_WORKSPACE_FORMULA + "; bucket graphs share one .rbln "
+    "and one buffer region, so the largest bucket decides",
+    "not counted: host memory, other processes on the NPU, runtime overhead beyond the per-chiplet reserve, "
+    "profiler buffers",
+]
+
+
+# --- the estimate ----------------------------------------------------------------------------------
+
+
+def _parse_device_memory(device_memory: int | str | None) -> int | None:
+    if device_memory is None:
+        return None
+    try:
+        nbytes = parse_byte_size(device_memory, "--device-memory")
+    except InputError as exc:
+        raise InputError(exc.message, "pass --device-memory as the usable bytes per NPU, e.g. 120GiB") from None
+    if nbytes <= 0:
+        raise InputError(f"--device-memory={device_memory!r} must be positive", "e.g. --device-memory 120GiB")
+    return nbytes
+
+
+def _resolve_budget(budget: float | int | None, available_total: int) -> int:
+    """optimum-rbln _resolve_memory_budget: None -> all, fraction (0, 1] -> share, int -> bytes."""
+    if budget is None:
+        return available_total
+    if isinstance(budget, float):
+        return int(available_total * budget)
+    return min(int(budget), available_total)
+
+
+@dataclass
+class _Ctx:
+    geometry: ModelGeometry
+    spec: NpuSpec
+    usable: int
+    usable_source: str
+    calibration: dict[str, Any]
+    dtype_bytes: int
+
+
+def _lm_workspace_item(ctx: _Ctx, resolved: Any) -> tuple[int, MemoryItem]:
+    g, d = ctx.geometry, ctx.dtype_bytes
+    block = resolved.kvcache_block_size
+    keys = cal.graph_keys(resolved)
+    models = [model_key(g), g.name]
+    parts: list[str] = []
+    total = 0
+    calibrated = []
+    graphs = [("prefill", resolved.prefill_chunk_size, 1, True)] + [
+        (f"decoder_batch_{b}", b, b, False) for b in resolved.decoder_batch_sizes
+    ]
+    for name, rows, logits_rows, is_prefill in graphs:
+        measured = cal.lookup(ctx.calibration, models, ctx.spec.sku, keys[name])
+        if measured is not None:
+            total += measured
+            calibrated.append(name)
+            parts.append(f"{name} {measured / MiB:.0f} MiB (calibrated)")
+        else:
+            ws = lm_graph_workspace(g, rows, block, logits_rows, d, prefill=is_prefill)
+            total += ws["total"]
+            parts.append(f"{name} {ws['total'] / MiB:.0f} MiB")
+    all_cal = len(calibrated) == len(graphs)
+    note = ", ".join(parts)
+    if calibrated and not all_cal:
+        note += "; partly calibrated"
+    item = MemoryItem(
+        name="lm.workspace",
+        bytes=total,
+        exact=False,
+        formula=(f"measured by load-check ({', '.join(calibrated)})" if all_cal else LM_WORKSPACE_FORMULA),
+        note=("estimate: " if not all_cal else "") + note,
+        calibrated=all_cal,
+    )
+    return total, item
+
+
+def _visual_workspace_item(ctx: _Ctx, resolved: Any) -> MemoryItem:
+    g = ctx.geometry
+    largest = max(resolved.vit_buckets)
+    measured = cal.lookup(ctx.calibration, [model_key(g), g.name], ctx.spec.sku, cal.visual_key(largest))
+    if measured is not None:
+        return MemoryItem("visual.workspace", measured, False, "measured by load-check",
+                          f"largest bucket {largest} (calibrated)", calibrated=True)
+    ws = visual_workspace(g, largest, ctx.dtype_bytes)
+    return MemoryItem(
+        "visual.workspace",
+        ws["total"],
+        False,
+        VISUAL_WORKSPACE_FORMULA,
+        f"estimate for the largest bucket S={largest}: attention {_fmt_gib(ws['attention'])} "
+        f"(hypothesis: scores materialised, not tiled) + linear {ws['linear'] / MiB:.0f} MiB "
+        f"+ io {ws['io'] / MiB:.0f} MiB",
+    )
+
+
+def _kv_blocks(ctx: _Ctx, resolved: Any, lm_nonkv_per_device: int, shards: int) -> dict[str, Any]:
+    """The block count optimum-rbln 0.12 ends up with, and how it got there."""
+    g, d = ctx.geometry, ctx.dtype_bytes
+    block, full, minimum = resolved.kvcache_block_size, resolved.num_full_blocks, resolved.num_min_blocks
+    chiplets = ctx.spec.chiplets
+    tensors = kv_tensor_count(g)
+    per_chiplet_tensors = -(-tensors // chiplets)
+    info: dict[str, Any] = {
+        "attn_impl": resolved.attn_impl,
+        "block_size": block,
+        "tensors": tensors,
+        "bytes_per_block": tensors * kv_block_bytes_per_tensor(g, block, d, shards),
+        "num_full_blocks": full,
+        "num_min_blocks": minimum,
+        "memory_budget": resolved.memory_budget,
+    }
+    if resolved.attn_impl != "flash_attn":
+        n = resolved.kvcache_num_blocks or resolved.batch_size
+        return {**info, "mode": "eager", "num_blocks": n, "outcome": "eager"}
+    if resolved.kvcache_num_blocks:
+        n = resolved.kvcache_num_blocks
+        return {**info, "mode": "explicit", "num_blocks": n, "outcome": "explicit"}
+    # Automatic: optimum-rbln _search_num_kvcache_blocks against the nominal DRAM, LM graphs only.
+    nominal_total = ctx.spec.usable_per_chiplet * chiplets * shards
+    budget_total = _resolve_budget(resolved.memory_budget, nominal_total)
+    budget_chiplet = budget_total // (chiplets * shards)
+    nonkv_chiplet = -(-lm_nonkv_per_device // chiplets)
+
+    def fits(n: int) -> bool:
+        return per_chiplet_tensors * kv_tensor_bytes(g, block, n, d, shards) + nonkv_chiplet <= budget_chiplet
+
+    if fits(full):
+        n = full
+    else:
+        lo, hi, n = 1, full - 1, 0
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                n, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+    if n >= full:
+        outcome = "full"
+    elif n >= minimum:
+        outcome = "partial"
+    else:
+        outcome = "insufficient"
+    return {**info, "mode": "auto", "num_blocks": n, "outcome": outcome, "budget_bytes": budget_total // shards}
+
+
+def estimate(
+    geometry: ModelGeometry,
+    resolved: Any,
+    spec: NpuSpec,
+    placement: dict[str, Any],
+    *,
+    device_memory: int | str | None = None,
+    calibration: dict[str, Any] | None = None,
+    dtype_bytes: int | None = None,
+    suggest: bool = True,
+) -> MemoryReport:
+    """Per-device memory of a resolved LM + ViT placement; ``calibration`` None reads the default file."""
+    override = _parse_device_memory(device_memory)
+    ctx = _Ctx(
+        geometry=geometry,
+        spec=spec,
+        usable=override if override is not None else spec.usable_bytes,
+        usable_source=SOURCE_OVERRIDE if override is not None else SOURCE_SPEC,
+        calibration=cal.load_calibration() if calibration is None else calibration,
+        dtype_bytes=dtype_bytes or geometry.dtype_bytes,
+    )
+    report = _estimate(ctx, resolved, placement)
+    if suggest:
+        report.suggestions = _suggestions(ctx, resolved, placement, report)
+    return report
+
+
+def _estimate(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryReport:
+    g, d, spec = ctx.geometry, ctx.dtype_bytes, ctx.spec
+    lm_devs = _devices(placement["device"])
+    vis_devs = _devices(placement.get("visual_device", placement["device"]))
+    n_lm, n_vis = len(lm_devs), len(vis_devs)
+
+    # LM items (per device; sharded over n_lm devices when num_devices > 1)
+    lp = lm_params(g.text)
+    lm_w = lp["device"] * d
+    lm_weights = MemoryItem(
+        "lm.weights",
+        -(-lm_w // n_lm),
+        True,
+        f"(layers {g.text.num_hidden_layers} x {lp['layer']:,} + norm {lp['norm']:,} + lm_head {lp['lm_head']:,}) "
+        f"params x {d} B" + (f" / {n_lm} devices" if n_lm > 1 else ""),
+        f"{lp['device']:,} params; embed_tokens ({lp['embed_tokens_host']:,} params) stays on the host",
+    )
+    lm_ws_total, lm_ws = _lm_workspace_item(ctx, resolved)
+    lm_ws.bytes = -(-lm_ws_total // n_lm)
+    kv = _kv_blocks(ctx, resolved, lm_weights.bytes + lm_ws.bytes, n_lm)
+    n_blocks = kv["num_blocks"]
+    insufficient = kv["outcome"] == "insufficient"
+    shown_blocks = resolved.num_min_blocks if insufficient else n_blocks
+    tensor_bytes = kv_tensor_bytes(g, kv["block_size"], shown_blocks, d, n_lm)
+    kv_total = kv["tensors"] * tensor_bytes
+    kv["bytes"] = kv_total
+    kv_note = {
+        "full": f"auto: {n_blocks} of {resolved.num_full_blocks} full blocks (optimum-rbln sized it for the LM alone)",
+        "partial": f"auto: only {n_blocks} of {resolved.num_full_blocks} full blocks fit the LM's budget "
+        f"(minimum {resolved.num_min_blocks}): optimum-rbln's own generate() can run out of blocks on long batches",
+        "insufficient": f"auto: only {n_blocks} blocks fit, below the minimum {resolved.num_min_blocks}: "
+        "optimum-rbln's compile stops with 'Insufficient memory for the required KV cache' (shown: the minimum)",
+        "explicit": f"kvcache_num_blocks={n_blocks} (full {resolved.num_full_blocks})",
+        "eager": f"eager: {n_blocks} blocks of max_seq_len (= batch_size)",
+    }[kv["outcome"]]
+    per_block = kv_block_bytes_per_tensor(g, kv["block_size"], d, n_lm)
+    lm_kv = MemoryItem(
+        "lm.kv_cache",
+        kv_total,
+        kv["outcome"] != "partial",
+        f"2 x {g.text.num_hidden_layers} layers x align_2MiB({shown_blocks} blocks x "
+        f"{-(-g.text.num_key_value_heads // n_lm)} kv_heads x {kv['block_size']} x {g.text.head_dim} x {d} B) "
+        f"= {kv['tensors']} x {tensor_bytes / MiB:.0f} MiB",
+        kv_note + f"; {per_block * kv['tensors'] / MiB:.0f} MiB per block",
+    )
+
+    # ViT items
+    vp = vision_params(g.vision)
+    vis_w = vp["device"] * d
+    vis_weights = MemoryItem(
+        "visual.weights",
+        -(-vis_w // n_vis),
+        True,
+        f"({g.vision.depth} blocks x {vp['block']:,} + merger {vp['merger']:,} + {g.vision.num_deepstack} deepstack "
+        f"mergers {vp['deepstack_mergers']:,}) params x {d} B" + (f" / {n_vis} devices" if n_vis > 1 else ""),
+        f"{vp['device']:,} params; patch_embed ({vp['patch_embed_host']:,}) and pos_embed "
+        f"({vp['pos_embed_host']:,}) stay on the host",
+    )
+    vis_ws = _visual_workspace_item(ctx, resolved)
+    vis_ws.bytes = -(-vis_ws.bytes // n_vis)
+
+    by_dev: dict[int, list[MemoryItem]] = {}
+    for dev in lm_devs:
+        by_dev.setdefault(dev, []).extend(replace(i) for i in (lm_weights, lm_kv, lm_ws))
+    for dev in vis_devs:
+        by_dev.setdefault(dev, []).extend(replace(i) for i in (vis_weights, vis_ws))
+
+    chiplets = spec.chiplets
+    per_chiplet_tensors = -(-kv["tensors"] // chiplets)
+    devices: list[DeviceMemory] = []
+    report_notes: list[str] = []
+    for dev in sorted(by_dev):
+        items = by_dev[dev]
+        kv_here = sum(i.bytes for i in items if i.name == "lm.kv_cache")
+        other = sum(i.bytes for i in items if i.name != "lm.kv_cache")
+        fullest = (per_chiplet_tensors * tensor_bytes if kv_here else 0) + -(-other // chiplets)
+        usable_chiplet = ctx.usable // chiplets
+        chip = {
+            "count": chiplets,
+            "usable_per_chiplet_bytes": usable_chiplet,
+            "fullest_bytes": fullest,
+            "free_bytes": usable_chiplet - fullest,
+            "fits": fullest <= usable_chiplet,
+            "assumption": f"KV tensors whole and round-robin ({per_chiplet_tensors} of {kv['tensors']} on the fullest "
+            "chiplet); weights and workspaces split evenly",
+        }
+        total = kv_here + other
+        has_lm = dev in lm_devs
+        has_vis = dev in vis_devs
+        fits = total <= ctx.usable and not (insufficient and has_lm)
+        notes: list[str] = []
+        if has_lm and insufficient:
+            notes.append(
+                f"optimum-rbln's compile fails: 'Insufficient memory for the required KV cache: only {n_blocks} "
+                f"blocks can be allocated, but at least {resolved.num_min_blocks} blocks are required'"
+            )
+        elif has_lm and has_vis and not fits and kv["mode"] == "auto":
+            lm_only = sum(i.bytes for i in items if i.name.startswith("lm."))
+            vis_only = total - lm_only
+            lead = ("auto KV sizing filled the card before the ViT loads" if kv["outcome"] == "partial"
+                    else "auto KV sizing left no room for the ViT")
+            notes.append(
+                f"{lead}: optimum-rbln sized the KV pool "
+                f"({n_blocks} blocks, {_fmt_gib(kv_total)}) for the LM alone ({_fmt_gib(lm_only)} of "
+                f"{_fmt_gib(kv.get('budget_bytes', ctx.usable))} budget); the ViT on the same device needs "
+                f"{_fmt_gib(vis_only)} more, so loading fails with 'Failed to create RBLN runtime ... "
+                "Lack of device memory'"
+            )
+        elif has_lm and not fits and kv["mode"] == "auto" and ctx.usable_source == SOURCE_OVERRIDE:
+            notes.append(
+                f"auto KV sizing aims at optimum-rbln's nominal {_fmt_gib(spec.usable_bytes)}, not the "
+                f"{_fmt_gib(ctx.usable)} given with --device-memory"
+            )
+        elif not fits:
+            notes.append(f"needs {_fmt_gib(total)} of {_fmt_gib(ctx.usable)} usable: loading fails with "
+                         "'Failed to create RBLN runtime ... Lack of device memory'")
+        if has_lm and kv["outcome"] == "partial" and fits:
+            notes.append(
+                f"only {n_blocks} of {resolved.num_full_blocks} full KV blocks: fine for vllm-rbln (it pages blocks); "
+                "optimum-rbln's own generate() can run out of blocks when every row runs long"
+            )
+        if not insufficient and abs(ctx.usable - total) < THIN_MARGIN:
+            notes.append(
+                f"thin margin ({(ctx.usable - total) / GiB:+.2f} GiB): the verdict rests on the modelled workspaces; "
+                "calibrate with `qvl load-check` on the NPU host"
+            )
+        if chip["fits"] != (total <= ctx.usable):
+            notes.append(
+                f"the per-chiplet view disagrees (fullest chiplet {_fmt_gib(fullest)} of {_fmt_gib(usable_chiplet)}): "
+                "optimum-rbln sizes per chiplet, so treat this verdict as uncertain"
+            )
+        devices.append(DeviceMemory(dev, ctx.usable, items, chip, fits, notes))
+    if ctx.usable_source == SOURCE_OVERRIDE:
+        report_notes.append(
+            f"usable bytes per device from --device-memory ({_fmt_gib(ctx.usable)}); optimum-rbln's own auto KV "
+            f"sizing still assumes {_fmt_gib(spec.usable_bytes)}"
+        )
+    return MemoryReport(
+        npu=spec.sku,
+        usable_bytes=ctx.usable,
+        usable_source=ctx.usable_source,
+        devices=devices,
+        kv=kv,
+        suggestions=[],
+        assumptions=list(ASSUMPTIONS),
+        notes=report_notes,
+    )
+
+
+def estimate_plan(
+    plan: Any, device_memory: int | str | None = None, calibration: dict[str, Any] | None = None
+) -> MemoryReport:
+    """estimate() for a Plan (bf16 for the rbln backend, the model's dtype for the torch reference)."""
+    dtype = RBLN_DTYPE_BYTES if plan.backend == "rbln" else plan.geometry.dtype_bytes
+    return estimate(
+        plan.geometry,
+        plan.resolved,
+        plan.npu_spec,
+        plan.placement,
+        device_memory=device_memory,
+        calibration=calibration,
+        dtype_bytes=dtype,
+    )
+
+
+def ensure_fits(report: MemoryReport | dict[str, Any], *, force: bool = False) -> None:
+    """Raise DoesNotFit (exit 4) when the planner predicts a failure, unless ``force``."""
+    data = report.to_dict() if isinstance(report, MemoryReport) else report
+    if force or data.get("fits") is not False:
+        return
+    over = [d for d in data["devices"] if not d["fits"]]
+    where = "; ".join(
+        f"device {d['device']} needs {_fmt_gib(d['total_bytes'])} of {_fmt_gib(d['usable_bytes'])}" for d in over
+    )
+    hints = [" ".join(f"--set {s}" for s in sug["set"]) for sug in data.get("suggestions") or []]
+    hint = (f"try {hints[0]}" if hints else "reduce max_seq_len or batch_size, or place visual on another NPU")
+    hint += " (see `qvl compile --dry-run`), or pass --force to compile anyway"
+    raise DoesNotFit(f"the memory planner predicts this will not fit: {where}", hint)
+
+
+# --- suggestions -----------------------------------------------------------------------------------
+
+
+def _with(resolved: Any, **changes: Any) -> Any:
+    """A ResolvedLM with the derived fields (block, full/min blocks, decoder graphs) recomputed."""
+    new = replace(resolved, **changes)
+    block = new.max_seq_len if new.attn_impl != "flash_attn" else new.kvcache_block_size
+    full = (new.max_seq_len // block) * new.batch_size
+    if new.attn_impl == "flash_attn":
+        minimum = min(max(new.max_seq_len // block, new.batch_size) + 1, full)
+    else:
+        minimum = new.batch_size
+    return replace(new, kvcache_block_size=block, num_full_blocks=full, num_min_blocks=minimum)
+
+
+def _summary(report: MemoryReport) -> dict[str, Any]:
+    return {
+        "fits": report.fits,
+        "margin_bytes": report.margin_bytes,
+        "devices": [{"device": d.device, "total_bytes": d.total_bytes, "free_bytes": d.free_bytes}
+                    for d in report.devices],
+        "kv_blocks": report.kv["num_blocks"],
+    }
+
+
+def _sug(kind: str, text: str, sets: list[str], report: MemoryReport, **extra: Any) -> dict[str, Any]:
+    if report.margin_bytes < THIN_MARGIN:
+        text += f" (thin margin: {report.margin_bytes / GiB:.2f} GiB against modelled workspaces)"
+    return {
+        "kind": kind,
+        "text": text,
+        "set": sets,
+        "cli": " ".join(f"--set {s}" for s in sets),
+        **_summary(report),
+        **extra,
+    }
+
+
+def _suggestions(ctx: _Ctx, resolved: Any, placement: dict[str, Any], report: MemoryReport) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    lm_devs = _devices(placement["device"])
+    vis_devs = _devices(placement.get("visual_device", placement["device"]))
+    shared = bool(set(lm_devs) & set(vis_devs))
+    flash = resolved.attn_impl == "flash_attn"
+    auto = flash and not resolved.kvcache_num_blocks
+
+    def run(res: Any = resolved, pl: dict[str, Any] = placement) -> MemoryReport:
+        return _estimate(ctx, res, pl)
+
+    if report.fits:
+        if shared and auto and report.kv["outcome"] == "partial":
+            sug = _memory_budget_suggestion(ctx, resolved, placement, report, run, vis_devs)
+            if sug:
+                out.append(sug)
+        return out
+
+    # 1. the largest max_seq_len (a multiple of the partition) that fits at this batch
+    if flash:
+        step = resolved.kvcache_block_size
+        candidates = [k * step for k in range(resolved.max_seq_len // step - 1, 1, -1)]
+        candidates = [c for c in candidates if c >= _MIN_FLASH_LEN]
+    else:
+        top = min(resolved.max_seq_len - 1, _EAGER_MAX.get(ctx.spec.family, 16384))
+        candidates = [c for c in range(top - top % 1024, 1023, -1024)]
+    for length in candidates:
+        res = _with(resolved, max_seq_len=length)
+        if res.kvcache_num_blocks and flash and res.kvcache_num_blocks < res.num_min_blocks:
+            continue
+        rep = run(res)
+        if rep.fits:
+            unit = f"{length // step} partitions of {step}" if flash else "eager"
+            out.append(_sug(
+                "max_seq_len",
+                f"max_seq_len={length}: the largest context ({unit}) that fits at batch {resolved.batch_size} "
+                f"(KV {_fmt_gib(rep.kv['bytes'])})",
+                [f"max_seq_len={length}"],
+                rep,
+            ))
+            break
+
+    # 2. the largest batch that fits at this context
+    for batch in range(resolved.batch_size - 1, 0, -1):
+        dbs = sorted({b for b in resolved.decoder_batch_sizes if b <= batch} | {batch})
+        res = _with(resolved, batch_size=batch, decoder_batch_sizes=sorted(dbs, reverse=True))
+        if res.kvcache_num_blocks and flash and res.kvcache_num_blocks < res.num_min_blocks:
+            continue
+        rep = run(res)
+        if rep.fits:
+            out.append(_sug(
+                "batch_size",
+                f"batch_size={batch}: the largest batch that fits with max_seq_len {resolved.max_seq_len} "
+                f"(decoder graphs {dbs})",
+                [f"batch_size={batch}", "decoder_batch_sizes=" + "[" + ",".join(str(b) for b in dbs) + "]"],
+                rep,
+            ))
+            break
+
+    # 3. the ViT on its own NPU
+    if shared:
+        free_ids = [i for i in range(max(lm_devs + vis_devs) + len(vis_devs) + 1) if i not in lm_devs][: len(vis_devs)]
+        new_vis: int | list[int] = free_ids if isinstance(placement.get("visual_device"), list) else free_ids[0]
+        rep = run(pl={**placement, "visual_device": new_vis})
+        if rep.fits:
+            value = "[" + ",".join(map(str, new_vis)) + "]" if isinstance(new_vis, list) else str(new_vis)
+            out.append(_sug(
+                "visual_device",
+                f"move the ViT to its own NPU (device {value}); the LM and its KV cache keep device "
+                f"{placement['device']} (the documented remedy for large batches at full context)",
+                [f"placement.visual_device={value}"],
+                rep,
+            ))
+
+    # 4. a memory_budget that leaves room for the ViT (or for what --device-memory says is really there)
+    if auto:
+        sug = _memory_budget_suggestion(ctx, resolved, placement, report, run, vis_devs if shared else [])
+        if sug:
+            out.append(sug)
+
+    # 5. an explicit block count that fits
+    if flash and resolved.kvcache_num_blocks:
+        for n in range(resolved.kvcache_num_blocks - 1, resolved.num_min_blocks - 1, -1):
+            rep = run(replace(resolved, kvcache_num_blocks=n))
+            if rep.fits:
+                out.append(_sug(
+                    "kvcache_num_blocks",
+                    f"kvcache_num_blocks={n}: the most KV blocks that fit (full {resolved.num_full_blocks}); fewer "
+                    "than full means optimum-rbln's own generate() can run out of blocks on long batches",
+                    [f"kvcache_num_blocks={n}"],
+                    rep,
+                ))
+                break
+    return out
+
+
+def _memory_budget_suggestion(
+    ctx: _Ctx, resolved: Any, placement: dict[str, Any], report: MemoryReport, run: Any, vis_devs: list[int]
+) -> dict[str, Any] | None:
+    lm_devs = _devices(placement["device"])
+    dev = report.device(lm_devs[0])
+    residents = sum(i.bytes for i in dev.items if not i.name.startswith("lm."))
+    nominal = ctx.spec.usable_bytes
+    ideal = (ctx.usable - residents) / nominal
+    if ideal <= 0:
+        return None
+    coarse = [k / 20 for k in range(min(20, math.floor(ideal * 20)), 0, -1)]
+    fine = [k / 100 for k in range(min(100, math.floor(ideal * 100)), 0, -1)]
+    for fraction in coarse + fine:
+        res = replace(resolved, memory_budget=round(fraction, 2))
+        rep = run(res)
+        if rep.fits and rep.kv["outcome"] in ("full", "partial"):
+            n, full = rep.kv["num_blocks"], resolved.num_full_blocks
+            why = (f"the ViT ({_fmt_gib(residents)}) fits beside it" if vis_devs
+                   else f"it stays within the {_fmt_gib(ctx.usable)} given with --device-memory")
+            trade = (
+                f"it leaves {n} of {full} full KV blocks: fine for vllm-rbln (it pages blocks), but optimum-rbln's own "
+                "generate() can run out of blocks ('No memory blocks are available for allocation') when all "
+                f"{resolved.batch_size} rows run long"
+                if n < full
+                else f"all {full} full KV blocks still fit"
+            )
+            return _sug(
+                "memory_budget",
+                f"memory_budget={fraction:.2f}: optimum-rbln sizes the KV pool within {fraction:.0%} of "
+                f"{_fmt_gib(nominal)} ({_fmt_gib(int(nominal * fraction))}) so {why}; trade: {trade}",
+                [f"memory_budget={fraction:.2f}"],
+                rep,
+                full_blocks=full,
+            )
+    return None
