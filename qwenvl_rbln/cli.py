@@ -51,7 +51,7 @@ def main() -> None:
     from qwenvl_rbln import render
 
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
     except QvlError as exc:
         render.err().print(f"qvl: error: {exc.one_line()}", markup=False, highlight=False)
         sys.exit(exc.exit_code)
@@ -78,4 +78,4 @@ def main() -> None:
         )
         sys.exit(EXIT_INTERNAL)
     else:
-        sys.exit(0)
+        sys.exit(code if isinstance(code, int) else 0)

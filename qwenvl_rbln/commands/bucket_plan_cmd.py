@@ -1,0 +1,827 @@
+"""`qvl bucket-plan`: where each image / video frame lands in the ViT buckets, what it wastes, and
+which bucket list (and decoder_batch_sizes) would serve a real workload best.
+
+Everything here is header reads and arithmetic: no torch, no model, no NPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from qwenvl_rbln.commands.common import JsonOpt, ModelOpt, PresetOpt, SetOpt
+
+DECODER_NOTE = (
+    "per-step decoder graph selection is what vllm-rbln does (smallest compiled batch >= running requests); "
+    "optimum-rbln's own generate() always runs decoder_batch_{batch_size}"
+)
+
+
+# --- items -----------------------------------------------------------------------------------------
+
+
+def _blank_item(input_name: str, kind: str, source: str, count: int = 1) -> dict[str, Any]:
+    return {
+        "input": input_name,
+        "kind": kind,
+        "source": source,
+        "count": count,
+        "width": None,
+        "height": None,
+        "resized_width": None,
+        "resized_height": None,
+        "patches": None,
+        "bucket": None,
+        "padding_pct": None,
+        "lm_tokens": None,
+        "vit_calls": None,
+        "capped": None,
+        "error": None,
+    }
+
+
+class ItemPlanner:
+    """Turns sizes and files into item dicts under one plan's buckets and processor caps."""
+
+    def __init__(self, plan: Any):
+        from qwenvl_rbln import geometry
+        from qwenvl_rbln.buckets import oversize_message, select_bucket
+        from qwenvl_rbln.errors import QvlError
+        from qwenvl_rbln.modelinfo import processor_defaults
+
+        self._image_geometry = geometry.image_geometry
+        self._video_geometry = geometry.video_geometry
+        self._select = select_bucket
+        self._oversize = oversize_message
+        self._error_types = QvlError
+        self.plan = plan
+        self.buckets: list[int] = list(plan.vit_buckets)
+        self.caps = plan.processor
+        self.vision = plan.geometry.vision
+        self.stock = processor_defaults(plan.model_id)
+
+    # the geometry of one image size, with the bucket and padding
+    def image(self, item: dict[str, Any], width: int, height: int) -> dict[str, Any]:
+        v = self.vision
+        item["width"], item["height"] = width, height
+        try:
+            geo = self._image_geometry(
+                width,
+                height,
+                min_pixels=self.caps.min_pixels,
+                max_pixels=self.caps.max_pixels,
+                patch_size=v.patch_size,
+                merge_size=v.spatial_merge_size,
+            )
+        except self._error_types as exc:
+            item["error"] = f"{item['input']}: {exc.one_line()}"
+            return item
+        item.update(
+            resized_width=geo.resized_width,
+            resized_height=geo.resized_height,
+            patches=geo.patches,
+            lm_tokens=geo.lm_tokens,
+            vit_calls=1,
+        )
+        stock_max = self.stock["max_pixels"]
+        factor = v.patch_size * v.spatial_merge_size
+        # The cap changed the result only where smart_resize took its max_pixels branch.
+        rounded_area = round(height / factor) * factor * round(width / factor) * factor
+        if self.caps.max_pixels < stock_max and rounded_area > self.caps.max_pixels:
+            full = self._image_geometry(
+                width,
+                height,
+                min_pixels=self.caps.min_pixels,
+                max_pixels=stock_max,
+                patch_size=v.patch_size,
+                merge_size=v.spatial_merge_size,
+            )
+            item["capped"] = full.patches > geo.patches
+        else:
+            item["capped"] = False
+        return self._bucket(item, "image")
+
+    def video(self, item: dict[str, Any], width: int, height: int, frames: int, fps: float | None) -> dict[str, Any]:
+        v = self.vision
+        c = self.caps
+        item.update(width=width, height=height, total_frames=frames, fps=fps)
+        try:
+            geo = self._video_geometry(
+                width,
+                height,
+                frames,
+                fps,
+                fps=c.fps,
+                min_frames=c.min_frames,
+                max_frames=c.max_frames,
+                min_pixels=c.video_min_pixels,
+                max_pixels=c.video_max_pixels,
+                patch_size=v.patch_size,
+                merge_size=v.spatial_merge_size,
+                temporal_patch_size=v.temporal_patch_size,
+            )
+        except self._error_types as exc:
+            item["error"] = f"{item['input']}: {exc.one_line()}"
+            return item
+        item.update(
+            resized_width=geo.resized_width,
+            resized_height=geo.resized_height,
+            patches=geo.patches,
+            lm_tokens=geo.lm_tokens,
+            vit_calls=geo.vit_calls,
+            sampled_frames=geo.sampled_frames,
+            notes=list(geo.notes),
+            capped=False,
+        )
+        if c.video_max_pixels < self.stock["video_max_pixels"]:
+            full = self._video_geometry(
+                width,
+                height,
+                frames,
+                fps,
+                fps=c.fps,
+                min_frames=c.min_frames,
+                max_frames=c.max_frames,
+                min_pixels=c.video_min_pixels,
+                max_pixels=self.stock["video_max_pixels"],
+                patch_size=v.patch_size,
+                merge_size=v.spatial_merge_size,
+                temporal_patch_size=v.temporal_patch_size,
+            )
+            item["capped"] = full.patches > geo.patches
+        return self._bucket(item, "video", frames=geo.sampled_frames)
+
+    def _bucket(self, item: dict[str, Any], kind: str, frames: int | None = None) -> dict[str, Any]:
+        patches = item["patches"]
+        bucket = self._select(patches, self.buckets)
+        item["bucket"] = bucket
+        if bucket is None:
+            item["error"] = self._oversize(
+                item["input"],
+                patches,
+                self.buckets,
+                kind=kind,
+                frames=frames,
+                patch_size=self.vision.patch_size,
+                temporal_patch_size=self.vision.temporal_patch_size,
+            )
+        else:
+            item["padding_pct"] = round(100.0 * (bucket - patches) / bucket, 2)
+        return item
+
+    def file(self, path: Path) -> dict[str, Any]:
+        from qwenvl_rbln.errors import QvlError
+        from qwenvl_rbln.media import classify, probe_image, probe_video
+
+        kind = classify(path)
+        item = _blank_item(str(path), kind, "file")
+        try:
+            if kind == "video":
+                info = probe_video(path)
+                return self.video(item, info.width, info.height, info.total_frames, info.fps)
+            info = probe_image(path)
+        except QvlError as exc:
+            item["error"] = exc.one_line()
+            return item
+        except Exception as exc:  # a probe bug must not hide the other items
+            item["error"] = f"{path}: could not be read ({type(exc).__name__}: {exc})"
+            return item
+        return self.image(item, info.width, info.height)
+
+    def size(self, text: str, width: int, height: int) -> dict[str, Any]:
+        return self.image(_blank_item(text, "size", "size"), width, height)
+
+    def workload_entry(self, key: tuple, count: int) -> dict[str, Any]:
+        width, height, frames, fps = key
+        if frames is None:
+            return self.image(_blank_item(f"{width}x{height}", "size", "workload", count), width, height)
+        rate = f"@{fps:g}fps" if fps else ""
+        item = _blank_item(f"{width}x{height} {frames}f{rate}", "video", "workload", count)
+        return self.video(item, width, height, frames, fps)
+
+
+# --- summaries -------------------------------------------------------------------------------------
+
+
+def _workspace_fn() -> Callable[[Any, int], int | None] | None:
+    """Visual workspace bytes per bucket from the memory planner, when it provides it."""
+    try:
+        from qwenvl_rbln import memory
+    except ImportError:
+        return None
+    fn = getattr(memory, "estimate_for_bucket", None)
+    if fn is None:
+        return None
+
+    def bytes_for(geometry: Any, bucket: int) -> int | None:
+        try:
+            d = fn(geometry, bucket, dtype_bytes=geometry.dtype_bytes)
+        except Exception:
+            return None
+        if isinstance(d, int | float):
+            return int(d)
+        if isinstance(d, dict):
+            for key in ("workspace_bytes", "total_bytes", "bytes"):
+                if isinstance(d.get(key), int | float):
+                    return int(d[key])
+        return None
+
+    return bytes_for
+
+
+def summarize(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], int]) -> dict[str, Any]:
+    """Per-bucket totals over the planned items (each weighted by count x ViT calls)."""
+    buckets = list(plan.vit_buckets)
+    per: dict[int, dict[str, Any]] = {
+        b: {"calls": 0, "pad_sum": 0.0, "executed": 0, "useful": 0, "inputs": 0} for b in buckets
+    }
+    uncovered = {"calls": 0, "inputs": 0, "max_patches": None}
+    n_items = n_errors = requests = lm_tokens = capped = 0
+    for it in items:
+        n_items += 1
+        requests += it["count"]
+        if it["patches"] is None:
+            n_errors += 1
+            continue
+        calls = it["count"] * it["vit_calls"]
+        lm_tokens += it["count"] * it["lm_tokens"]
+        if it.get("capped"):
+            capped += it["count"]
+        b = it["bucket"]
+        if b is None:
+            n_errors += 1
+            uncovered["calls"] += calls
+            uncovered["inputs"] += it["count"]
+            mp = uncovered["max_patches"]
+            uncovered["max_patches"] = it["patches"] if mp is None else max(mp, it["patches"])
+            continue
+        row = per[b]
+        row["calls"] += calls
+        row["inputs"] += it["count"]
+        row["pad_sum"] += calls * (b - it["patches"]) / b
+        row["executed"] += calls * cost(b)
+        row["useful"] += calls * cost(it["patches"])
+    total_calls = sum(r["calls"] for r in per.values()) + uncovered["calls"]
+    workspace = _workspace_fn()
+    dtype = plan.geometry.dtype_bytes
+    rows = []
+    for b in buckets:
+        r = per[b]
+        rows.append(
+            {
+                "bucket": b,
+                "square_px": int(math.isqrt(b) * plan.geometry.vision.patch_size),
+                "inputs": r["inputs"],
+                "calls": r["calls"],
+                "share": round(r["calls"] / total_calls, 4) if total_calls else 0.0,
+                "mean_padding_pct": round(100.0 * r["pad_sum"] / r["calls"], 2) if r["calls"] else None,
+                "executed_flops": r["executed"],
+                "useful_flops": r["useful"],
+                "executed_over_useful": round(r["executed"] / r["useful"], 4) if r["useful"] else None,
+                "flops_per_call": cost(b),
+                "attn_mask_bytes": b * b * dtype,
+                "workspace_bytes": workspace(plan.geometry, b) if workspace else None,
+            }
+        )
+    executed = sum(r["executed"] for r in per.values())
+    useful = sum(r["useful"] for r in per.values())
+    return {
+        "preset": plan.preset,
+        "vit_buckets": buckets,
+        "unit": "pre-merge patches (16x16 px) per image or per temporal patch (2 video frames)",
+        "processor": plan.processor.to_dict(),
+        "items": n_items,
+        "requests": requests,
+        "errors": n_errors,
+        "vit_calls": total_calls,
+        "lm_tokens": lm_tokens,
+        "capped_inputs": capped,
+        "executed_flops": executed,
+        "useful_flops": useful,
+        "executed_over_useful": round(executed / useful, 4) if useful else None,
+        "buckets": rows,
+        "uncovered": uncovered,
+        "workspace_note": None
+        if workspace
+        else "visual workspace per bucket: memory.estimate_for_bucket not available",
+    }
+
+
+def optimize_section(
+    items: list[dict[str, Any]], plan: Any, k: int, max_bucket: int | None, cost: Callable[[int], int]
+) -> dict[str, Any]:
+    from qwenvl_rbln.buckets import baselines, evaluate_buckets, optimize_buckets
+
+    counts: dict[int, int] = {}
+    for it in items:
+        if it["patches"] is not None:
+            counts[it["patches"]] = counts.get(it["patches"], 0) + it["count"] * it["vit_calls"]
+    if not counts:
+        from qwenvl_rbln.errors import InputError
+
+        raise InputError("--optimize has nothing to optimise: every input failed", "fix the inputs listed above")
+    res = optimize_buckets(counts, k, cost, max_bucket=max_bucket)
+    top = res.buckets[-1]
+    covered = counts if res.uncovered_calls == 0 else {p: n for p, n in counts.items() if -(-p // 4) * 4 <= top}
+    base = baselines(covered, cost, current=plan.vit_buckets, top=top)
+    base["preset"] = evaluate_buckets(counts, plan.vit_buckets, cost)  # all calls: shows what it cannot run
+    ps = plan.geometry.vision.patch_size
+    out = {
+        **res.to_dict(),
+        "executed_flops": res.executed,
+        "useful_flops": res.useful,
+        "max_bucket": max_bucket,
+        "set": "--set visual.max_seq_len=[" + ",".join(str(b) for b in res.buckets) + "]",
+        "processor_max_pixels": top * ps * ps,
+        "baselines": {name: ev.to_dict() for name, ev in base.items()},
+    }
+    pe = base["preset"]
+    out["speedup_vs_preset"] = round(pe.executed / res.executed, 4) if res.executed and pe.executed else None
+    return out
+
+
+def decoder_section(trace: dict[int, int], plan: Any, k: int | None) -> tuple[dict[str, Any], list[str]]:
+    from qwenvl_rbln.buckets import (
+        decoder_powers_of_two,
+        evaluate_buckets,
+        optimize_decoder_batches,
+        select_decoder_graph,
+    )
+    from qwenvl_rbln.errors import QvlError
+
+    graphs = sorted(plan.resolved.decoder_batch_sizes)
+    batch_size = plan.resolved.batch_size
+    per_batch = []
+    per_graph: dict[int, dict[str, int]] = {g: {"steps": 0, "rows": 0, "padded_rows": 0} for g in graphs}
+    errors: list[str] = []
+    steps = rows = padded = uncovered = 0
+    for b in sorted(trace):
+        n = trace[b]
+        steps += n
+        entry: dict[str, Any] = {"batch": b, "steps": n, "graph": None, "padded_rows": None, "error": None}
+        try:
+            g, pad = select_decoder_graph(b, graphs)
+        except QvlError as exc:
+            entry["error"] = exc.one_line()
+            errors.append(f"{n} step(s): {exc.one_line()}")
+            uncovered += n
+        else:
+            entry.update(graph=g, padded_rows=pad * n)
+            per_graph[g]["steps"] += n
+            per_graph[g]["rows"] += b * n
+            per_graph[g]["padded_rows"] += pad * n
+            rows += b * n
+            padded += pad * n
+        per_batch.append(entry)
+    computed = rows + padded
+    out: dict[str, Any] = {
+        "decoder_batch_sizes": graphs,
+        "batch_size": batch_size,
+        "steps": steps,
+        "rows": rows,
+        "computed_rows": computed,
+        "padded_rows": padded,
+        "padded_pct": round(100.0 * padded / computed, 2) if computed else None,
+        "uncovered_steps": uncovered,
+        "per_batch": per_batch,
+        "per_graph": [{"graph": g, **v} for g, v in per_graph.items()],
+        "note": DECODER_NOTE,
+    }
+    if k is not None:
+        top = max(batch_size, max(trace))
+        res = optimize_decoder_batches(trace, k, batch_size=top)
+
+        def ev(bs: list[int]) -> dict[str, Any]:
+            e = evaluate_buckets(trace, bs, lambda x: x)
+            return {
+                "decoder_batch_sizes": bs,
+                "computed_rows": e.executed,
+                "padded_rows": e.executed - e.useful,
+                "computed_over_rows": round(e.ratio, 4) if e.ratio else None,
+                "uncovered_steps": e.uncovered_calls,
+            }
+
+        sets = f"--set decoder_batch_sizes=[{','.join(str(b) for b in res.buckets)}]"
+        if top != batch_size:
+            sets = f"--set batch_size={top} " + sets
+        out["optimized"] = {
+            **ev(res.buckets),
+            "k": k,
+            "set": sets,
+            "cost": "rows computed per decode step (graph batch); minimising it minimises padded rows",
+            "baselines": {
+                "preset": ev(graphs),
+                "single_largest": ev([top]),
+                "powers_of_two": ev(decoder_powers_of_two(top)),
+            },
+        }
+    return out, errors
+
+
+# --- human output ----------------------------------------------------------------------------------
+
+
+def _fmt_int(n: Any) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def print_human(console: Any, data: dict[str, Any], rows_limit: int) -> None:
+    from rich.table import Table
+
+    from qwenvl_rbln.buckets import fmt_flops
+    from qwenvl_rbln.render import fmt_bytes
+
+    s = data["summary"]
+    p = s["processor"]
+    console.print(
+        f"[bold]{s['preset']}[/bold]: ViT buckets {', '.join(str(b) for b in s['vit_buckets'])} "
+        f"[dim]({s['unit']})[/dim]"
+    )
+    console.print(
+        f"processor: images {p['min_pixels']:,}..{p['max_pixels']:,} px, videos {p['video_min_pixels']:,}.."
+        f"{p['video_max_pixels']:,} px over all frames, {p['fps']:g} fps",
+        markup=False,
+    )
+    items = data["items"]
+    if data.get("workload"):
+        w = data["workload"]
+        console.print(
+            f"workload {w['path']}: {w['requests']:,} requests on {w['lines']:,} lines, aggregated into "
+            f"{w['distinct']:,} distinct sizes",
+            markup=False,
+        )
+    if items:
+        shown = items if rows_limit <= 0 else items[:rows_limit]
+        has_count = any(it["count"] != 1 for it in items)
+        t = Table(title="inputs", title_justify="left", header_style="bold")
+        t.add_column("input", overflow="fold", max_width=48)
+        t.add_column("size", justify="right")
+        t.add_column("resized", justify="right")
+        t.add_column("patches", justify="right")
+        t.add_column("bucket", justify="right")
+        t.add_column("pad %", justify="right")
+        t.add_column("LM tokens", justify="right")
+        t.add_column("ViT calls", justify="right")
+        if has_count:
+            t.add_column("count", justify="right")
+        for it in shown:
+            size = f"{it['width']}x{it['height']}" if it["width"] else "-"
+            resized = f"{it['resized_width']}x{it['resized_height']}" if it["resized_width"] else "-"
+            if it.get("capped"):
+                resized += "*"
+            bucket = str(it["bucket"]) if it["bucket"] else ("[red]none[/red]" if it["patches"] else "[red]error[/red]")
+            row = [
+                it["input"],
+                size,
+                resized,
+                _fmt_int(it["patches"]),
+                bucket,
+                "-" if it["padding_pct"] is None else f"{it['padding_pct']:.1f}",
+                _fmt_int(it["lm_tokens"]),
+                _fmt_int(it["vit_calls"]),
+            ]
+            if has_count:
+                row.append(_fmt_int(it["count"]))
+            t.add_row(*row)
+        console.print(t)
+        if len(shown) < len(items):
+            what = "distinct sizes" if data.get("workload") else "items"
+            console.print(
+                f"[dim]{len(items) - len(shown):,} more {what} not shown (--rows 0 shows all; --json has every item)"
+                "[/dim]"
+            )
+        if s["capped_inputs"]:
+            console.print(
+                f"[dim]* downscaled by processor.max_pixels={p['max_pixels']:,} (qvl caps it at the largest bucket x "
+                f"256 so nothing overflows); {s['capped_inputs']:,} input(s) affected[/dim]"
+            )
+    errors = [it["error"] for it in items if it["error"]]
+    if errors:
+        console.print(f"[bold red]{len(errors):,} input(s) cannot run:[/bold red]")
+        limit = len(errors) if rows_limit <= 0 else max(rows_limit, 20)
+        for e in errors[:limit]:
+            console.print(f"  {e}", markup=False)
+        if len(errors) > limit:
+            console.print(f"  ... {len(errors) - limit:,} more (see --json)", markup=False)
+
+    if s["vit_calls"]:
+        t = Table(title="per bucket", title_justify="left", header_style="bold")
+        for col in (
+            "bucket",
+            "~square",
+            "inputs",
+            "ViT calls",
+            "share",
+            "mean pad %",
+            "executed",
+            "useful",
+            "exec/useful",
+            "attn mask",
+            "workspace",
+        ):
+            t.add_column(col, justify="right")
+        for r in s["buckets"]:
+            t.add_row(
+                f"{r['bucket']:,}",
+                f"{r['square_px']}²",
+                _fmt_int(r["inputs"]),
+                _fmt_int(r["calls"]),
+                f"{100 * r['share']:.1f}%",
+                "-" if r["mean_padding_pct"] is None else f"{r['mean_padding_pct']:.1f}",
+                fmt_flops(r["executed_flops"]) if r["calls"] else "-",
+                fmt_flops(r["useful_flops"]) if r["calls"] else "-",
+                _ratio(r["executed_over_useful"]),
+                fmt_bytes(r["attn_mask_bytes"]),
+                fmt_bytes(r["workspace_bytes"]) if r["workspace_bytes"] is not None else "-",
+            )
+        u = s["uncovered"]
+        if u["calls"]:
+            t.add_row(
+                "[red]> largest[/red]",
+                "-",
+                _fmt_int(u["inputs"]),
+                _fmt_int(u["calls"]),
+                f"{100 * u['calls'] / s['vit_calls']:.1f}%",
+                "-",
+                "fails",
+                "-",
+                "-",
+                "-",
+                "-",
+            )
+        t.add_row(
+            "[bold]total[/bold]",
+            "",
+            _fmt_int(sum(r["inputs"] for r in s["buckets"]) + u["inputs"]),
+            _fmt_int(s["vit_calls"]),
+            "",
+            "",
+            fmt_flops(s["executed_flops"]),
+            fmt_flops(s["useful_flops"]),
+            _ratio(s["executed_over_useful"]),
+            "",
+            "",
+        )
+        console.print(t)
+        console.print(
+            f"[dim]compute = ViT FLOPs per call at the bucket (executed) vs at the real patch count (useful); "
+            f"LM tokens in total {s['lm_tokens']:,}[/dim]"
+        )
+        if s.get("workspace_note"):
+            console.print(f"[dim]{s['workspace_note']}[/dim]")
+
+    opt = data.get("optimized")
+    if opt:
+        console.print(
+            f"[bold]optimised ViT buckets[/bold] (K={opt['k']}, {opt['covered_calls']:,} ViT calls, "
+            f"{opt['distinct_values']:,} distinct patch counts; cost = ViT FLOPs)"
+        )
+        t = Table(header_style="bold")
+        t.add_column("list")
+        t.add_column("n", justify="right")
+        t.add_column("buckets", overflow="fold")
+        t.add_column("executed", justify="right")
+        t.add_column("exec/useful", justify="right")
+        t.add_column("uncovered calls", justify="right")
+        names = {
+            "preset": f"preset ({s['preset']})",
+            "single_largest": "single largest",
+            "powers_of_two": "powers of two",
+        }
+        rows_ = [("[bold]optimised[/bold]", opt)] + [(label, opt["baselines"][key]) for key, label in names.items()]
+        for label, b in rows_:
+            t.add_row(
+                label,
+                str(len(b["buckets"])),
+                ", ".join(map(str, b["buckets"])),
+                fmt_flops(b["executed"]),
+                _ratio(b["executed_over_useful"]),
+                _fmt_int(b["uncovered_calls"]),
+            )
+        console.print(t)
+        if opt["uncovered_calls"]:
+            console.print(
+                f"{opt['uncovered_calls']:,} ViT call(s) are above --max-bucket "
+                f"(up to {opt['uncovered_max']:,} patches): "
+                f"add --set processor.max_pixels={opt['processor_max_pixels']} to resize them into the top bucket",
+                markup=False,
+            )
+        console.print(f"use: {opt['set']}", markup=False)
+        console.print(
+            f"[dim]with this list qvl caps processor.max_pixels at {opt['processor_max_pixels']:,} px "
+            f"(top bucket x 256) unless the preset sets it[/dim]"
+        )
+
+    dec = data.get("decoder")
+    if dec:
+        console.print(
+            f"[bold]decoder graphs[/bold] {dec['decoder_batch_sizes']} (batch_size {dec['batch_size']}): "
+            f"{dec['steps']:,} decode steps, {dec['rows']:,} real rows, {dec['padded_rows']:,} padded rows "
+            f"({dec['padded_pct'] if dec['padded_pct'] is not None else 0:.1f}% of computed)"
+        )
+        t = Table(header_style="bold")
+        for col in ("running batch", "steps", "graph", "padded rows"):
+            t.add_column(col, justify="right")
+        per = dec["per_batch"]
+        for e in per if rows_limit <= 0 else per[:rows_limit]:
+            t.add_row(
+                str(e["batch"]),
+                _fmt_int(e["steps"]),
+                str(e["graph"]) if e["graph"] else "[red]none[/red]",
+                _fmt_int(e["padded_rows"]),
+            )
+        console.print(t)
+        if dec["uncovered_steps"]:
+            for e in per:
+                if e["error"]:
+                    console.print(f"  {e['error']}", markup=False)
+        do = dec.get("optimized")
+        if do:
+            console.print(f"[bold]optimised decoder_batch_sizes[/bold] (K={do['k']}; cost = rows computed per step)")
+            t = Table(header_style="bold")
+            t.add_column("list")
+            t.add_column("decoder_batch_sizes")
+            for col in ("computed rows", "padded rows", "computed/real"):
+                t.add_column(col, justify="right")
+            t.add_row(
+                "[bold]optimised[/bold]",
+                str(do["decoder_batch_sizes"]),
+                _fmt_int(do["computed_rows"]),
+                _fmt_int(do["padded_rows"]),
+                _ratio(do["computed_over_rows"]),
+            )
+            for key, label in (
+                ("preset", "preset"),
+                ("single_largest", "batch_size only"),
+                ("powers_of_two", "powers of two"),
+            ):
+                b = do["baselines"][key]
+                extra = f" ({b['uncovered_steps']:,} steps do not fit)" if b["uncovered_steps"] else ""
+                t.add_row(
+                    label + extra,
+                    str(b["decoder_batch_sizes"]),
+                    _fmt_int(b["computed_rows"]),
+                    _fmt_int(b["padded_rows"]),
+                    _ratio(b["computed_over_rows"]),
+                )
+            console.print(t)
+            console.print(f"use: {do['set']}", markup=False)
+        console.print(f"[dim]note: {dec['note']}[/dim]")
+
+
+# --- command ---------------------------------------------------------------------------------------
+
+
+def _check_k(flag: str, k: int | None) -> None:
+    from qwenvl_rbln.errors import InputError
+
+    if k is not None and k < 1:
+        raise InputError(f"{flag} {k}: the number of buckets must be at least 1", f"e.g. {flag} 3")
+
+
+def run_bucket_plan(
+    *,
+    preset: str,
+    sets: list[str] | None,
+    model: str | None,
+    inputs: list[str] | None,
+    sizes: list[str] | None,
+    workload: Path | None,
+    optimize: int | None,
+    max_bucket: int | None,
+    batch_trace: Path | None,
+    optimize_decoder: int | None,
+) -> tuple[dict[str, Any], list[str]]:
+    """The whole command without printing: (JSON document, plan warnings)."""
+    from qwenvl_rbln.buckets import vit_cost_fn
+    from qwenvl_rbln.errors import InputError
+    from qwenvl_rbln.media import expand_inputs, parse_size
+    from qwenvl_rbln.plan import build_plan
+
+    if not (inputs or sizes or workload or batch_trace):
+        raise InputError(
+            "bucket-plan needs something to plan",
+            "pass image/video files or directories, --size WIDTHxHEIGHT, --workload FILE or --batch-trace FILE",
+        )
+    _check_k("--optimize", optimize)
+    _check_k("--optimize-decoder", optimize_decoder)
+    if max_bucket is not None and optimize is None:
+        raise InputError("--max-bucket only applies to --optimize", "add --optimize K, or drop --max-bucket")
+    if max_bucket is not None and (max_bucket < 4 or max_bucket % 4):
+        raise InputError(
+            f"--max-bucket {max_bucket} is not a positive multiple of 4 (spatial_merge_size**2)",
+            f"use {max(4, max_bucket - max_bucket % 4)}",
+        )
+    if optimize_decoder is not None and batch_trace is None:
+        raise InputError("--optimize-decoder needs --batch-trace FILE", "pass the observed running-batch sizes")
+    if optimize is not None and not (inputs or sizes or workload):
+        raise InputError("--optimize needs inputs to optimise for", "pass files, --size or --workload")
+    parsed_sizes = [(s, *parse_size(s)) for s in (sizes or [])]  # bad --size fails before any work
+
+    plan = build_plan(preset, sets, model=model)
+    planner = ItemPlanner(plan)
+    items: list[dict[str, Any]] = []
+    for path in expand_inputs(inputs or []):
+        items.append(planner.file(path))
+    for text, w, h in parsed_sizes:
+        items.append(planner.size(text, w, h))
+    wl_info = None
+    if workload is not None:
+        from qwenvl_rbln.workload import read_workload
+
+        wl = read_workload(workload)
+        wl_items = [planner.workload_entry(key, n) for key, n in wl.sizes.items()]
+        wl_items.sort(key=lambda it: (-it["count"], it["input"]))
+        items.extend(wl_items)
+        wl_info = {
+            "path": wl.path,
+            "format": wl.format,
+            "lines": wl.lines,
+            "requests": wl.requests,
+            "distinct": wl.distinct,
+        }
+    cost = vit_cost_fn(plan.geometry.vision)
+    data: dict[str, Any] = {"items": items, "summary": summarize(items, plan, cost)}
+    if wl_info:
+        data["workload"] = wl_info
+    if optimize is not None:
+        data["optimized"] = optimize_section(items, plan, optimize, max_bucket, cost)
+    if batch_trace is not None:
+        from qwenvl_rbln.workload import read_batch_trace
+
+        dec, _ = decoder_section(read_batch_trace(batch_trace), plan, optimize_decoder)
+        data["decoder"] = dec
+    return data, plan.warnings
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bucket-plan")
+    def bucket_plan_cmd(
+        inputs: list[str] = typer.Argument(None, help="Image/video files or directories (searched recursively)."),
+        preset: str = PresetOpt,
+        sets: list[str] = SetOpt,
+        model: str = ModelOpt,
+        sizes: list[str] = typer.Option(None, "--size", help="An image size WIDTHxHEIGHT, e.g. 1920x1080. Repeatable."),
+        workload: Path = typer.Option(
+            None,
+            "--workload",
+            "-w",
+            help='Sizes from logs: JSONL {"width","height","count"} (+ "frames","fps" for videos) or CSV '
+            "width,height[,count].",
+        ),
+        optimize: int = typer.Option(
+            None, "--optimize", "-k", help="Find the K ViT buckets minimising the ViT compute executed."
+        ),
+        max_bucket: int = typer.Option(None, "--max-bucket", help="Cap for the largest optimised bucket (patches)."),
+        batch_trace: Path = typer.Option(
+            None, "--batch-trace", help="Observed running-batch sizes: a JSON list or one integer per line."
+        ),
+        optimize_decoder: int = typer.Option(
+            None, "--optimize-decoder", help="Find the K decoder_batch_sizes minimising padded rows over --batch-trace."
+        ),
+        rows: int = typer.Option(50, "--rows", help="Table rows to print (0 = all); --json always has every item."),
+        as_json: bool = JsonOpt,
+    ) -> None:
+        """Where each image / video frame lands in the ViT buckets, its padding and compute, and the best buckets
+        for a workload. Header reads only: no model, no NPU."""
+        from qwenvl_rbln import render
+        from qwenvl_rbln.commands.common import print_warnings
+
+        data, warnings = run_bucket_plan(
+            preset=preset,
+            sets=sets,
+            model=model,
+            inputs=inputs,
+            sizes=sizes,
+            workload=workload,
+            optimize=optimize,
+            max_bucket=max_bucket,
+            batch_trace=batch_trace,
+            optimize_decoder=optimize_decoder,
+        )
+        print_warnings(warnings)
+        render.emit(data, as_json=as_json, human=lambda console, d: print_human(console, d, rows))
+        failed = sum(1 for it in data["items"] if it["error"])
+        dec_failed = data.get("decoder", {}).get("uncovered_steps", 0)
+        if failed or dec_failed:
+            parts = []
+            if failed:
+                parts.append(
+                    f"{failed:,} of {len(data['items']):,} inputs cannot run with preset {data['summary']['preset']}"
+                )
+            if dec_failed:
+                parts.append(f"{dec_failed:,} decode steps are above the largest decoder graph")
+            render.err().print(
+                "qvl: error: " + "; ".join(parts) + " (listed above); fix: see each item's fix, or remove the inputs",
+                markup=False,
+                highlight=False,
+            )
+            raise SystemExit(2)

@@ -1,0 +1,278 @@
+"""`qvl bucket-plan` end to end: files, sizes, workloads, --optimize, --batch-trace, bad inputs."""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from qwenvl_rbln import buckets as bk
+from qwenvl_rbln import render
+from qwenvl_rbln.cli import app
+from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.modelinfo import QWEN3_VL_2B
+from tests.helpers_cli import run_qvl
+
+Image = pytest.importorskip("PIL.Image")
+
+ITEM_KEYS = {
+    "input",
+    "kind",
+    "height",
+    "width",
+    "resized_height",
+    "resized_width",
+    "patches",
+    "bucket",
+    "lm_tokens",
+    "vit_calls",
+    "error",
+    "padding_pct",
+    "count",
+}
+
+
+def _invoke(*args: str):
+    render.reset_consoles()
+    result = CliRunner().invoke(app, ["bucket-plan", *args], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    render.reset_consoles()
+    return result
+
+
+def _json(*args: str) -> tuple[int, dict]:
+    r = _invoke(*args, "--json")
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    return r.exit_code, json.loads(r.stdout)
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A structurally complete PNG declaring any size (pixels are never read)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+
+
+@pytest.fixture()
+def media_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "imgs"
+    d.mkdir()
+    Image.new("RGB", (640, 480), "red").save(d / "a_small.png")
+    Image.new("RGB", (1920, 1080), "blue").save(d / "b_fullhd.jpg", quality=50)
+    (d / "c_corrupt.jpg").write_bytes(b"this is not a jpeg at all")
+    full = (d / "a_small.png").read_bytes()
+    (d / "d_truncated.png").write_bytes(full[: len(full) // 2])
+    (d / "e_bomb.png").write_bytes(_png_header_only(20000, 20000))  # 400 Mpx > 2x Pillow's limit
+    (d / "f_skinny.png").write_bytes(_png_header_only(10, 3000))  # aspect ratio 300 > 200
+    (d / "g_clip.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42 but nothing else")
+    return d
+
+
+def test_files_with_bad_ones_are_items_with_errors(media_dir: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "missing.jpg"
+    code, data = _json(str(media_dir), str(missing))
+    assert code == 2
+    items = {Path(it["input"]).name: it for it in data["items"]}
+    assert set(items) == {
+        "a_small.png",
+        "b_fullhd.jpg",
+        "c_corrupt.jpg",
+        "d_truncated.png",
+        "e_bomb.png",
+        "f_skinny.png",
+        "g_clip.mp4",
+        "missing.jpg",
+    }
+    for it in data["items"]:
+        assert set(it) >= ITEM_KEYS
+    good = items["b_fullhd.jpg"]
+    assert (good["kind"], good["width"], good["height"]) == ("image", 1920, 1080)
+    assert (good["resized_width"], good["resized_height"], good["patches"], good["bucket"]) == (1920, 1088, 8160, 16384)
+    assert good["lm_tokens"] == 2040 and good["vit_calls"] == 1 and good["error"] is None
+    assert items["a_small.png"]["patches"] == 1200
+    for name, needle in [
+        ("c_corrupt.jpg", "not a recognised image"),
+        ("d_truncated.png", "truncated"),
+        ("e_bomb.png", "decompression-bomb"),
+        ("f_skinny.png", "aspect ratio"),
+        ("g_clip.mp4", "video"),
+        ("missing.jpg", "no such file"),
+    ]:
+        it = items[name]
+        assert it["error"] and needle in it["error"], (name, it["error"])
+        assert name in it["error"]
+        assert it["bucket"] is None
+    assert items["g_clip.mp4"]["kind"] == "video"
+    s = data["summary"]
+    assert s["items"] == 8 and s["errors"] == 6 and s["vit_calls"] == 2
+
+
+def test_human_output_still_summarises_and_exits_nonzero(media_dir: Path, tmp_path: Path) -> None:
+    r = _invoke(str(media_dir), str(tmp_path / "missing.jpg"))
+    assert r.exit_code == 2
+    assert "b_fullhd.jpg" in r.stdout and "8,160" in r.stdout
+    assert "per bucket" in r.stdout
+    assert "cannot run" in r.stdout and "missing.jpg" in r.stdout
+    assert "Traceback" not in r.stdout + r.stderr
+    assert "6 of 8 inputs" in r.stderr
+
+
+@pytest.mark.parametrize("preset", ["rebel100-1npu", "rebel100-1npu-vit-buckets"])
+def test_size_1920x1080(preset: str) -> None:
+    code, data = _json("--preset", preset, "--size", "1920x1080")
+    assert code == 0
+    (it,) = data["items"]
+    assert it["kind"] == "size" and it["patches"] == 8160 and it["bucket"] == 16384
+    assert it["padding_pct"] == pytest.approx(100 * (16384 - 8160) / 16384, abs=0.01)
+    row = {b["bucket"]: b for b in data["summary"]["buckets"]}[16384]
+    assert row["calls"] == 1 and row["share"] == 1.0
+    assert row["executed_over_useful"] > 1.5  # padding 8160 -> 16384 roughly doubles+ the compute
+    assert row["attn_mask_bytes"] == 16384 * 16384 * 2
+
+
+def test_json_shape() -> None:
+    code, data = _json("--preset", "rebel100-1npu-vit-buckets", "--size", "640x480", "--size", "1280x720")
+    assert code == 0
+    assert set(data) >= {"items", "summary"}
+    s = data["summary"]
+    for key in (
+        "preset",
+        "vit_buckets",
+        "processor",
+        "buckets",
+        "vit_calls",
+        "lm_tokens",
+        "executed_flops",
+        "useful_flops",
+        "executed_over_useful",
+        "errors",
+        "uncovered",
+    ):
+        assert key in s
+    assert [b["bucket"] for b in s["buckets"]] == [1024, 3136, 16384]
+    assert [it["bucket"] for it in data["items"]] == [3136, 16384]  # 1200 and 3520 patches
+    assert sum(b["share"] for b in s["buckets"]) == pytest.approx(1.0)
+
+
+def test_oversize_item_names_both_fixes() -> None:
+    code, data = _json("--set", "processor.max_pixels=16777216", "--size", "4000x3000")
+    assert code == 2
+    (it,) = data["items"]
+    assert it["patches"] == 47000 and it["bucket"] is None
+    assert "--set visual.max_seq_len=[16384,47000]" in it["error"]
+    assert "--set processor.max_pixels=4194304" in it["error"]
+    assert data["summary"]["uncovered"]["calls"] == 1
+
+
+def _workload(tmp_path: Path) -> Path:
+    p = tmp_path / "wl.jsonl"
+    lines = [
+        {"width": 640, "height": 480, "count": 500},
+        {"width": 1280, "height": 720, "count": 300},
+        {"width": 1920, "height": 1080, "count": 120},
+        {"width": 1024, "height": 1024, "count": 50},
+        {"width": 1280, "height": 720, "frames": 300, "fps": 30, "count": 10},
+    ]
+    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return p
+
+
+def test_optimize_on_a_workload(tmp_path: Path) -> None:
+    code, data = _json(
+        "--preset", "rebel100-1npu-vit-buckets", "--workload", str(_workload(tmp_path)), "--optimize", "3"
+    )
+    assert code == 0
+    assert data["workload"]["requests"] == 980 and data["workload"]["distinct"] == 5
+    items = {it["input"]: it for it in data["items"]}
+    assert items["640x480"]["count"] == 500 and items["640x480"]["source"] == "workload"
+    video = items["1280x720 300f@30fps"]
+    assert video["kind"] == "video" and video["vit_calls"] == 10 and video["patches"] == 3520
+    opt = data["optimized"]
+    # 4 distinct patch counts (1200 x500, 3520 x400 incl. 10 videos x 10 calls, 4096 x50, 8160 x120), K=3:
+    # padding the 3520s to 4096 costs less ViT compute than padding the 4096s to 8160.
+    assert opt["buckets"] == [1200, 4096, 8160]
+    assert opt["set"] == "--set visual.max_seq_len=[1200,4096,8160]"
+    cost = bk.vit_cost_fn(QWEN3_VL_2B.vision)
+    counts = {1200: 500, 3520: 400, 4096: 50, 8160: 120}
+    assert opt["executed"] == bk.evaluate_buckets(counts, [1200, 4096, 8160], cost).executed
+    assert opt["executed"] < bk.evaluate_buckets(counts, [1200, 3520, 8160], cost).executed
+    assert set(opt["baselines"]) == {"preset", "single_largest", "powers_of_two"}
+    assert opt["executed_over_useful"] >= 1.0
+    assert opt["executed_over_useful"] <= opt["baselines"]["preset"]["executed_over_useful"]
+    assert opt["executed_over_useful"] <= opt["baselines"]["single_largest"]["executed_over_useful"]
+    assert opt["baselines"]["single_largest"]["buckets"] == [8160]
+    assert opt["baselines"]["powers_of_two"]["buckets"][-1] == 8192
+    human = _invoke("--workload", str(_workload(tmp_path)), "--optimize", "2", "--rows", "2")
+    assert human.exit_code == 0
+    assert "use: --set visual.max_seq_len=[" in human.stdout
+    assert "3 more distinct sizes not shown" in human.stdout
+
+
+def test_optimize_with_max_bucket(tmp_path: Path) -> None:
+    code, data = _json("--workload", str(_workload(tmp_path)), "--optimize", "2", "--max-bucket", "4096")
+    assert code == 0
+    opt = data["optimized"]
+    assert opt["buckets"][-1] <= 4096
+    assert opt["uncovered_calls"] == 120 and opt["uncovered_max"] == 8160
+
+
+def test_batch_trace_and_decoder_optimiser(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps([4, 4, 3, 3, 3, 1, 2, 4]))
+    code, data = _json("--preset", "rebel100-1npu-batch4", "--batch-trace", str(trace), "--optimize-decoder", "2")
+    assert code == 0
+    dec = data["decoder"]
+    assert dec["decoder_batch_sizes"] == [1, 2, 4]
+    per = {e["batch"]: e for e in dec["per_batch"]}
+    assert per[3]["graph"] == 4 and per[3]["padded_rows"] == 3
+    assert dec["padded_rows"] == 3 and dec["steps"] == 8
+    opt = dec["optimized"]
+    assert opt["decoder_batch_sizes"] == [3, 4] and opt["padded_rows"] == 3  # 1->3, 2->3
+    assert opt["set"] == "--set decoder_batch_sizes=[3,4]"
+    assert "vllm-rbln" in dec["note"]
+    r = _invoke("--preset", "rebel100-1npu-batch4", "--batch-trace", str(trace))
+    assert r.exit_code == 0 and "decoder graphs" in r.stdout
+
+
+def test_batch_trace_above_the_largest_graph(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.txt"
+    trace.write_text("1\n2\n")
+    code, data = _json("--batch-trace", str(trace))  # rebel100-1npu: batch 1
+    assert code == 2
+    assert data["decoder"]["uncovered_steps"] == 1
+    assert "--set batch_size=2" in data["decoder"]["per_batch"][1]["error"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        ([], "needs something to plan"),
+        (["--size", "1920by1080"], "1920by1080"),
+        (["--size", "640x480", "--optimize", "0"], "--optimize 0"),
+        (["--size", "640x480", "--max-bucket", "4096"], "--max-bucket only applies"),
+        (["--size", "640x480", "--optimize", "2", "--max-bucket", "1001"], "multiple of 4"),
+        (["--size", "640x480", "--optimize-decoder", "2"], "--batch-trace"),
+        (["--workload", "/nonexistent/w.jsonl"], "no such workload file"),
+    ],
+)
+def test_bad_flags_are_input_errors(args: list[str], needle: str) -> None:
+    r = _invoke(*args)
+    assert isinstance(r.exception, InputError), r.output
+    assert needle in r.exception.one_line()
+
+
+def test_exit_code_and_one_line_error_through_the_real_entry_point(tmp_path: Path) -> None:
+    r = run_qvl("bucket-plan", "--size", "640x480", str(tmp_path / "nope.png"), "--json")
+    assert r.exit_code == 2
+    data = json.loads(r.stdout)
+    assert data["items"][0]["error"] and data["items"][1]["bucket"] == 16384
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip().startswith("qvl: error:") and len(r.stderr.strip().splitlines()) == 1
+    bad = run_qvl("bucket-plan", "--size", "nope")
+    assert bad.exit_code == 2 and "Traceback" not in bad.stderr and "'nope'" in bad.stderr
