@@ -77,5 +77,6 @@ def main() -> None:
             highlight=False,
         )
         sys.exit(EXIT_INTERNAL)
-    else:
-        sys.exit(code if isinstance(code, int) else 0)
+    if code == EXIT_INTERRUPTED:  # typer turns Ctrl-C inside a command into Exit(130)
+        render.err().print("qvl: interrupted; nothing half-written was left behind", markup=False)
+    sys.exit(code if isinstance(code, int) else 0)

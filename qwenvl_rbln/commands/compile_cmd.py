@@ -86,6 +86,6 @@ def register(app: typer.Typer) -> None:
         )
 
         def human_done(console: Any, d: dict[str, Any]) -> None:
-            console.print(d.get("summary", ""), markup=False)
+            console.print(d["result"]["summary"], markup=False)
 
         render.emit({**data, "dry_run": False, "result": result}, as_json=as_json, human=human_done)

@@ -1,0 +1,234 @@
+"""`qvl compile` for real: planner verdict, dependency check, lock, cache, backend compile, manifest, rename.
+
+Order matters and is part of the contract:
+
+1. the memory planner's verdict (refuse unless --force) and the backend's dependencies are checked
+   before anything is created on disk;
+2. an existing non-empty output directory needs --force and is never touched before the new artifact is
+   complete;
+3. a lock beside the output directory stops a second compile into it (BusyError, exit 6);
+4. the backend writes into a temporary sibling, the manifest is written there, then one rename puts it in
+   place; Ctrl-C, SIGTERM or any failure deletes the sibling and leaves the old artifact as it was;
+5. the compile cache (key: model files' hash, rbln_config without runtime keys, versions, NPU) is looked up
+   under the lock and stored after the rename.
+
+Progress lines (stage, elapsed time) go to stderr through ``render.info``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln import artifacts, render
+from qwenvl_rbln.backends import Progress, backend_module, fmt_elapsed, resolve_source
+from qwenvl_rbln.errors import EXIT_INTERRUPTED, DoesNotFit, QvlError
+
+
+class CompileInterrupted(QvlError):
+    """Ctrl-C or SIGTERM during a compile, after the cleanup ran (exit 130).
+
+    Raised as a QvlError rather than re-raising KeyboardInterrupt: Typer turns a KeyboardInterrupt into a
+    return value of 130 in non-standalone mode, which would lose the exit code and the message.
+    """
+
+    exit_code = EXIT_INTERRUPTED
+
+
+def _memory_dict(memory: Any) -> dict[str, Any]:
+    if memory is None:
+        return {}
+    if isinstance(memory, dict):
+        return memory
+    with contextlib.suppress(Exception):
+        return memory.to_dict()
+    return {}
+
+
+def _fits(memory: Any) -> bool | None:
+    if memory is None:
+        return None
+    value = memory.get("fits") if isinstance(memory, dict) else getattr(memory, "fits", None)
+    return value if isinstance(value, bool) else None
+
+
+def refuse_if_not_fit(plan: Any, memory: Any, force: bool) -> None:
+    """DoesNotFit (exit 4) when the planner says no and --force was not given (memory.ensure_fits: the hint
+    carries the planner's --set fixes); with --force a warning says we compile anyway."""
+    if _fits(memory) is not False:
+        return
+    from qwenvl_rbln import memory as planner
+
+    if force:
+        from qwenvl_rbln.backends.rbln import over_devices_text
+
+        where = over_devices_text(_memory_dict(memory))
+        render.warn(
+            f"the memory planner says preset {plan.preset} does not fit on {plan.npu}"
+            + (f" ({where})" if where else "")
+            + "; compiling anyway (--force)"
+        )
+        return
+    planner.ensure_fits(_memory_dict(memory), force=False)
+    raise DoesNotFit(  # ensure_fits always raises for fits=False; this is a guard for a changed planner
+        f"the memory planner says preset {plan.preset} does not fit on {plan.npu}; nothing was compiled",
+        "see `qvl compile --dry-run` for the breakdown, or pass --force to compile anyway",
+    )
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM behaves like Ctrl-C while compiling, so the temporary directory is cleaned up."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_compile(
+    plan: Any,
+    memory: Any,
+    *,
+    force: bool = False,
+    cache_dir: Path | str | None = None,
+    use_cache: bool = True,
+    as_json: bool = False,
+    model_cls: Any = None,
+    heartbeat_s: float = 30.0,
+) -> dict[str, Any]:
+    """Compile ``plan`` into ``plan.output_dir``; see the module docstring for the order of checks.
+
+    ``model_cls`` replaces optimum-rbln's auto class (tests); ``as_json`` does not change the progress lines,
+    which always go to stderr.
+    """
+    del as_json  # progress goes to stderr in both modes; the caller renders the result
+    t0 = time.monotonic()
+    target = Path(plan.output_dir).expanduser().absolute()
+
+    refuse_if_not_fit(plan, memory, force)
+    backend = backend_module(plan.backend)
+    backend.check_dependencies()
+    artifacts.check_target(target, force)
+
+    progress = Progress(render.info, heartbeat_s=heartbeat_s, prefix="qvl compile ")
+    try:
+        return _run(plan, target, backend, progress, force, cache_dir, use_cache, model_cls, t0)
+    except KeyboardInterrupt:
+        state = "the existing artifact is untouched" if target.exists() else "no output directory was created"
+        raise CompileInterrupted(
+            f"compile interrupted; nothing half-written was left behind ({state}: {target})",
+            "run the same command again to compile",
+        ) from None
+
+
+def _run(
+    plan: Any,
+    target: Path,
+    backend: Any,
+    progress: Progress,
+    force: bool,
+    cache_dir: Path | str | None,
+    use_cache: bool,
+    model_cls: Any,
+    t0: float,
+) -> dict[str, Any]:
+    with _sigterm_as_interrupt(), progress:
+        progress.stage("resolving model", plan.model_id)
+        source, local = resolve_source(plan.model_id, backend=plan.backend)
+        progress.stage("hashing model files", str(local) if local else f"{plan.model_id} (hub id, not hashed)")
+        model_fp = artifacts.model_fingerprint(plan.model_id, local)
+        versions = artifacts.collect_versions()
+        cache_root = Path(cache_dir).expanduser().absolute() if cache_dir else artifacts.default_cache_dir()
+        key: str | None = None
+        cache_note: str | None
+        if use_cache:
+            key, cache_note = artifacts.cache_key(plan, model_fp, versions)
+        else:
+            cache_note = "--no-cache"
+        status = "off" if key is None else "miss"
+        if key is None:
+            progress.say(f"compile cache off: {cache_note}")
+        entry: Path | None = None
+
+        progress.stage("locking", artifacts.lock_path(target).name)
+        with artifacts.output_lock(target):
+            artifacts.check_target(target, force)
+            if key is not None:
+                progress.stage("cache lookup", f"key {key} in {cache_root}")
+                entry, cache_note = artifacts.cache_lookup(cache_root, key)
+                status = "hit" if entry is not None else "miss"
+            with artifacts.atomic_output_dir(target, force) as staging:
+                files = None
+                cached: dict[str, Any] = {}
+                if entry is not None:
+                    progress.stage("cache hit", f"reusing {entry} instead of recompiling")
+                    artifacts.copy_tree(entry, staging)
+                    cached = artifacts.read_manifest(staging) or {}
+                    files = cached.get("files")
+                    info = cached.get("compile") or {}
+                else:
+                    info = backend.compile_model(plan, staging, progress, model_cls=model_cls, source=source)
+                progress.stage("writing manifest", artifacts.MANIFEST_NAME)
+                extra: dict[str, Any] = {
+                    "output_dir": str(target),
+                    "compile": info,
+                    "cache": {
+                        "status": status,
+                        "key": key,
+                        "dir": str(cache_root) if key else None,
+                        "note": cache_note,
+                        "source_created_at": cached.get("created_at") if cached else None,
+                        "source_timings": cached.get("timings") if cached else None,
+                    },
+                    "stages": list(progress.stages),
+                }
+                manifest = artifacts.manifest_for_plan(
+                    plan, model=model_fp, versions=versions, cache_key=key, timings=progress.timings(), extra=extra
+                )
+                manifest = artifacts.write_manifest(staging, manifest, files=files)
+                progress.stage("renaming into place", str(target))
+            stored = None
+            if status == "miss" and key is not None:
+                progress.stage("storing in cache", str(cache_root / key))
+                try:
+                    stored = artifacts.cache_store(cache_root, key, target)
+                except OSError as exc:
+                    render.warn(f"could not store the artifact in the compile cache {cache_root}: {exc}")
+        progress.stage("done")
+    timings = progress.timings()
+    elapsed = fmt_elapsed(time.monotonic() - t0)
+    if status == "hit":
+        summary = f"reused the cached compile {key} for preset {plan.preset} -> {target} in {elapsed} (cache hit)"
+    else:
+        what = "compiled" if plan.backend == "rbln" else "prepared (torch backend: copied, nothing to compile)"
+        cache_txt = (
+            f"cache miss, stored as {key}"
+            if stored
+            else (f"cache off: {cache_note}" if status == "off" else "cache miss")
+        )
+        summary = f"{what} preset {plan.preset} -> {target} in {elapsed} ({cache_txt})"
+    return {
+        "output_dir": str(target),
+        "backend": plan.backend,
+        "cache": status,
+        "cache_key": key,
+        "cache_dir": str(cache_root) if key else None,
+        "cache_note": cache_note,
+        "timings": timings,
+        "stages": progress.stages,
+        "manifest": manifest,
+        "summary": summary,
+    }

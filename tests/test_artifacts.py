@@ -1,0 +1,303 @@
+"""artifacts.py: hashing, manifest, atomic directories, locks, cache keys and store, layout checks."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import pytest
+
+from qwenvl_rbln import artifacts
+from qwenvl_rbln.errors import BusyError, InputError
+from qwenvl_rbln.plan import build_plan
+from tests.fakes_rbln import TINY_CONFIG, rbln_config_json, rbln_presets, temp_entries, write_artifact, write_hf_model
+
+# ------------------------------------------------------------------------------------------------ hashing
+
+
+def test_hash_tree_is_content_and_path_sensitive(tmp_path):
+    a = write_hf_model(tmp_path / "a")
+    b = write_hf_model(tmp_path / "b")
+    ha, hb = artifacts.hash_tree(a), artifacts.hash_tree(b)
+    assert ha["sha256"] == hb["sha256"] and ha["file_count"] == 6
+    (b / "model.safetensors").write_bytes(b"different")
+    assert artifacts.hash_tree(b)["sha256"] != ha["sha256"]
+    (a / "model.safetensors").rename(a / "weights.bin")
+    assert artifacts.hash_tree(a)["sha256"] != ha["sha256"]
+
+
+def test_hash_ignores_hidden_and_streams_large_files(tmp_path):
+    d = write_hf_model(tmp_path / "m")
+    before = artifacts.hash_tree(d)["sha256"]
+    (d / ".cache").mkdir()
+    (d / ".cache" / "x").write_text("hub metadata")
+    (d / ".gitattributes").write_text("*")
+    assert artifacts.hash_tree(d)["sha256"] == before
+    big = d / "big.bin"
+    big.write_bytes(os.urandom(artifacts.CHUNK * 2 + 17))
+    import hashlib
+
+    assert artifacts.sha256_file(big) == hashlib.sha256(big.read_bytes()).hexdigest()
+
+
+def test_model_fingerprint_local_hub_and_missing(tmp_path):
+    d = write_hf_model(tmp_path / "m")
+    fp = artifacts.model_fingerprint(str(d))
+    assert fp["sha256"] and fp["local_path"] == str(d) and fp["file_count"] == 6
+    hub = artifacts.model_fingerprint("Qwen/Qwen3-VL-2B-Instruct")
+    assert hub["sha256"] is None and hub["note"] == "hub id, not hashed"
+    with pytest.raises(InputError, match="does not exist"):
+        artifacts.model_fingerprint(str(tmp_path / "nope"))
+
+
+def test_collect_versions_reads_metadata_only():
+    import subprocess
+    import sys
+
+    v = artifacts.collect_versions()
+    assert set(v) == {"qvl", "optimum-rbln", "rebel-compiler", "transformers", "torch"}
+    assert v["optimum-rbln"] == artifacts.NOT_INSTALLED or v["optimum-rbln"].startswith("0.")
+    code = (
+        "import sys; from qwenvl_rbln import artifacts; artifacts.collect_versions(); "
+        "print(sorted(set(sys.modules) & {'torch', 'transformers', 'optimum'}))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "[]", proc.stderr
+
+
+# ------------------------------------------------------------------------------------------- atomic dir
+
+
+def test_atomic_output_dir_commits_only_on_success(tmp_path):
+    target = tmp_path / "out"
+    with artifacts.atomic_output_dir(target) as staging:
+        assert staging.parent == tmp_path and staging.name.startswith(".out.qvl-tmp-")
+        (staging / "a.txt").write_text("new")
+        assert not target.exists()
+    assert (target / "a.txt").read_text() == "new"
+    assert temp_entries(tmp_path) == []
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("boom"), KeyboardInterrupt()])
+def test_atomic_output_dir_failure_leaves_old_untouched(tmp_path, exc):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    with pytest.raises(type(exc)), artifacts.atomic_output_dir(target, force=True) as staging:
+        (staging / "half.txt").write_text("half")
+        (tmp_path / f"{staging.name}.tmp").mkdir()  # a helper's own temp sibling (optimum-rbln save_pretrained)
+        raise exc
+    assert sorted(p.name for p in target.iterdir()) == ["old.txt"]
+    assert temp_entries(tmp_path) == []
+
+
+def test_existing_target_needs_force_and_force_replaces(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    with pytest.raises(InputError, match="already exists") as info, artifacts.atomic_output_dir(target):
+        pass
+    assert info.value.exit_code == 2 and "--force" in info.value.one_line() and (target / "old.txt").exists()
+    with artifacts.atomic_output_dir(target, force=True) as staging:
+        (staging / "new.txt").write_text("new")
+    assert sorted(p.name for p in target.iterdir()) == ["new.txt"]
+    assert temp_entries(tmp_path) == []
+    # an empty directory is not an artifact: no --force needed
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with artifacts.atomic_output_dir(empty) as staging:
+        (staging / "x").write_text("x")
+    assert (empty / "x").exists()
+    (tmp_path / "file").write_text("f")
+    with pytest.raises(InputError, match="not a directory"), artifacts.atomic_output_dir(tmp_path / "file", force=True):
+        pass
+
+
+def test_stale_temp_dirs_of_dead_processes_are_cleaned(tmp_path):
+    target = tmp_path / "out"
+    dead = tmp_path / ".out.qvl-tmp-99999999-deadbeef"
+    dead_export = tmp_path / ".out.qvl-tmp-99999999-deadbeef.export"
+    alive = tmp_path / f".out.qvl-tmp-{os.getpid()}-cafe0000"
+    other = tmp_path / ".other.qvl-tmp-99999999-deadbeef"
+    for d in (dead, dead_export, alive, other):
+        d.mkdir()
+    with artifacts.atomic_output_dir(target) as staging:
+        (staging / "x").write_text("x")
+    assert not dead.exists() and not dead_export.exists()
+    assert alive.exists() and other.exists()  # a live writer's and another target's are left alone
+
+
+# ------------------------------------------------------------------------------------------------- lock
+
+
+def _hold_lock(target: str, ready, release) -> None:
+    with artifacts.output_lock(Path(target)):
+        ready.set()
+        release.wait(20)
+
+
+def test_lock_second_writer_gets_busy_error_naming_the_pid(tmp_path):
+    target = tmp_path / "out"
+    ctx = mp.get_context("spawn" if os.name != "posix" else "fork")
+    ready, release = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_hold_lock, args=(str(target), ready, release))
+    proc.start()
+    try:
+        assert ready.wait(20)
+        with pytest.raises(BusyError) as info, artifacts.output_lock(target):
+            pass
+        assert info.value.exit_code == 6
+        assert f"pid {proc.pid}" in info.value.message and str(target) in info.value.message
+    finally:
+        release.set()
+        proc.join(20)
+    with artifacts.output_lock(target):  # released when the holder exits
+        pass
+
+
+def test_lock_held_in_same_process_is_busy(tmp_path):
+    target = tmp_path / "out"
+    with artifacts.output_lock(target):
+        with pytest.raises(BusyError, match=f"pid {os.getpid()}"), artifacts.output_lock(target):
+            pass
+        assert artifacts.lock_owner(target)["pid"] == os.getpid()
+    assert artifacts.lock_owner(target) is None
+
+
+# ------------------------------------------------------------------------------------------------ cache
+
+
+def _tiny_plan(tmp_path, **sets):
+    model = write_hf_model(tmp_path / "model", TINY_CONFIG)
+    return build_plan("cpu-tiny", [f"{k}={v}" for k, v in sets.items()], model=str(model))
+
+
+def test_cache_key_ignores_runtime_keys_and_tracks_the_rest(tmp_path):
+    plan = _tiny_plan(tmp_path)
+    fp = artifacts.model_fingerprint(plan.model_id)
+    versions = artifacts.collect_versions()
+    key, why = artifacts.cache_key(plan, fp, versions)
+    assert key and why is None
+    assert artifacts.cache_key(plan, fp, versions)[0] == key
+    runtime = build_plan(
+        "cpu-tiny",
+        [
+            "rbln_config.create_runtimes=true",
+            "rbln_config.visual.device=1",
+            "rbln_config.device=0",
+            "placement.device=0",
+        ],
+        model=plan.model_id,
+    )
+    assert artifacts.cache_key(runtime, fp, versions)[0] == key
+    other = build_plan("cpu-tiny", ["rbln_config.max_seq_len=2048"], model=plan.model_id)
+    assert artifacts.cache_key(other, fp, versions)[0] != key
+    assert artifacts.cache_key(plan, fp, {**versions, "transformers": "9.9.9"})[0] != key
+    assert artifacts.cache_key(plan, {**fp, "sha256": "0" * 64}, versions)[0] != key
+    npu = build_plan("cpu-tiny", ["npu=RBLN-CR03"], model=plan.model_id)
+    assert artifacts.cache_key(npu, fp, versions)[0] != key
+    hub_key, reason = artifacts.cache_key(plan, {"id": "Qwen/x", "sha256": None}, versions)
+    assert hub_key is None and "hub id" in reason
+
+
+def test_cache_store_lookup_and_corruption(tmp_path):
+    src = write_hf_model(tmp_path / "art")
+    artifacts.write_manifest(src, {"format": 1})
+    cache = tmp_path / "cache"
+    entry = artifacts.cache_store(cache, "k1", src)
+    assert (entry / "config.json").exists() and (entry / artifacts.MANIFEST_NAME).exists()
+    found, why = artifacts.cache_lookup(cache, "k1")
+    assert found == entry and why == "verified"
+    assert artifacts.cache_lookup(cache, "k2") == (None, "no entry")
+    (entry / "model.safetensors").write_bytes(b"truncated")
+    found, why = artifacts.cache_lookup(cache, "k1")
+    assert found is None and "model.safetensors" in why and not entry.exists()
+    assert temp_entries(cache) == []
+
+
+# ----------------------------------------------------------------------------------------------- layout
+
+
+@pytest.mark.parametrize("preset", rbln_presets())
+def test_resolved_from_rbln_config_matches_the_plan(preset):
+    plan = build_plan(preset)
+    resolved = artifacts.resolved_from_rbln_config(rbln_config_json(plan, kv_blocks=0))
+    assert resolved == plan.resolved.__class__(**{**plan.resolved.__dict__, "memory_budget": None})
+    target = artifacts.compile_target(rbln_config_json(plan))
+    assert target["npu"] == "RBLN-CR13" and target["num_devices"] == 1 and target["visual_num_devices"] == 1
+
+
+def test_layout_ok_for_a_real_layout(tmp_path):
+    plan = build_plan("rebel100-1npu-batch4")
+    root = write_artifact(tmp_path / "art", plan)
+    kind, cfg = artifacts.read_artifact_config(root)
+    layout = artifacts.check_layout(root, kind, cfg, None)
+    assert kind == "rbln" and layout["ok"], layout
+    assert {"prefill.rbln", "decoder_batch_4.rbln", "decoder_batch_2.rbln", "decoder_batch_1.rbln"} <= set(
+        layout["expected"]
+    )
+    assert "visual/compiled_model.rbln" in layout["expected"]
+    assert list(layout["graphs"]) == [
+        "prefill",
+        "decoder_batch_4",
+        "decoder_batch_2",
+        "decoder_batch_1",
+        "visual/compiled_model",
+    ]
+    assert any("no qvl-manifest.json" in n for n in layout["notes"])
+
+
+def test_layout_missing_unexpected_mismatch_and_modified(tmp_path):
+    plan = build_plan("rebel100-1npu-batch4")
+    root = write_artifact(tmp_path / "art", plan)
+    artifacts.write_manifest(root, {"format": 1})
+    (root / "decoder_batch_2.rbln").unlink()
+    (root / "decoder_batch_8.rbln").write_text("{}")
+    (root / "visual" / "torch_artifacts.pth").write_bytes(b"x")  # truncated after compile
+    kind, cfg = artifacts.read_artifact_config(root)
+    layout = artifacts.check_layout(root, kind, cfg, artifacts.read_manifest(root))
+    assert not layout["ok"]
+    assert layout["missing"] == ["decoder_batch_2.rbln"]
+    assert layout["unexpected"] == ["decoder_batch_8.rbln"]
+    assert layout["modified"] == ["visual/torch_artifacts.pth"]
+    assert "decoder_batch_8.rbln" in layout["manifest"]["extra"]
+    msg = artifacts.describe_layout_problem(layout)
+    assert "decoder_batch_2.rbln" in msg and "visual/torch_artifacts.pth" in msg
+    cfg["decoder_batch_sizes"] = [4, 1]
+    (root / "rbln_config.json").write_text(json.dumps(cfg))
+    layout = artifacts.check_layout(root, "rbln", cfg, None)
+    assert any("do not match decoder_batch_sizes" in p for p in layout["problems"])
+
+
+def test_read_artifact_config_errors(tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        artifacts.read_artifact_config(tmp_path / "none")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="not a compiled artifact"):
+        artifacts.read_artifact_config(tmp_path / "empty")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "rbln_config.json").write_text("{not json")
+    with pytest.raises(InputError, match="rbln_config.json: not valid JSON"):
+        artifacts.read_artifact_config(bad)
+    (bad / "rbln_config.json").write_text('{"_meta": {}}')
+    with pytest.raises(InputError, match="old-format"):
+        artifacts.read_artifact_config(bad)
+
+
+def test_placement_from_artifact(tmp_path):
+    plan = build_plan("rebel100-2npu-batch4")
+    cfg = rbln_config_json(plan)
+    assert artifacts.placement_from_artifact(cfg, {"placement": plan.placement}) == {
+        "device": 0,
+        "visual_device": 1,
+        "source": artifacts.MANIFEST_NAME,
+    }
+    default = artifacts.placement_from_artifact(cfg, None)
+    assert (default["device"], default["visual_device"]) == (0, 0)
+    cfg["_compile_cfgs"][0]["num_devices"] = 2
+    for c in cfg["_compile_cfgs"]:
+        c["num_devices"] = 2
+    assert artifacts.placement_from_artifact(cfg, None)["device"] == [0, 1]

@@ -1,0 +1,241 @@
+"""`qvl compile` for real (compile_job.run_compile) with an injected optimum-rbln: safety, cache, manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from qwenvl_rbln import artifacts
+from qwenvl_rbln.compile_job import run_compile
+from qwenvl_rbln.errors import DoesNotFit
+from qwenvl_rbln.plan import build_plan
+from tests.fakes_rbln import TINY_CONFIG, install, make_auto, run_main, temp_entries, write_hf_model
+from tests.helpers_cli import REPO, run_qvl
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    return write_hf_model(tmp_path / "Qwen3-VL-2B-Instruct")
+
+
+def _compile_argv(preset, model, out, cache, *extra):
+    return ["compile", "--preset", preset, "--model", str(model), "-o", str(out), "--cache-dir", str(cache), *extra]
+
+
+def test_missing_optimum_rbln_exit_3_one_line_nothing_created(tmp_path):
+    out = tmp_path / "sub" / "out"
+    r = run_qvl("compile", "--preset", "rebel100-1npu", "-o", str(out), cwd=tmp_path)
+    assert r.exit_code == 3, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("qvl: error: optimum-rbln")
+    assert "pip install optimum-rbln==0.12.0" in lines[0] and "rebel-compiler" in lines[0]
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "sub").exists()
+
+
+def test_cache_miss_then_hit_and_the_manifest(tmp_path, monkeypatch, capsys, model_dir):
+    plan = build_plan("rebel100-1npu-vit-buckets", model=str(model_dir))
+    auto = make_auto(plan)
+    install(monkeypatch, auto)
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    code, stdout, stderr = run_main(_compile_argv("rebel100-1npu-vit-buckets", model_dir, out, cache, "--json"), capsys)
+    assert code == 0, stderr
+    result = json.loads(stdout)["result"]
+    assert result["cache"] == "miss" and result["output_dir"] == str(out)
+    assert len(auto.calls) == 1 and auto.calls[0]["rbln_config"] == plan.rbln_config
+    assert "ViT buckets" in stderr and "prefill graph" in stderr and "saving" in stderr
+    m = json.loads((out / artifacts.MANIFEST_NAME).read_text())
+    assert m["preset"]["name"] == "rebel100-1npu-vit-buckets" and m["preset"]["sha256"] == plan.preset_hash
+    assert m["model"]["sha256"] == artifacts.model_fingerprint(str(model_dir))["sha256"]
+    assert m["rbln_config"] == plan.rbln_config and m["npu"] == "RBLN-CR13"
+    assert set(m["versions"]) == {"qvl", "optimum-rbln", "rebel-compiler", "transformers", "torch"}
+    assert m["timings"]["total"] > 0 and "prefill graph" in m["timings"]
+    assert "prefill.rbln" in m["files"] and "visual/compiled_model.rbln" in m["files"]
+    assert artifacts.verify_manifest(out, m)["ok"]
+    assert (cache / result["cache_key"] / "prefill.rbln").exists()
+    assert temp_entries(tmp_path) == []
+
+    code, stdout, stderr = run_main(
+        _compile_argv("rebel100-1npu-vit-buckets", model_dir, out, cache, "--force"), capsys
+    )
+    assert code == 0, stderr
+    assert len(auto.calls) == 1  # the hit did not call from_pretrained
+    assert "cache hit" in stderr
+    m2 = json.loads((out / artifacts.MANIFEST_NAME).read_text())
+    assert m2["cache"]["status"] == "hit" and m2["files"] == m["files"]
+    assert artifacts.verify_manifest(out, m2)["ok"]
+
+    # a runtime-only change (placement/device) is still a hit; a compile key change is a miss
+    code, _, stderr = run_main(
+        _compile_argv(
+            "rebel100-1npu-vit-buckets", model_dir, out, cache, "--force", "--set", "placement.visual_device=1"
+        ),
+        capsys,
+    )
+    assert code == 0 and "cache hit" in stderr and len(auto.calls) == 1
+    code, _, stderr = run_main(
+        _compile_argv("rebel100-1npu-vit-buckets", model_dir, out, cache, "--force", "--no-cache"), capsys
+    )
+    assert code == 0 and len(auto.calls) == 2 and "cache off: --no-cache" in stderr
+
+
+def test_hub_id_turns_the_cache_off_and_says_why(tmp_path, monkeypatch, capsys):
+    plan = build_plan("rebel100-1npu")
+    auto = make_auto(plan)
+    install(monkeypatch, auto)
+    code, stdout, stderr = run_main(
+        ["compile", "--preset", "rebel100-1npu", "-o", str(tmp_path / "o"), "--json"], capsys
+    )
+    assert code == 0, stderr
+    result = json.loads(stdout)["result"]
+    assert result["cache"] == "off" and "hub id" in result["cache_note"]
+    assert auto.calls[0]["model_id"] == "Qwen/Qwen3-VL-2B-Instruct"  # passed through; qvl itself never downloads
+    assert json.loads((tmp_path / "o" / artifacts.MANIFEST_NAME).read_text())["model"]["note"] == "hub id, not hashed"
+
+
+def test_existing_target_without_force_exit_2_untouched(tmp_path, monkeypatch, capsys, model_dir):
+    plan = build_plan("rebel100-1npu", model=str(model_dir))
+    auto = make_auto(plan)
+    install(monkeypatch, auto)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    code, _, stderr = run_main(_compile_argv("rebel100-1npu", model_dir, out, tmp_path / "c"), capsys)
+    assert code == 2
+    assert stderr.count("\n") == 1 and "--force" in stderr and "Traceback" not in stderr
+    assert [p.name for p in out.iterdir()] == ["keep.txt"] and auto.calls == []
+
+
+@pytest.mark.parametrize(("behavior", "exit_code"), [({"save_error": "disk full"}, 5), ({"save_interrupt": True}, 130)])
+def test_failure_or_interrupt_mid_write_leaves_old_artifact(
+    tmp_path, monkeypatch, capsys, model_dir, behavior, exit_code
+):
+    plan = build_plan("rebel100-1npu", model=str(model_dir))
+    install(monkeypatch, make_auto(plan, **behavior))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "prefill.rbln").write_text("old artifact")
+    code, _, stderr = run_main(_compile_argv("rebel100-1npu", model_dir, out, tmp_path / "c", "--force"), capsys)
+    assert code == exit_code, stderr
+    assert [p.name for p in out.iterdir()] == ["prefill.rbln"] and (out / "prefill.rbln").read_text() == "old artifact"
+    assert temp_entries(tmp_path) == []
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
+    assert stderr.strip().splitlines()[-1].startswith("qvl: ")
+
+
+def test_planner_refusal_and_force(tmp_path, monkeypatch, capsys, model_dir):
+    plan = build_plan("rebel100-1npu", model=str(model_dir))
+    plan.output_dir = str(tmp_path / "out")
+    auto = make_auto(plan)
+    install(monkeypatch, auto)
+    memory = {
+        "fits": False,
+        "devices": [{"device": 0, "total_bytes": 150 << 30, "usable_bytes": 140 << 30, "fits": False}],
+        "suggestions": [{"kind": "max_seq_len", "text": "x", "set": ["max_seq_len=32768"]}],
+    }
+    with pytest.raises(DoesNotFit) as info:
+        run_compile(plan, memory, cache_dir=tmp_path / "c", heartbeat_s=0)
+    assert "--set max_seq_len=32768" in info.value.one_line() and "--force" in info.value.one_line()
+    assert not (tmp_path / "out").exists() and auto.calls == []
+    result = run_compile(plan, memory, force=True, cache_dir=tmp_path / "c", heartbeat_s=0)
+    assert result["cache"] == "miss" and len(auto.calls) == 1
+    assert "compiling anyway" in capsys.readouterr().err
+    # end to end: the real planner refuses batch 4 x 262144 with the ViT on the same card
+    code, _, stderr = run_main(
+        [
+            "compile",
+            "--preset",
+            "rebel100-2npu-batch4",
+            "--set",
+            "placement.visual_device=0",
+            "-o",
+            str(tmp_path / "o2"),
+        ],
+        capsys,
+    )
+    assert code == 4 and "--set" in stderr and stderr.count("\n") == 1 and not (tmp_path / "o2").exists()
+
+
+def test_torch_backend_compile_writes_the_same_manifest_and_config(tmp_path, capsys):
+    model = write_hf_model(tmp_path / "tiny", TINY_CONFIG)
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    code, stdout, stderr = run_main(_compile_argv("cpu-tiny", model, out, cache, "--json"), capsys)
+    assert code == 0, stderr
+    result = json.loads(stdout)["result"]
+    assert result["backend"] == "torch" and result["cache"] == "miss"
+    cfg = json.loads((out / artifacts.TORCH_CONFIG_NAME).read_text())
+    assert cfg["decoder_batch_sizes"] == [2, 1] and cfg["visual"]["max_seq_len"] == [4096, 1024, 256]
+    assert [c["compiled_model_name"] for c in cfg["_compile_cfgs"]] == ["prefill", "decoder_batch_2", "decoder_batch_1"]
+    assert artifacts.compile_target(cfg)["npu"] == "RBLN-CR13"
+    kind, read = artifacts.read_artifact_config(out)
+    assert kind == "torch" and artifacts.check_layout(out, kind, read, artifacts.read_manifest(out))["ok"]
+    plan = build_plan("cpu-tiny", model=str(model))
+    assert artifacts.resolved_from_rbln_config(cfg) == plan.resolved
+    code, _, stderr = run_main(_compile_argv("cpu-tiny", model, out, cache, "--force"), capsys)
+    assert code == 0 and "cache hit" in stderr
+
+
+def test_qvl_tiny_is_created_through_ensure_tiny_model(tmp_path, monkeypatch, capsys):
+    from qwenvl_rbln import tiny_model
+
+    model = write_hf_model(tmp_path / "tiny", TINY_CONFIG)
+    calls = []
+    monkeypatch.setattr(tiny_model, "ensure_tiny_model", lambda path=None, **kw: calls.append(path) or model)
+    code, _, stderr = run_main(["compile", "--preset", "cpu-tiny", "-o", str(tmp_path / "o"), "--no-cache"], capsys)
+    assert code == 0, stderr
+    assert calls == [None]
+    assert (tmp_path / "o" / "model.safetensors").read_bytes() == (model / "model.safetensors").read_bytes()
+
+
+# -------------------------------------------------------------------------------------- two processes
+
+_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {repo!r})
+    from qwenvl_rbln.plan import build_plan
+    from tests import fakes_rbln
+    plan = build_plan("rebel100-1npu", model={model!r})
+    fakes_rbln.install_plain(fakes_rbln.make_auto(plan, wait_for_file={wait!r}))
+    sys.argv = ["qvl", "compile", "--preset", "rebel100-1npu", "--model", {model!r}, "-o", {out!r},
+                "--cache-dir", {cache!r}]
+    from qwenvl_rbln import cli
+    cli.main()
+    """
+)
+
+
+def _spawn(tmp_path, model, out, wait):
+    script = _SCRIPT.format(
+        repo=str(REPO), model=str(model), out=str(out), cache=str(tmp_path / "cache"), wait=str(wait)
+    )
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-c", script], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_concurrent_compiles_busy_then_sigterm_cleans_up(tmp_path, model_dir):
+    out = tmp_path / "out"
+    first = _spawn(tmp_path, model_dir, out, tmp_path / "never")  # blocks inside from_pretrained
+    owner = artifacts.lock_path(out).with_name(artifacts.lock_path(out).name + ".owner")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(".export" in p.name for p in tmp_path.iterdir()):
+        time.sleep(0.05)
+    assert owner.exists(), first.stderr.read() if first.poll() is not None else "first compile never took the lock"
+    second = _spawn(tmp_path, model_dir, out, tmp_path / "go")
+    _, err2 = second.communicate(timeout=60)
+    assert second.returncode == 6, err2
+    assert f"pid {first.pid}" in err2 and str(out) in err2 and err2.count("qvl: error") == 1
+    first.send_signal(signal.SIGTERM)
+    _, err1 = first.communicate(timeout=60)
+    assert first.returncode == 130, err1
+    assert "nothing half-written" in err1
+    assert not out.exists() and temp_entries(tmp_path) == []

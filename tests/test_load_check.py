@@ -1,0 +1,200 @@
+"""`qvl load-check` on artifact directories built in the real optimum-rbln 0.12 layout."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from qwenvl_rbln import artifacts
+from qwenvl_rbln.plan import build_plan
+from tests.fakes_rbln import (
+    TINY_CONFIG,
+    GiB,
+    allocation_table,
+    install,
+    make_auto,
+    make_rebel,
+    run_main,
+    write_artifact,
+    write_hf_model,
+)
+
+LACK = "Failed to allocate device memory: SYS_EBUSY: Lack of device memory. (code: -16)"
+
+
+def _artifact(tmp_path, preset="rebel100-1npu", *, manifest=True, placement=None, alloc=None):
+    plan = build_plan(preset)
+    root = write_artifact(tmp_path / "art", plan, alloc=alloc)
+    if manifest:
+        data = {"format": 1, "npu": plan.npu, "placement": placement or plan.placement, "rbln_config": plan.rbln_config}
+        artifacts.write_manifest(root, data)
+    return plan, root
+
+
+def _json(argv, capsys):
+    code, out, err = run_main([*argv, "--json"], capsys)
+    return code, json.loads(out), err
+
+
+@pytest.fixture
+def no_npu_stack(monkeypatch):
+    """This host: neither optimum-rbln nor rebel importable."""
+    monkeypatch.setitem(sys.modules, "optimum.rbln", None)
+    monkeypatch.setitem(sys.modules, "rebel", None)
+
+
+def test_ok_without_optimum_and_no_runtime(tmp_path, capsys, no_npu_stack):
+    _, root = _artifact(tmp_path)
+    code, data, err = _json(["load-check", str(root), "--no-runtime"], capsys)
+    assert code == 0, err
+    assert set(data) >= {"layout", "placement", "memory", "runtime"}
+    assert data["layout"]["ok"] is True and data["layout"]["missing"] == [] and data["layout"]["unexpected"] == []
+    assert data["target"]["npu"] == "RBLN-CR13" and data["target"]["num_devices"] == 1
+    assert data["memory"]["source"] == "estimate" and data["memory"]["fits"] is True
+    assert data["runtime"]["attempted"] is False and "not installed" in data["runtime"]["reason"]
+    assert data["runtime"]["rbln_config"] == {"visual": {"device": 0}, "device": 0, "create_runtimes": False}
+    code, out, _ = run_main(["load-check", str(root), "--no-runtime"], capsys)
+    assert code == 0 and "load-check: ok" in out
+
+
+def test_runtime_without_optimum_exit_3_after_the_report(tmp_path, capsys, no_npu_stack):
+    _, root = _artifact(tmp_path)
+    code, data, err = _json(["load-check", str(root)], capsys)
+    assert code == 3 and data["layout"]["ok"] and data["runtime"]["ok"] is False
+    assert err.strip().splitlines()[-1].startswith("qvl: error: optimum-rbln and rebel-compiler")
+
+
+def test_missing_and_unexpected_graphs_exit_2_with_the_full_report(tmp_path, capsys, no_npu_stack):
+    _, root = _artifact(tmp_path, "rebel100-1npu-batch4", manifest=False)
+    (root / "decoder_batch_2.rbln").unlink()
+    (root / "decoder_batch_8.rbln").write_text("{}")
+    code, data, err = _json(["load-check", str(root), "--no-runtime"], capsys)
+    assert code == 2
+    assert data["layout"]["missing"] == ["decoder_batch_2.rbln"]
+    assert data["layout"]["unexpected"] == ["decoder_batch_8.rbln"]
+    assert data["runtime"]["attempted"] is False and data["exit_code"] == 2
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("qvl: error:") and "decoder_batch_2.rbln" in last and "decoder_batch_8.rbln" in last
+
+
+def test_manifest_hash_mismatch_is_reported_by_name(tmp_path, capsys, no_npu_stack):
+    _, root = _artifact(tmp_path)
+    with open(root / "prefill.rbln", "r+b") as f:
+        f.truncate(5)
+    code, data, err = _json(["load-check", str(root), "--no-runtime"], capsys)
+    assert code == 2
+    assert data["layout"]["modified"] == ["prefill.rbln"] and data["layout"]["manifest"]["ok"] is False
+    assert "prefill.rbln" in err and "sha256" in err
+    code, out, _ = run_main(["load-check", str(root), "--no-runtime"], capsys)
+    assert "changed after compile" in out and "prefill.rbln" in out
+
+
+def test_placement_compared_with_the_compiled_one(tmp_path, capsys, no_npu_stack):
+    _, root = _artifact(tmp_path, "rebel100-2npu-batch4")
+    code, data, _ = _json(["load-check", str(root), "--no-runtime"], capsys)
+    assert data["placement"]["requested"] == {"device": 0, "visual_device": 1} and data["placement"]["matches"]
+    assert code == 0
+    code, data, err = _json(["load-check", str(root), "--no-runtime", "--visual-device", "0"], capsys)
+    assert not data["placement"]["matches"] and data["placement"]["shared_devices"] == [0]
+    assert any("differs from the one planned at compile" in n for n in data["placement"]["notes"])
+    assert data["memory"]["fits"] is False and code == 4  # batch 4 x 262144 + ViT on one card
+    assert "--set" in err.strip().splitlines()[-1]
+    code, data, err = _json(["load-check", str(root), "--no-runtime", "--device", "0,1"], capsys)
+    assert code == 2 and data["placement"]["ok"] is False
+    assert "num_devices=1" in data["placement"]["problems"][0]
+    code, _, err = run_main(["load-check", str(root), "--device", "x"], capsys)
+    assert code == 2 and "--device 'x' is not an NPU id" in err
+
+
+def test_runtime_created_with_the_requested_placement(tmp_path, monkeypatch, capsys):
+    plan, root = _artifact(tmp_path, "rebel100-2npu-batch4")
+    auto = make_auto(plan)
+    rebel = make_rebel()
+    install(monkeypatch, auto, rebel=rebel)
+    code, data, err = _json(["load-check", str(root)], capsys)
+    assert code == 0, err
+    assert auto.calls[-1]["export"] is False
+    assert auto.calls[-1]["rbln_config"] == plan.load_rbln_config == {"visual": {"device": 1}, "device": 0}
+    assert data["runtime"]["ok"] is True and data["runtime"]["create_runtimes"] is True
+    assert data["memory"]["source"] == "exact"
+    assert [d["device"] for d in data["memory"]["devices"]] == [0, 1]
+    devices = {path.split("/")[-1]: dev for path, dev in rebel.runtimes_created}
+    assert devices["compiled_model.rbln"] == 1 and devices["prefill.rbln"] == 0
+    code, data, _ = _json(["load-check", str(root), "--no-runtime"], capsys)
+    assert code == 0 and auto.calls[-1]["rbln_config"]["create_runtimes"] is False and data["runtime"]["attempted"]
+
+
+def test_lack_of_device_memory_diagnosis(tmp_path, monkeypatch, capsys):
+    plan = build_plan("rebel100-2npu-batch4")
+    _, root = _artifact(tmp_path, "rebel100-2npu-batch4", alloc=allocation_table(plan, kv_bytes=112 * GiB))
+    install(monkeypatch, make_auto(plan), rebel=make_rebel(runtime_error=LACK))
+    code, data, err = _json(["load-check", str(root), "--visual-device", "0"], capsys)
+    assert code == 4
+    rt = data["runtime"]
+    assert rt["ok"] is False and "SYS_EBUSY: Lack of device memory" in rt["error"]
+    diag = rt["diagnosis"]
+    assert diag["shared_devices"] == [0]
+    dev0 = diag["devices"][0]
+    assert dev0["graphs"] == [
+        "prefill",
+        "decoder_batch_4",
+        "decoder_batch_2",
+        "decoder_batch_1",
+        "visual/compiled_model",
+    ]
+    assert dev0["used_bytes"] > 140 * GiB and dev0["usable_bytes"] == 140 * GiB  # exact numbers from the graphs
+    assert any("--visual-device 1" in f for f in diag["fixes"])
+    assert diag["set"] and all(s.startswith("--set ") for s in diag["set"])  # the planner's concrete fixes
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("qvl: error: runtime creation failed, Lack of device memory (device 0: prefill")
+    assert "fix: load with --visual-device 1" in last and "recompile with --set" in last
+    assert "--visual-device 1" in diag["load_flags"]
+    code, out, _ = run_main(["load-check", str(root), "--visual-device", "0"], capsys)
+    assert code == 4 and "fixes" in out and "device 0: prefill" in out
+
+
+def test_backend_failure_exit_5(tmp_path, monkeypatch, capsys):
+    plan, root = _artifact(tmp_path)
+    install(monkeypatch, make_auto(plan), rebel=make_rebel(runtime_error="Device 3 is not a valid NPU device."))
+    code, data, err = _json(["load-check", str(root)], capsys)
+    assert code == 5 and data["runtime"]["ok"] is False and "not a valid NPU device" in err
+
+
+def test_torch_artifact_layout_and_runtime_skip(tmp_path, capsys):
+    model = write_hf_model(tmp_path / "tiny", TINY_CONFIG)
+    out = tmp_path / "out"
+    code, _, err = run_main(
+        ["compile", "--preset", "cpu-tiny", "--model", str(model), "-o", str(out), "--no-cache"], capsys
+    )
+    assert code == 0, err
+    code, data, err = _json(["load-check", str(out), "--no-runtime"], capsys)
+    assert code == 0, err
+    assert data["kind"] == "torch" and data["layout"]["ok"] and data["runtime"]["reason"] == "--no-runtime"
+    assert data["target"]["npu"] == "RBLN-CR13"
+    (out / "model.safetensors").unlink()
+    code, data, err = _json(["load-check", str(out), "--no-runtime"], capsys)
+    assert code == 2 and "model.safetensors" in " ".join(data["layout"]["missing"])
+
+
+def test_torch_runtime_loads_the_real_tiny_model(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from qwenvl_rbln.tiny_model import ensure_tiny_model
+
+    ensure_tiny_model()  # shared per test session (QVL_HOME from conftest)
+    out = tmp_path / "out"
+    code, _, err = run_main(["compile", "--preset", "cpu-tiny", "-o", str(out), "--no-cache"], capsys)
+    assert code == 0, err
+    code, data, err = _json(["load-check", str(out)], capsys)
+    assert code == 0, err
+    assert data["runtime"]["ok"] is True and data["runtime"]["class"] == "Qwen3VLForConditionalGeneration"
+
+
+def test_not_an_artifact_and_default_dir_from_preset(tmp_path, capsys, monkeypatch):
+    (tmp_path / "empty").mkdir()
+    code, out, err = run_main(["load-check", str(tmp_path / "empty")], capsys)
+    assert code == 2 and err.count("\n") == 1 and "not a compiled artifact" in err and out == ""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_main(["load-check", "--preset", "rebel100-1npu"], capsys)
+    assert code == 2 and "qvl-out/rebel100-1npu" in err

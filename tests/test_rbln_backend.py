@@ -1,0 +1,244 @@
+"""backends/rbln.py against an injected optimum-rbln: exact calls, stages, allocations, error mapping.
+
+No test here claims a compile ran: the fake records calls and writes the layout optimum-rbln 0.12 writes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from qwenvl_rbln.backends import Progress
+from qwenvl_rbln.backends import rbln as backend
+from qwenvl_rbln.devices import npu_spec
+from qwenvl_rbln.errors import BackendError, DependencyMissing, DoesNotFit
+from qwenvl_rbln.plan import build_plan
+from tests.fakes_rbln import (
+    GiB,
+    MiB,
+    allocation_table,
+    install,
+    make_auto,
+    make_rebel,
+    rbln_presets,
+    temp_entries,
+    write_artifact,
+)
+
+
+def _staging(tmp_path):
+    staging = tmp_path / ".out.qvl-tmp-1-abcd"
+    staging.mkdir()
+    return staging
+
+
+@pytest.mark.parametrize("preset", rbln_presets())
+def test_compile_passes_exactly_the_plans_rbln_config(tmp_path, monkeypatch, preset):
+    plan = build_plan(preset)
+    before = json.loads(json.dumps(plan.rbln_config))
+    auto = make_auto(plan)
+    install(monkeypatch, auto)
+    staging = _staging(tmp_path)
+    info = backend.compile_model(plan, staging, Progress(), model_cls=None)
+    assert len(auto.calls) == 1
+    call = auto.calls[0]
+    assert call["model_id"] == plan.model_id and call["export"] is True
+    assert call["rbln_config"] == plan.rbln_config  # exactly the plan's dict
+    assert plan.rbln_config == before  # the fake mutated its copy, not the plan's
+    assert set(call["kwargs"]) == {"model_save_dir"}
+    scratch = call["kwargs"]["model_save_dir"]
+    assert scratch == str(staging) + ".export"  # a sibling on the same filesystem, never save_pretrained's target
+    assert auto.saves == [str(staging)]
+    assert (staging / "prefill.rbln").exists() and (staging / "visual" / "compiled_model.rbln").exists()
+    assert not (tmp_path / (staging.name + ".export")).exists() and temp_entries(tmp_path) == [staging.name]
+    assert info["class"] == "RBLNAutoModelForImageTextToText"
+
+
+@pytest.mark.parametrize("preset", rbln_presets())
+def test_load_passes_exactly_the_plans_load_rbln_config(tmp_path, monkeypatch, preset):
+    plan = build_plan(preset)
+    auto = make_auto(plan)
+    install(monkeypatch, auto, rebel=make_rebel())
+    root = write_artifact(tmp_path / "art", plan)
+    p = plan.placement
+    backend.load_model(root, p["device"], p["visual_device"], model_cls=auto)
+    backend.load_model(root, p["device"], p["visual_device"], create_runtimes=False, model_cls=auto)
+    assert [c["export"] for c in auto.calls] == [False, False]
+    assert auto.calls[0]["rbln_config"] == plan.load_rbln_config
+    assert auto.calls[1]["rbln_config"] == {**plan.load_rbln_config, "create_runtimes": False}
+    assert auto.calls[0]["model_id"] == str(root) and auto.calls[0]["kwargs"] == {}
+
+
+def test_stage_progress_comes_from_the_compile_hook_and_is_restored(tmp_path, monkeypatch):
+    plan = build_plan("rebel100-1npu-batch4")
+    auto = make_auto(plan)
+    orbln = install(monkeypatch, auto)
+    original = orbln.modeling_base.RBLNBaseModel.__dict__["compile"]
+    lines: list[str] = []
+    progress = Progress(lines.append, heartbeat_s=0)
+    backend.compile_model(plan, _staging(tmp_path), progress)
+    progress.stop()
+    stages = [s["stage"] for s in progress.stages]
+    assert stages == [
+        "loading model",
+        "ViT buckets",
+        "prefill graph",
+        "decoder graph decoder_batch_4",
+        "decoder graph decoder_batch_2",
+        "decoder graph decoder_batch_1",
+        "KV cache sizing",
+        "saving",
+    ]
+    assert all(line.startswith("[") and "s] " in line for line in lines)  # elapsed time on every line
+    assert any("buckets 16384 patches" in line for line in lines)
+    assert orbln.modeling_base.RBLNBaseModel.__dict__["compile"] is original
+    assert orbln.modeling_base.RBLNBaseModel.compiled == [
+        "compiled_model",
+        "prefill",
+        "decoder_batch_4",
+        "decoder_batch_2",
+        "decoder_batch_1",
+    ]
+
+
+def test_no_kv_sizing_stage_with_explicit_blocks(tmp_path, monkeypatch):
+    plan = build_plan("rebel100-1npu", ["rbln_config.kvcache_num_blocks=40"])
+    install(monkeypatch, make_auto(plan))
+    progress = Progress(heartbeat_s=0)
+    backend.compile_model(plan, _staging(tmp_path), progress)
+    progress.stop()
+    assert "KV cache sizing" not in [s["stage"] for s in progress.stages]
+
+
+def test_heartbeat_reports_elapsed_time():
+    import time
+
+    lines: list[str] = []
+    with Progress(lines.append, heartbeat_s=0.05) as progress:
+        progress.stage("prefill graph")
+        time.sleep(0.3)
+    assert any("still in prefill graph" in line for line in lines)
+    assert progress.timings()["prefill graph"] >= 0.25
+
+
+def test_missing_optimum_rbln_is_one_line_with_the_install_hint(monkeypatch):
+    monkeypatch.setitem(sys.modules, "optimum.rbln", None)
+    monkeypatch.setitem(sys.modules, "rebel", None)
+    assert backend.missing_dependencies() == ["optimum-rbln", "rebel-compiler"]
+    with pytest.raises(DependencyMissing) as info:
+        backend.check_dependencies()
+    line = info.value.one_line()
+    assert info.value.exit_code == 3 and "\n" not in line
+    assert "optimum-rbln==0.12.0" in line and "rebel-compiler" in line and "Rebellions' package index" in line
+
+
+def test_only_rebel_missing(monkeypatch):
+    install(monkeypatch, make_auto(build_plan("rebel100-1npu")))
+    monkeypatch.setitem(sys.modules, "rebel", None)
+    assert backend.missing_dependencies() == ["rebel-compiler"]
+    with pytest.raises(DependencyMissing, match="rebel-compiler is not installed"):
+        backend.model_class()
+
+
+def test_compile_errors_map_to_exit_codes(tmp_path, monkeypatch):
+    plan = build_plan("rebel100-1npu")
+    kv = (
+        "Insufficient memory for the required KV cache: only 3 blocks can be allocated, but at least 33 blocks are "
+        "required. Consider reducing `max_seq_len` or `batch_size` (currently 1) to lower the memory requirement."
+    )
+    install(monkeypatch, make_auto(plan, export_error=kv))
+    staging = _staging(tmp_path)
+    with pytest.raises(DoesNotFit, match="only 3 blocks") as info:
+        backend.compile_model(plan, staging, Progress())
+    assert info.value.exit_code == 4
+    install(monkeypatch, make_auto(plan, export_error="Unknown npu name: RBLN-XX99"))
+    with pytest.raises(BackendError, match="Unknown npu name") as info:
+        backend.compile_model(plan, staging, Progress())
+    assert info.value.exit_code == 5
+    assert not (tmp_path / (staging.name + ".export")).exists()
+
+
+def test_exact_allocations_count_the_shared_kv_cache_once(tmp_path, monkeypatch):
+    plan = build_plan("rebel100-1npu-batch4")
+    install(monkeypatch, None, rebel=make_rebel(), with_optimum=False)
+    root = write_artifact(tmp_path / "art", plan)
+    from qwenvl_rbln import artifacts
+
+    graphs = artifacts.graph_files(json.loads((root / "rbln_config.json").read_text()))
+    mem = backend.read_allocations(root, graphs, {"device": 0, "visual_device": 1}, npu_spec("RBLN-CR13"))
+    assert mem["source"] == "exact"
+    dev0, dev1 = mem["devices"]
+    assert dev0["graphs"] == ["prefill", "decoder_batch_4", "decoder_batch_2", "decoder_batch_1"]
+    lm_expected = int(3.2 * GiB) + 256 * MiB + 28 * GiB + 64 * MiB * (4 + 2 + 1)
+    assert dev0["total_bytes"] == pytest.approx(lm_expected, abs=64)
+    assert mem["graphs"]["decoder_batch_4"]["kv_shared"] is True
+    assert dev1["graphs"] == ["visual/compiled_model"] and dev1["total_bytes"] == pytest.approx(26.75 * GiB, abs=64)
+    assert dev0["fits"] and dev1["fits"] and mem["fits"]
+    shared = backend.read_allocations(root, graphs, {"device": 0, "visual_device": 0}, npu_spec("RBLN-CR13"))
+    assert len(shared["devices"]) == 1 and shared["fits"] is True  # ~60 GiB on one card
+    # batch 4 with the full 262144 context: 112 GiB of KV + ViT on one card is over 140 GiB
+    big = write_artifact(tmp_path / "big", plan, alloc=allocation_table(plan, kv_bytes=112 * GiB))
+    over = backend.read_allocations(big, graphs, {"device": 0, "visual_device": 0}, npu_spec("RBLN-CR13"))
+    assert over["fits"] is False and over["devices"][0]["total_bytes"] > 140 * GiB
+    assert max(over["devices"][0]["per_chiplet_bytes"]) > npu_spec("RBLN-CR13").usable_per_chiplet
+
+
+def test_no_exact_readout_without_rebel(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "rebel", None)
+    assert backend.read_allocations(tmp_path, {}, {"device": 0, "visual_device": 0}, None) is None
+
+
+def test_lack_of_device_memory_becomes_does_not_fit_with_the_raw_message(tmp_path, monkeypatch):
+    plan = build_plan("rebel100-1npu")
+    auto = make_auto(plan)
+    install(
+        monkeypatch,
+        auto,
+        rebel=make_rebel(runtime_error="Failed to allocate: SYS_EBUSY: Lack of device memory. (code: -16)"),
+    )
+    root = write_artifact(tmp_path / "art", plan)
+    with pytest.raises(DoesNotFit) as info:
+        backend.load_model(root, 0, 0)
+    assert "SYS_EBUSY: Lack of device memory" in info.value.raw
+    assert info.value.exit_code == 4
+    (root / "prefill.rbln").unlink()
+    with pytest.raises(BackendError, match="prefill.rbln"):
+        backend.load_model(root, 0, 0)
+
+
+def test_diagnosis_names_graphs_devices_numbers_and_fixes():
+    graphs = {
+        "prefill": {"file": "prefill.rbln", "submodule": "lm"},
+        "decoder_batch_1": {"file": "decoder_batch_1.rbln", "submodule": "lm"},
+        "visual/compiled_model": {"file": "visual/compiled_model.rbln", "submodule": "visual"},
+    }
+    memory = {
+        "source": "estimate",
+        "devices": [{"device": 0, "total_bytes": 150 * GiB, "usable_bytes": 140 * GiB, "fits": False}],
+    }
+    planner = {
+        "suggestions": [{"kind": "max_seq_len", "text": "cut the context", "set": ["rbln_config.max_seq_len=32768"]}]
+    }
+    diag = backend.lack_of_memory_diagnosis(
+        "SYS_EBUSY: Lack of device memory", memory, {"device": 0, "visual_device": 0}, graphs, planner
+    )
+    assert diag["shared_devices"] == [0]
+    assert diag["devices"][0]["graphs"] == ["prefill", "decoder_batch_1", "visual/compiled_model"]
+    assert diag["devices"][0]["used_bytes"] == 150 * GiB
+    assert "150.00 GiB of 140.00 GiB" in diag["summary"]
+    assert any("--visual-device 1" in f for f in diag["fixes"])
+    assert "cut the context" in diag["fixes"]
+    assert diag["set"] == ["--set rbln_config.max_seq_len=32768"]
+
+
+def test_placement_suggestions_become_load_flags_not_recompiles():
+    flags, sets = backend.split_load_time(
+        ["--set placement.visual_device=1", "--set max_seq_len=32768", "--set placement.device=[0] --set batch_size=2"]
+    )
+    assert flags == ["--visual-device 1"]
+    assert sets == ["--set max_seq_len=32768", "--set placement.device=[0] --set batch_size=2"]
+    assert backend.fix_hint(flags, sets) == (
+        "load with --visual-device 1 (the ViT on its own NPU), or recompile with --set max_seq_len=32768"
+    )
