@@ -108,3 +108,13 @@ def test_json_errors_keep_stdout_clean():
     r = run_qvl("compile", "--preset", "nope", "--dry-run", "--json")
     assert r.exit_code == 2
     assert r.stdout == ""
+
+
+def test_dry_run_is_a_gate_exit_4_when_it_does_not_fit():
+    r = run_qvl("compile", "--preset", "rebel100-1npu-batch4", "--set", "max_seq_len=262144", "--dry-run", "--json")
+    assert r.exit_code == 4
+    data = json.loads(r.stdout)  # the full report still comes first
+    assert data["memory"]["fits"] is False
+    assert any("placement.visual_device=1" in " ".join(s["set"]) for s in data["memory"]["suggestions"])
+    ok = run_qvl("compile", "--preset", "rebel100-2npu-batch4", "--dry-run", "--json")
+    assert ok.exit_code == 0

@@ -78,6 +78,13 @@ def register(app: typer.Typer) -> None:
                 console.print("[dim]dry run: nothing was compiled[/dim]")
 
             render.emit({**data, "dry_run": True}, as_json=as_json, human=human)
+            if memory.fits is False:  # a dry run is also a CI gate: exit 4 when it would not fit
+                from qwenvl_rbln.errors import DoesNotFit
+
+                raise DoesNotFit(
+                    "dry run: the memory planner predicts this configuration will not fit",
+                    "apply one of the suggestions printed above (each is a ready --set)",
+                )
             return
         from qwenvl_rbln.compile_job import run_compile
 

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# make demo: the main job end to end on this machine, no NPU and no network needed.
+# Tiny Qwen3-VL (real architecture, random weights) -> reference-backend compile -> bucket plan -> infer
+# -> load-check, then what the real Rebel100 baseline would do (dry run with the memory verdict).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1
+IMAGE=assets/demo.jpg
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+step "qvl tiny-model: the offline tiny Qwen3-VL (created once, reused)"
+qvl tiny-model
+
+step "qvl compile --preset cpu-tiny: the reference backend's compile (artifacts + manifest)"
+qvl compile --preset cpu-tiny --force
+
+step "qvl bucket-plan: which ViT bucket the demo image lands in"
+qvl bucket-plan --preset cpu-tiny "$IMAGE" --size 1920x1080
+
+step "qvl infer: generation on the bundled image (bucket, decoder graph, timings, memory)"
+qvl infer --preset cpu-tiny --image "$IMAGE" --prompt "Describe this image." --max-new-tokens 24
+
+step "qvl load-check: layout, manifest hashes, placement, memory, runtime"
+qvl load-check --preset cpu-tiny
+
+step "qvl compile --preset rebel100-1npu --dry-run: the Model Zoo baseline on one Rebel100"
+qvl compile --preset rebel100-1npu --dry-run
+
+step "the document's batch-4 / 262144 case: the planner says no before any compile, and why"
+qvl compile --preset rebel100-1npu-batch4 --set max_seq_len=262144 --dry-run || echo "(exit $?: does not fit, as the product document reports)"
