@@ -1,0 +1,189 @@
+"""`qvl infer`: run compiled artifacts (rbln) or the torch reference on images, videos and text.
+
+Streams the text as it is generated (stdout; stderr with --json, so stdout stays one JSON document),
+then shows what the static-shape hardware does with each request: per image/video the resized size,
+ViT patches, bucket and padding; per batch the decoder graph and the rows padded to reach it; timings
+and memory. See ``qwenvl_rbln/inference/runner.py`` for how DIR, the preset and the backend are chosen.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from qwenvl_rbln.commands.common import JsonOpt, SetOpt
+
+
+def _fmt_s(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _vision_row(it: dict[str, Any]) -> list[str]:
+    size = f"{it['width']}x{it['height']} -> {it['resized_width']}x{it['resized_height']}"
+    if it["kind"] == "video":
+        patches = f"{it['calls']} x {it['patches']}"
+        size += f", {it['frames']} frames"
+    else:
+        patches = str(it["patches"])
+    if it.get("capped"):
+        size += f" (capped from {it['patches_before_cap']} patches)"
+    pad = "-" if it["padding_pct"] is None else f"{it['padding_pct']:.1f} %"
+    return [Path(it["input"]).name, size, patches, str(it["bucket"]), pad]
+
+
+def human(console: Any, d: dict[str, Any]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from qwenvl_rbln.render import fmt_bytes
+
+    rt = d["runtime"]
+    if d.get("placement"):
+        where = f"LM on NPU {d['placement']['device']}, ViT on NPU {d['placement']['visual_device']}"
+    else:
+        where = f"{rt.get('device')}, {rt.get('dtype')}"
+    console.print(
+        f"[bold]qvl infer[/bold] {escape(d['artifact_dir'])} [dim]({d['backend']} backend, {escape(where)}; "
+        f"preset {escape(d['preset'])}; {d['generation']['mode']})[/dim]"
+    )
+    for req in d["requests"]:
+        if not req["streamed"]:
+            console.print(f"[bold][{escape(req['id'])}][/bold] {escape(req['text'])}")
+        ids = req["token_ids"]
+        shown = " ".join(str(t) for t in ids[:16]) + (" ..." if len(ids) > 16 else "")
+        console.print(
+            f"[dim][{escape(req['id'])}] {len(ids)} tokens ({req['finish_reason']}): {shown}[/dim]", soft_wrap=True
+        )
+    vis = [(req["id"], it) for req in d["requests"] for it in req["vision"]]
+    if vis:
+        t = Table(title=f"ViT buckets {d['vit_buckets']} (patches per ViT call)", title_justify="left", show_edge=False)
+        for col in ("req", "input", "size -> resized", "patches", "bucket", "padding"):
+            t.add_column(col, overflow="fold")
+        for rid, it in vis:
+            t.add_row(escape(rid), *[escape(c) for c in _vision_row(it)])
+        console.print(t)
+    by_batch: dict[int, list[dict[str, Any]]] = {}
+    for req in d["requests"]:
+        by_batch.setdefault(req["batch"], []).append(req)
+    for b in d["batches"]:
+        tm = b["timings"]
+        reqs = by_batch.get(b["index"], [])
+        prompt = ", ".join(
+            f"{r['prefill']['tokens']} ({r['prefill']['chunks']} chunk{'s' if r['prefill']['chunks'] != 1 else ''})"
+            for r in reqs
+        )
+        rate = "-" if tm["decode_tokens_per_s"] is None else f"{tm['decode_tokens_per_s']:.1f} tok/s"
+        console.print(
+            f"[bold]batch {b['index']}[/bold] [{escape(', '.join(b['request_ids']))}]: {b['decoder_graph']} with "
+            f"{b['padded_rows']} padded row{'s' if b['padded_rows'] != 1 else ''} of {b['graph_batch']}; "
+            f"prompt tokens {prompt}; preprocess {_fmt_s(tm['preprocess_s'])}, vision {_fmt_s(tm['vision_s'])}, "
+            f"prefill {_fmt_s(tm['prefill_s'])}, TTFT {_fmt_s(tm['ttft_s'])}, decode {rate} "
+            f"({tm['decode_steps']} steps)"
+        )
+    mem = d.get("memory") or {}
+    if mem.get("peak_rss_bytes") is not None:
+        line = f"memory: peak RSS {fmt_bytes(mem['peak_rss_bytes'])}"
+        if mem.get("cuda_peak_allocated_bytes") is not None:
+            line += f", CUDA peak {fmt_bytes(mem['cuda_peak_allocated_bytes'])}"
+        console.print(line)
+    elif mem.get("devices"):
+        parts = [
+            f"NPU {x['device']}: {fmt_bytes(x['total_bytes'])} of {fmt_bytes(x['usable_bytes'])}"
+            for x in mem["devices"]
+        ]
+        console.print(f"memory ({mem.get('source')}): " + "; ".join(parts))
+    tot = d["timings"]
+    console.print(f"[dim]model load {_fmt_s(tot['load_s'])}, total {_fmt_s(tot['total_s'])}[/dim]")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("infer")
+    def infer(
+        directory: Path = typer.Argument(
+            None,
+            metavar="[DIR]",
+            help="Artifacts from `qvl compile` (or a Hugging Face Qwen3-VL directory); default: the preset's "
+            "output_dir.",
+            show_default=False,
+        ),
+        preset: str = typer.Option(
+            None,
+            "--preset",
+            "-p",
+            help="Preset (default: the one recorded in DIR's manifest, else rebel100-1npu).",
+        ),
+        sets: list[str] = SetOpt,
+        images: list[str] = typer.Option(None, "--image", "-i", help="Image file. Repeatable."),
+        videos: list[str] = typer.Option(None, "--video", help="Video file (mp4, webm, ...). Repeatable."),
+        prompt: str = typer.Option(None, "--prompt", help="The user prompt."),
+        system: str = typer.Option(None, "--system", help="A system prompt (also the default for --batch-file)."),
+        max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens to generate at most."),
+        temperature: float = typer.Option(None, "--temperature", help="Sample at this temperature (default: greedy)."),
+        top_p: float = typer.Option(None, "--top-p", help="Nucleus sampling threshold (with --temperature)."),
+        seed: int = typer.Option(None, "--seed", help="Random seed for sampling (default 0)."),
+        batch_file: Path = typer.Option(
+            None,
+            "--batch-file",
+            help='JSONL, one request a line: {"prompt": ..., "images": [...], "video": ...}; batched up to the '
+            "compiled batch_size.",
+        ),
+        device: str = typer.Option(
+            None, "--device", help="rbln: NPU id for the LM graphs (default: the placement recorded at compile)."
+        ),
+        visual_device: str = typer.Option(None, "--visual-device", help="rbln: NPU id for the ViT."),
+        on_oversize: str = typer.Option(
+            "resize",
+            "--on-oversize",
+            help="An input above the largest ViT bucket: resize (cap the processor's max_pixels) or error.",
+        ),
+        torch_device: str = typer.Option(
+            None, "--torch-device", help="torch backend: cpu or cuda (default: cuda when available)."
+        ),
+        as_json: bool = JsonOpt,
+    ) -> None:
+        """Generate text for images, videos and prompts; show buckets, decoder graphs, timings and memory."""
+        from qwenvl_rbln import render
+        from qwenvl_rbln.commands.load_check_cmd import parse_device
+        from qwenvl_rbln.inference.runner import InferOptions, default_stream, run_infer
+
+        opts = InferOptions(
+            directory=directory,
+            preset=preset,
+            sets=list(sets or []),
+            images=list(images or []),
+            videos=list(videos or []),
+            prompt=prompt,
+            system=system,
+            batch_file=batch_file,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            device=parse_device(device, "--device"),
+            visual_device=parse_device(visual_device, "--visual-device"),
+            on_oversize=on_oversize,
+            torch_device=torch_device,
+        )
+        shown: set[str] = set()
+
+        def notify(line: str) -> None:
+            shown.add(line)
+            render.warn(line)
+
+        def on_batch(rows: list[dict[str, Any]], batch: dict[str, Any]) -> None:
+            if as_json:
+                return
+            for row in rows:
+                if not row["streamed"]:
+                    render.out().print(f"[{row['id']}] {row['text']}", markup=False, highlight=False)
+                    row["streamed"] = True  # printed: the summary does not repeat it
+
+        data = run_infer(opts, stream=default_stream(as_json), on_batch=on_batch, notify=notify)
+        for line in data["warnings"]:
+            if line not in shown:
+                render.warn(line)
+        render.emit(data, as_json=as_json, human=human)

@@ -1,0 +1,129 @@
+"""Token agreement between two ``qvl infer --json`` outputs (an NPU run against the torch reference).
+
+Per request id present in either file:
+
+* ``compared``: positions compared = ``max(len(a), len(b))`` (a missing token counts as a mismatch);
+* ``agreement_pct``: share of those positions with the same token id;
+* ``first_divergence``: the first index where they differ, with both tokens (``None`` past a sequence's
+  end), or ``None`` when identical;
+* ``matching_prefix``: tokens equal before the first divergence (greedy decoding makes everything after
+  it a consequence, so this is the number that matters).
+
+Exit codes (``qvl compare``): 0 all requests identical; 7 (``EXIT_DIVERGED``) at least one request differs
+or is missing from one file; 2 a file is missing, not JSON, or not ``qvl infer --json`` output.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln.errors import EXIT_DIVERGED, InputError
+
+
+def load_infer_json(path: str | Path) -> dict[str, Any]:
+    """A ``qvl infer --json`` document; InputError naming the file otherwise."""
+    path = Path(path).expanduser()
+    fix = "pass the stdout of `qvl infer --json ... > run.json`"
+    if not path.is_file():
+        raise InputError(f"{path} {'is a directory' if path.is_dir() else 'does not exist'}", fix)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text", fix) from None
+    except ValueError as exc:
+        raise InputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})", fix) from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror})", "check the file permissions") from None
+    if not isinstance(data, dict) or not isinstance(data.get("requests"), list):
+        raise InputError(f"{path}: not qvl infer --json output (no 'requests' list)", fix)
+    seen: set[str] = set()
+    for n, req in enumerate(data["requests"]):
+        if not isinstance(req, dict) or "id" not in req or not isinstance(req.get("token_ids"), list):
+            raise InputError(f"{path}: requests[{n}] has no 'id' or no 'token_ids' list", fix)
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in req["token_ids"]):
+            raise InputError(f"{path}: requests[{n}].token_ids holds something other than integers", fix)
+        rid = str(req["id"])
+        if rid in seen:
+            raise InputError(f"{path}: request id '{rid}' appears twice", fix)
+        seen.add(rid)
+    return data
+
+
+def compare_tokens(a: list[int], b: list[int]) -> dict[str, Any]:
+    n = max(len(a), len(b))
+    equal = sum(1 for x, y in zip(a, b, strict=False) if x == y)
+    first = next((i for i in range(n) if i >= len(a) or i >= len(b) or a[i] != b[i]), None)
+    return {
+        "tokens_a": len(a),
+        "tokens_b": len(b),
+        "compared": n,
+        "equal": equal,
+        "agreement_pct": 100.0 if n == 0 else round(100.0 * equal / n, 2),
+        "identical": first is None,
+        "matching_prefix": n if first is None else first,
+        "first_divergence": None
+        if first is None
+        else {
+            "index": first,
+            "a": a[first] if first < len(a) else None,
+            "b": b[first] if first < len(b) else None,
+        },
+    }
+
+
+def _describe(data: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    return {
+        "path": str(path),
+        "backend": data.get("backend"),
+        "preset": data.get("preset"),
+        "artifact_dir": data.get("artifact_dir"),
+        "generation": data.get("generation"),
+        "requests": len(data["requests"]),
+    }
+
+
+def compare_runs(path_a: str | Path, path_b: str | Path) -> dict[str, Any]:
+    """The comparison report (see the module docstring)."""
+    a = load_infer_json(path_a)
+    b = load_infer_json(path_b)
+    by_a = {str(r["id"]): r for r in a["requests"]}
+    by_b = {str(r["id"]): r for r in b["requests"]}
+    ids = list(by_a) + [i for i in by_b if i not in by_a]
+    rows = []
+    notes = []
+    for rid in ids:
+        ra, rb = by_a.get(rid), by_b.get(rid)
+        if ra is None or rb is None:
+            rows.append({"id": rid, "missing_in": "a" if ra is None else "b", "identical": False})
+            continue
+        row = {"id": rid, **compare_tokens(ra["token_ids"], rb["token_ids"])}
+        if row["first_divergence"] is not None:
+            row["text_a"], row["text_b"] = ra.get("text"), rb.get("text")
+        rows.append(row)
+    ga, gb = a.get("generation") or {}, b.get("generation") or {}
+    if ga.get("do_sample") or gb.get("do_sample"):
+        notes.append("at least one run sampled (--temperature): token agreement is only meaningful for greedy runs")
+    if ga.get("max_new_tokens") != gb.get("max_new_tokens"):
+        notes.append(f"max_new_tokens differs ({ga.get('max_new_tokens')} vs {gb.get('max_new_tokens')})")
+    common = [r for r in rows if "missing_in" not in r]
+    total = sum(r["compared"] for r in common)
+    equal = sum(r["equal"] for r in common)
+    identical = all(r["identical"] for r in rows)
+    return {
+        "a": _describe(a, path_a),
+        "b": _describe(b, path_b),
+        "requests": rows,
+        "summary": {
+            "requests": len(rows),
+            "identical_requests": sum(1 for r in rows if r["identical"]),
+            "diverged_requests": sum(1 for r in common if not r["identical"]),
+            "missing_requests": len(rows) - len(common),
+            "tokens_compared": total,
+            "agreement_pct": 100.0 if total == 0 else round(100.0 * equal / total, 2),
+            "identical": identical,
+        },
+        "exit_code": 0 if identical else EXIT_DIVERGED,
+        "notes": notes,
+    }

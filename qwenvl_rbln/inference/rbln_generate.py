@@ -1,0 +1,113 @@
+"""The rbln backend of ``qvl infer``: optimum-rbln's own ``generate`` on compiled artifacts.
+
+What optimum-rbln 0.12.0 does and qvl therefore does around it (reference section 3):
+
+* Loading: ``backends.rbln.load_model(dir, device, visual_device)`` =
+  ``RBLNAutoModelForImageTextToText.from_pretrained(dir, export=False,
+  rbln_config={"visual": {"device": V}, "device": D})``, the placement of ``qvl load-check``.
+* Batch: Qwen3-VL's ``generate`` always decodes with ``decoder_batch_{batch_size}`` and requires the input
+  batch to equal the compiled ``batch_size`` ("Cache position size mismatch"). qvl pads a short batch
+  with copies of its cheapest real request (fewest videos, images, prompt characters) and drops the
+  padded rows' outputs; the report names the graph and the padded rows.
+* ViT: each image / video temporal patch runs in the smallest compiled bucket >= its patches; an input
+  above the largest bucket raises inside optimum-rbln, so the processor is capped beforehand
+  (``vision_report.plan_vision``, ``--on-oversize resize|error``).
+* Length: a prompt + ``max_new_tokens`` above the compiled ``max_seq_len`` is refused before generate.
+
+optimum-rbln and rebel are imported only through ``backends.rbln`` (``model_cls`` injects a fake in tests).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import IO, Any
+
+from qwenvl_rbln.inference.generation import BatchResult, GenerationOptions, TimedProxy, VisionTimer, generate_batch
+
+
+def wrap_visual(model: Any, timer: VisionTimer) -> bool:
+    """Time the ``visual`` submodule's calls; False when it cannot be wrapped (then vision_s stays 0)."""
+    visual = getattr(model, "visual", None)
+    if visual is None or not callable(visual):
+        return False
+    try:
+        model.visual = TimedProxy(visual, timer)
+        return True
+    except Exception:  # noqa: BLE001 - e.g. an nn.Module refusing a non-module child
+        if hasattr(visual, "register_forward_hook"):
+            timer.hook_module(visual)
+            return True
+        return False
+
+
+class RblnBackend:
+    """Compiled artifacts on Rebel100 NPUs through optimum-rbln's generate."""
+
+    name = "rbln"
+
+    def __init__(
+        self,
+        artifact_dir: Path,
+        caps: Any,
+        *,
+        batch_size: int,
+        device: Any,
+        visual_device: Any,
+        model_cls: Any = None,
+    ):
+        from qwenvl_rbln.backends import rbln as rbln_backend
+        from qwenvl_rbln.inference.inputs import load_processor
+
+        self.artifact_dir = Path(artifact_dir)
+        self.batch_size = batch_size
+        self.placement = {"device": device, "visual_device": visual_device}
+        self.load_rbln_config = rbln_backend.load_rbln_config(device, visual_device, True)
+        # the processor first: a broken processor must not cost an NPU load
+        self.processor = load_processor(self.artifact_dir, caps)
+        self.model = rbln_backend.load_model(
+            self.artifact_dir, device, visual_device, create_runtimes=True, model_cls=model_cls
+        )
+        self.timer = VisionTimer()
+        self.vision_timed = wrap_visual(self.model, self.timer)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.processor.tokenizer
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "backend": "rbln",
+            "class": type(self.model).__name__,
+            "placement": self.placement,
+            "load_rbln_config": self.load_rbln_config,
+            "vision_timed": self.vision_timed,
+        }
+
+    def run_batch(
+        self,
+        requests: list[Any],
+        gen: GenerationOptions,
+        *,
+        sink: IO[str] | None = None,
+        max_seq_len: int | None = None,
+        stream_prefix: str = "",
+    ) -> BatchResult:
+        """Generate for up to ``batch_size`` requests; the batch handed to generate is exactly ``batch_size``."""
+        if len(requests) > self.batch_size:
+            raise ValueError(f"{len(requests)} requests in one batch; the artifact runs {self.batch_size}")
+        return generate_batch(
+            self.model,
+            self.processor,
+            requests,
+            gen,
+            pad_to=self.batch_size,
+            timer=self.timer,
+            sink=sink,
+            device=None,
+            max_seq_len=max_seq_len,
+            strict_length=True,
+            stream_prefix=stream_prefix,
+        )
+
+    def close(self) -> None:
+        self.timer.remove()

@@ -1,0 +1,187 @@
+"""The torch reference backend: transformers ``Qwen3VLForConditionalGeneration`` on CPU (CUDA when present).
+
+It is the accuracy reference an NPU run is compared with (``qvl compare``), so it takes exactly the
+same processor inputs as the rbln backend (``inputs.build_inputs`` with the plan's pixel caps) and
+decodes greedily by default. Batches are left padded (no padding copies: the torch model has no
+static decoder graph; the report still says what the NPU's graph would be).
+
+Loaded models are cached per process (key: directory, file stamps, device), so several ``infer`` runs
+in one process (tests, benchmarks) load once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import IO, Any
+
+from qwenvl_rbln.errors import BackendError, DependencyMissing, InputError
+from qwenvl_rbln.inference.generation import BatchResult, GenerationOptions, VisionTimer, generate_batch
+
+TORCH_INSTALL_HINT = "pip install torch torchvision transformers==5.15.1 (or `pip install 'qwenvl-rbln[torch]'`)"
+
+_CACHE: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+
+
+def torch_device(requested: str | None = None) -> str:
+    """``requested``, else $QVL_TORCH_DEVICE, else cuda when available, else cpu."""
+    import torch
+
+    dev = requested or os.environ.get("QVL_TORCH_DEVICE")
+    if dev:
+        return dev
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _stamp(model_dir: Path) -> tuple[Any, ...]:
+    out = []
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "model.safetensors.index.json",
+        "processor_config.json",
+        "preprocessor_config.json",
+        "tokenizer.json",
+    ):
+        p = model_dir / name
+        if p.exists():
+            st = p.stat()
+            out.append((name, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+def _require_torch() -> None:
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise DependencyMissing(
+            f"the torch reference backend needs {exc.name or 'torch'}, which is not installed", TORCH_INSTALL_HINT
+        ) from None
+
+
+def load_reference(model_dir: Path, device: str | None = None) -> tuple[Any, Any, str]:
+    """(model, processor, device) for a local Qwen3-VL directory in Hugging Face format (cached)."""
+    from qwenvl_rbln.modelinfo import read_model_config
+
+    model_dir = Path(model_dir).expanduser().absolute()
+    read_model_config(model_dir)  # InputError unless config.json says qwen3_vl
+    _require_torch()
+    dev = torch_device(device)
+    key = (str(model_dir), _stamp(model_dir), dev)
+    if key in _CACHE:
+        model, processor = _CACHE[key]
+        return model, processor, dev
+
+    from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
+    from transformers.utils import logging as hf_logging
+
+    bar_was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model = Qwen3VLForConditionalGeneration.from_pretrained(str(model_dir), dtype="auto", local_files_only=True)
+        processor = AutoProcessor.from_pretrained(str(model_dir), local_files_only=True)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise BackendError(
+            f"transformers could not load {model_dir}: {type(exc).__name__}: {first}",
+            "the directory needs config.json, the weights (model.safetensors) and the processor/tokenizer files; "
+            "recompile it (`qvl compile --force`)",
+        ) from None
+    finally:
+        if bar_was_on:
+            hf_logging.enable_progress_bar()
+    if not hasattr(processor, "image_processor"):
+        raise InputError(
+            f"{model_dir}: AutoProcessor gave {type(processor).__name__}, not a Qwen3-VL processor",
+            "point at a Qwen3-VL model directory with its processor files",
+        )
+    model = model.to(dev).eval()
+    _CACHE.clear()  # one model per process is enough
+    _CACHE[key] = (model, processor)
+    return model, processor, dev
+
+
+def visual_module(model: Any) -> Any | None:
+    """The vision tower (``model.model.visual`` in transformers 5; ``model.visual`` in 4.x)."""
+    inner = getattr(model, "model", None)
+    return getattr(inner, "visual", None) or getattr(model, "visual", None)
+
+
+class ReferenceBackend:
+    """transformers generate on a local directory, with the plan's pixel caps."""
+
+    name = "torch"
+
+    def __init__(self, model_dir: Path, caps: Any, *, device: str | None = None):
+        from qwenvl_rbln.inference.inputs import apply_caps
+
+        self.model_dir = Path(model_dir)
+        self.model, self.processor, self.device = load_reference(self.model_dir, device)
+        apply_caps(self.processor, caps)
+        self.processor.tokenizer.padding_side = "left"
+        self.caps = caps
+        sync = None
+        if self.device.startswith("cuda"):
+            import torch
+
+            sync = torch.cuda.synchronize
+            torch.cuda.reset_peak_memory_stats()
+        self.timer = VisionTimer(sync=sync)
+        visual = visual_module(self.model)
+        if visual is not None:
+            self.timer.hook_module(visual)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.processor.tokenizer
+
+    def describe(self) -> dict[str, Any]:
+        dtype = str(next(self.model.parameters()).dtype).replace("torch.", "")
+        return {"backend": "torch", "device": self.device, "dtype": dtype, "class": type(self.model).__name__}
+
+    def run_batch(
+        self,
+        requests: list[Any],
+        gen: GenerationOptions,
+        *,
+        sink: IO[str] | None = None,
+        max_seq_len: int | None = None,
+        stream_prefix: str = "",
+    ) -> BatchResult:
+        return generate_batch(
+            self.model,
+            self.processor,
+            requests,
+            gen,
+            pad_to=None,
+            timer=self.timer,
+            sink=sink,
+            device=self.device,
+            max_seq_len=max_seq_len,
+            strict_length=False,
+            stream_prefix=stream_prefix,
+        )
+
+    def memory(self) -> dict[str, Any]:
+        return peak_memory(self.device)
+
+    def close(self) -> None:
+        self.timer.remove()
+
+
+def peak_memory(device: str = "cpu") -> dict[str, Any]:
+    """Peak resident set size of this process (and peak CUDA allocation on a GPU)."""
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss_bytes = rss if sys.platform == "darwin" else rss * 1024
+    out: dict[str, Any] = {"source": "process", "peak_rss_bytes": int(rss_bytes)}
+    if device.startswith("cuda"):
+        import torch
+
+        out["cuda_peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+    return out

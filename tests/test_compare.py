@@ -1,0 +1,107 @@
+"""`qvl compare A.json B.json`: agreement, first divergence, exit codes 0 / 7 / 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.inference.compare import EXIT_DIVERGED, compare_runs, compare_tokens, load_infer_json
+from tests.fakes_rbln import run_main
+
+
+def _run(path: Path, backend: str, requests: dict[str, list[int]], *, do_sample: bool = False) -> Path:
+    data = {
+        "backend": backend,
+        "preset": "cpu-tiny",
+        "generation": {"max_new_tokens": 8, "do_sample": do_sample},
+        "requests": [{"id": rid, "text": f"text {rid}", "token_ids": ids} for rid, ids in requests.items()],
+    }
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_compare_tokens():
+    assert compare_tokens([1, 2, 3], [1, 2, 3]) == {
+        "tokens_a": 3,
+        "tokens_b": 3,
+        "compared": 3,
+        "equal": 3,
+        "agreement_pct": 100.0,
+        "identical": True,
+        "matching_prefix": 3,
+        "first_divergence": None,
+    }
+    d = compare_tokens([1, 2, 3, 4], [1, 9, 3, 4])
+    assert d["first_divergence"] == {"index": 1, "a": 2, "b": 9}
+    assert (d["agreement_pct"], d["matching_prefix"], d["identical"]) == (75.0, 1, False)
+    d = compare_tokens([1, 2], [1, 2, 5, 6])  # A stopped early (EOS): a missing token is a mismatch
+    assert d["first_divergence"] == {"index": 2, "a": None, "b": 5} and d["agreement_pct"] == 50.0
+    assert compare_tokens([], [])["identical"] is True
+
+
+def test_identical_runs_exit_0(tmp_path, capsys):
+    a = _run(tmp_path / "a.json", "rbln", {"1": [5, 6, 7], "cat": [1, 2]})
+    b = _run(tmp_path / "b.json", "torch", {"cat": [1, 2], "1": [5, 6, 7]})  # order does not matter, ids do
+    code, out, err = run_main(["compare", str(a), str(b), "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["summary"] == {
+        "requests": 2,
+        "identical_requests": 2,
+        "diverged_requests": 0,
+        "missing_requests": 0,
+        "tokens_compared": 5,
+        "agreement_pct": 100.0,
+        "identical": True,
+    }
+    code, out, _ = run_main(["compare", str(a), str(b)], capsys)
+    assert code == 0 and "identical: 2/2 requests identical" in out
+
+
+def test_divergence_exit_7_with_the_first_divergent_tokens(tmp_path, capsys):
+    a = _run(tmp_path / "npu.json", "rbln", {"1": [5, 6, 7, 8], "2": [1, 2, 3]})
+    b = _run(tmp_path / "ref.json", "torch", {"1": [5, 6, 9, 8], "2": [1, 2, 3], "3": [4]})
+    code, out, err = run_main(["compare", str(a), str(b), "--json"], capsys)
+    assert code == EXIT_DIVERGED == 7
+    data = json.loads(out)  # the report is printed in full before the exit code
+    r1, r2, r3 = data["requests"]
+    assert r1["first_divergence"] == {"index": 2, "a": 7, "b": 9} and r1["agreement_pct"] == 75.0
+    assert r1["text_a"] == "text 1" and r2["identical"] is True
+    assert r3 == {"id": "3", "missing_in": "a", "identical": False}
+    s = data["summary"]
+    assert (s["identical_requests"], s["diverged_requests"], s["missing_requests"]) == (1, 1, 1)
+    assert s["tokens_compared"] == 7 and s["agreement_pct"] == round(100 * 6 / 7, 2)
+    code, out, _ = run_main(["compare", str(a), str(b)], capsys)
+    assert code == 7 and "index 2" in out and "A 7 / B 9" in out and "missing in A" in out and "diverged" in out
+
+
+def test_notes_for_sampled_runs(tmp_path):
+    a = _run(tmp_path / "a.json", "rbln", {"1": [1]}, do_sample=True)
+    b = _run(tmp_path / "b.json", "torch", {"1": [1]})
+    assert any("sampled" in n for n in compare_runs(a, b)["notes"])
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "does not exist"),
+        ("{not json", "not valid JSON"),
+        ('{"backend": "torch"}', "no 'requests' list"),
+        ('{"requests": [{"id": "1"}]}', "requests[0] has no 'id' or no 'token_ids' list"),
+        ('{"requests": [{"id": "1", "token_ids": ["a"]}]}', "something other than integers"),
+        ('{"requests": [{"id": 1, "token_ids": []}, {"id": "1", "token_ids": []}]}', "appears twice"),
+    ],
+)
+def test_bad_files_exit_2(tmp_path, capsys, content, message):
+    good = _run(tmp_path / "good.json", "torch", {"1": [1]})
+    bad = tmp_path / "bad.json"
+    if content is not None:
+        bad.write_text(content)
+    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_infer_json(bad)
+    code, out, err = run_main(["compare", str(good), str(bad)], capsys)
+    assert code == 2 and out == "" and err.startswith("qvl: error: ") and message in err
+    assert err.count("\n") == 1
