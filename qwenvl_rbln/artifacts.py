@@ -79,6 +79,18 @@ def sha256_file(path: Path, chunk: int = CHUNK) -> str:
     return h.hexdigest()
 
 
+def unsafe_relpath(rel: Any) -> bool:
+    """True unless ``rel`` is a plain relative path inside a directory: no absolute path, no '..', no '~'.
+
+    Names read from an artifact's own files (manifest entries, graph names, shard names) go through this
+    before qvl stats, hashes or opens anything, so a hostile manifest cannot point qvl outside the artifact.
+    """
+    if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel or rel.startswith("~"):
+        return True
+    parts = rel.split("/")
+    return rel.startswith("/") or any(part in ("", ".", "..") for part in parts)
+
+
 def _is_hidden(rel: str) -> bool:
     return any(part.startswith(".") for part in Path(rel).parts)
 
@@ -87,7 +99,17 @@ def list_files(root: Path, *, exclude: tuple[str, ...] = ()) -> list[str]:
     """Regular files under ``root`` (symlinks followed), as sorted POSIX relative paths; hidden ones skipped."""
     root = Path(root)
     found: list[str] = []
+    walked: set[tuple[int, int]] = set()  # each real directory once: symlink loops (a -> ., b -> .) end here
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        try:
+            st = os.stat(dirpath)
+        except OSError:
+            dirnames[:] = []
+            continue
+        if (st.st_dev, st.st_ino) in walked:
+            dirnames[:] = []
+            continue
+        walked.add((st.st_dev, st.st_ino))
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in filenames:
             if name.startswith("."):
@@ -251,16 +273,26 @@ def verify_manifest(artifact_dir: Path, manifest: dict[str, Any]) -> dict[str, A
     """Compare the files on disk with the manifest: modified (size or sha256), missing, extra."""
     artifact_dir = Path(artifact_dir)
     listed: dict[str, Any] = manifest.get("files") or {}
+    if not isinstance(listed, dict):
+        listed = {}
+    unsafe = sorted(str(rel) for rel in listed if unsafe_relpath(rel))  # refused: never stat'ed, read or hashed
+    listed = {rel: want for rel, want in listed.items() if not unsafe_relpath(rel)}
     present = set(list_files(artifact_dir, exclude=(MANIFEST_NAME,)))
     missing = sorted(set(listed) - present)
     extra = sorted(present - set(listed))
     modified = []
     for rel in sorted(set(listed) & present):
-        want = listed[rel]
+        want = listed[rel] if isinstance(listed[rel], dict) else {}
         path = artifact_dir / rel
         if path.stat().st_size != want.get("size") or sha256_file(path) != want.get("sha256"):
             modified.append(rel)
-    return {"ok": not (missing or extra or modified), "modified": modified, "missing": missing, "extra": extra}
+    return {
+        "ok": not (missing or extra or modified or unsafe),
+        "modified": modified,
+        "missing": missing,
+        "extra": extra,
+        "unsafe": unsafe,
+    }
 
 
 # ------------------------------------------------------------------------------------- atomic directory
@@ -471,7 +503,7 @@ def cache_lookup(cache_dir: Path, key: str) -> tuple[Path | None, str]:
         return None, "entry had no readable manifest; removed"
     check = verify_manifest(entry, manifest)
     if not check["ok"]:
-        bad = (check["modified"] + check["missing"] + check["extra"])[:3]
+        bad = (check["unsafe"] + check["modified"] + check["missing"] + check["extra"])[:3]
         aside = entry.parent / f".{key}.qvl-old-{os.getpid()}-{secrets.token_hex(4)}"
         with contextlib.suppress(OSError):
             os.rename(entry, aside)
@@ -560,8 +592,8 @@ def compile_target(cfg: dict[str, Any], manifest: dict[str, Any] | None = None) 
 
     def one(section: dict[str, Any]) -> tuple[str | None, int | None, list[str]]:
         cfgs = _compile_cfgs(section)
-        npus = sorted({c.get("npu") for c in cfgs if c.get("npu")})
-        nds = sorted({int(c.get("num_devices")) for c in cfgs if c.get("num_devices") is not None})
+        npus = sorted({c.get("npu") for c in cfgs if isinstance(c.get("npu"), str) and c.get("npu")})
+        nds = sorted({c["num_devices"] for c in cfgs if type(c.get("num_devices")) is int and c["num_devices"] > 0})
         problems = []
         if len(npus) > 1:
             problems.append(f"graphs were compiled for different NPUs {npus}")
@@ -609,6 +641,12 @@ def _need(cfg: dict[str, Any], key: str, source: str, kind: type | tuple[type, .
     return value
 
 
+def _positive_or_none(cfg: dict[str, Any], key: str, source: str) -> None:
+    value = cfg.get(key)
+    if value is not None and (type(value) is not int or value < 1):
+        raise InputError(f"{source}: {key}={value!r} is not a positive integer", "recompile the artifact")
+
+
 def resolved_from_rbln_config(cfg: dict[str, Any], *, source: str = RBLN_CONFIG_NAME) -> Any:
     """Rebuild plan.ResolvedLM from a compiled rbln_config.json, so the memory planner runs without a preset."""
     from qwenvl_rbln.plan import ResolvedLM
@@ -622,19 +660,25 @@ def resolved_from_rbln_config(cfg: dict[str, Any], *, source: str = RBLN_CONFIG_
     attn = cfg.get("attn_impl") or ("flash_attn" if partition else "eager")
     if attn not in ("eager", "flash_attn"):
         raise InputError(f"{source}: attn_impl={attn!r} is not eager or flash_attn", "recompile the artifact")
+    for key in ("max_seq_len", "kvcache_partition_len", "kvcache_block_size", "prefill_chunk_size"):
+        _positive_or_none(cfg, key, source)
+    if attn == "flash_attn" and not partition:
+        raise InputError(f"{source}: attn_impl=flash_attn without kvcache_partition_len", "recompile the artifact")
     block = cfg.get("kvcache_block_size") or (partition if attn == "flash_attn" else max_seq_len)
     npu = target["npu"] or ""
     chunk = cfg.get("prefill_chunk_size") or (512 if npu.startswith("RBLN-CR") else 128)
     num_blocks = cfg.get("kvcache_num_blocks") or 0
+    if type(num_blocks) is not int or num_blocks < 0:
+        raise InputError(f"{source}: kvcache_num_blocks={num_blocks!r} is not a count", "recompile the artifact")
     dbs = cfg.get("decoder_batch_sizes") or [batch]
-    if not isinstance(dbs, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in dbs):
+    if not isinstance(dbs, list) or not all(type(b) is int and b > 0 for b in dbs):
         raise InputError(f"{source}: decoder_batch_sizes={dbs!r} is not a list of integers", "recompile the artifact")
     visual = cfg.get("visual")
     if not isinstance(visual, dict):
         raise InputError(f"{source}: no 'visual' section", "recompile the artifact with optimum-rbln 0.12.0")
     buckets = visual.get("max_seq_len")
     buckets = [buckets] if isinstance(buckets, int) and not isinstance(buckets, bool) else buckets
-    if not isinstance(buckets, list) or not buckets or not all(isinstance(b, int) for b in buckets):
+    if not isinstance(buckets, list) or not buckets or not all(type(b) is int and b > 0 for b in buckets):
         raise InputError(f"{source}: visual.max_seq_len={buckets!r} is not a list of integers", "recompile")
     num_full = (max_seq_len // block) * batch
     num_min = min(max(max_seq_len // block, batch) + 1, num_full) if attn == "flash_attn" else batch
@@ -681,14 +725,24 @@ def placement_from_artifact(cfg: dict[str, Any], manifest: dict[str, Any] | None
     }
 
 
+def unsafe_graph_names(cfg: dict[str, Any]) -> list[str]:
+    """compiled_model_name values that are not plain file names (they would point outside the artifact)."""
+    visual = cfg.get("visual") if isinstance(cfg.get("visual"), dict) else {}
+    names = [c.get("compiled_model_name") for c in [*_compile_cfgs(cfg), *_compile_cfgs(visual)]]
+    return [str(n) for n in names if n and (not isinstance(n, str) or unsafe_relpath(n) or "/" in n)]
+
+
 def graph_files(cfg: dict[str, Any]) -> dict[str, dict[str, str]]:
-    """Compiled graph -> {"file": relative path, "submodule": "lm"|"visual"}, as optimum-rbln loads them."""
+    """Compiled graph -> {"file": relative path, "submodule": "lm"|"visual"}, as optimum-rbln loads them.
+
+    Graph names that are not plain file names are left out (``check_layout`` reports them)."""
+    bad = set(unsafe_graph_names(cfg))
     names = [c.get("compiled_model_name") for c in _compile_cfgs(cfg) if c.get("compiled_model_name")]
-    names = names or expected_graph_names(cfg)
+    names = [n for n in names if str(n) not in bad] or [n for n in expected_graph_names(cfg) if str(n) not in bad]
     out = {name: {"file": f"{name}.rbln", "submodule": "lm"} for name in names}
     visual = cfg.get("visual") if isinstance(cfg.get("visual"), dict) else {}
     vnames = [c.get("compiled_model_name") for c in _compile_cfgs(visual) if c.get("compiled_model_name")]
-    for name in vnames or ["compiled_model"]:
+    for name in [n for n in vnames if str(n) not in bad] or ["compiled_model"]:
         out[f"visual/{name}"] = {"file": f"visual/{name}.rbln", "submodule": "visual"}
     return out
 
@@ -702,10 +756,13 @@ def _torch_weight_files(root: Path) -> tuple[list[str], list[str]]:
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (root / index).is_file():
             try:
-                weight_map = json.loads((root / index).read_text(encoding="utf-8")).get("weight_map") or {}
-            except (OSError, ValueError):
-                return [f"{index} (unreadable)"], []
-            shards = sorted(set(weight_map.values()))
+                data = json.loads((root / index).read_text(encoding="utf-8"))
+                weight_map = (data.get("weight_map") if isinstance(data, dict) else None) or {}
+                shards = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else None
+            except (OSError, ValueError, TypeError):
+                shards = None
+            if shards is None or not all(isinstance(x, str) and not unsafe_relpath(x) for x in shards):
+                return [f"{index} (unreadable, or a shard path outside the artifact)"], []
             return [s for s in shards if not (root / s).is_file()], [index, *shards]
     for single in ("model.safetensors", "pytorch_model.bin"):
         if (root / single).is_file():
@@ -753,6 +810,8 @@ def check_layout(artifact_dir: Path, kind: str, cfg: dict[str, Any], manifest: d
             )
         if not isinstance(cfg.get("visual"), dict):
             problems.append("rbln_config.json has no 'visual' section (optimum-rbln: Submodule visual not found)")
+        for name in unsafe_graph_names(cfg)[:4]:
+            problems.append(f"rbln_config.json names the graph {name!r}, a path outside the artifact (refused)")
         graphs = graph_files(cfg)
         for info in graphs.values():
             need(info["file"])
@@ -796,6 +855,8 @@ def check_layout(artifact_dir: Path, kind: str, cfg: dict[str, Any], manifest: d
         verdict = verify_manifest(root, manifest)
         modified = verdict["modified"]
         manifest_check = {"present": True, **verdict}
+        for rel in verdict["unsafe"][:4]:
+            problems.append(f"{MANIFEST_NAME} lists {rel!r}, a path outside the artifact (refused, never read)")
         # files listed in the manifest that are gone are reported as missing too
         for rel in verdict["missing"]:
             if rel not in missing:

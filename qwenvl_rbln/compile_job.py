@@ -18,6 +18,7 @@ Progress lines (stage, elapsed time) go to stderr through ``render.info``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import signal
 import threading
 import time
@@ -27,7 +28,7 @@ from typing import Any
 
 from qwenvl_rbln import artifacts, render
 from qwenvl_rbln.backends import Progress, backend_module, fmt_elapsed, resolve_source
-from qwenvl_rbln.errors import EXIT_INTERRUPTED, DoesNotFit, QvlError
+from qwenvl_rbln.errors import EXIT_INTERRUPTED, BackendError, DoesNotFit, InputError, QvlError
 
 
 class CompileInterrupted(QvlError):
@@ -132,6 +133,51 @@ def run_compile(
             f"compile interrupted; nothing half-written was left behind ({state}: {target})",
             "run the same command again to compile",
         ) from None
+    except OSError as exc:  # the disk, not qvl: a full disk, a read-only or unwritable output path
+        raise write_error(exc, target) from None
+
+
+# errno values that mean "this output path cannot be written" (a bad -o) rather than "writing failed half-way"
+_UNWRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.ENAMETOOLONG}
+
+
+def _is_output_path(path: Path, target: Path) -> bool:
+    """The output directory, a directory above it (created with parents), or one of its .NAME.qvl-* siblings."""
+    path = path.absolute()
+    if target.is_relative_to(path):
+        return True
+    try:
+        rel = path.relative_to(target.parent)
+    except ValueError:
+        return False
+    first = rel.parts[0] if rel.parts else ""
+    return first == target.name or first.startswith(f".{target.name}.qvl-")
+
+
+def write_error(exc: OSError, target: Path) -> QvlError:
+    """One line for an OSError raised while writing an artifact: what failed, on which path, and that the
+    existing artifact (if any) was left as it was. Unwritable paths are bad input (exit 2); a full disk or an
+    I/O error is a failed write (exit 5)."""
+    what = exc.strerror or type(exc).__name__
+    where = exc.filename or target
+    state = "the existing artifact is untouched" if target.is_dir() else "no output directory was created"
+    if exc.filename and not _is_output_path(Path(str(exc.filename)), target):  # reading the model, not writing
+        return InputError(
+            f"cannot read {exc.filename}: {what}; nothing was written ({state}: {target})",
+            "check that the model directory and its files are readable",
+        )
+    if exc.errno in _UNWRITABLE:
+        blocker = next((p for p in [target, *target.parents] if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            what, where = "a parent of the output path is a file, not a directory", blocker
+        return InputError(
+            f"cannot write the output directory {target}: {what} ({where}); nothing half-written was left ({state})",
+            "compile into a directory you can write with -o DIR",
+        )
+    return BackendError(
+        f"writing the artifact failed: {what} ({where}); nothing half-written was left ({state}: {target})",
+        "free space on that filesystem (or fix the device) and rerun, or compile elsewhere with -o DIR",
+    )
 
 
 def _run(

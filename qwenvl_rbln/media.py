@@ -85,8 +85,19 @@ def _check_file(path: Path, kind: str) -> None:
 
 # --- images -----------------------------------------------------------------------------------------
 
+_PNG_IEND = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+
+
 def _png_problem(f, size: int) -> str | None:
-    """Walk PNG chunk headers (seek only, no inflate) up to IEND."""
+    """Walk PNG chunk headers (seek only, no inflate) up to IEND.
+
+    A file that ends with the IEND chunk was not cut short (the common case: no walk). Chunk types must be
+    four ASCII letters, so a preallocated file (a header, then zeros) stops at its first zero chunk.
+    """
+    if size >= 8 + len(_PNG_IEND):
+        f.seek(size - len(_PNG_IEND))
+        if f.read(len(_PNG_IEND)) == _PNG_IEND:
+            return None
     pos = 8
     while True:
         f.seek(pos)
@@ -94,6 +105,8 @@ def _png_problem(f, size: int) -> str | None:
         if len(header) < 8:
             return "ends before its IEND chunk"
         length, ctype = struct.unpack(">I4s", header)
+        if not ctype.isalpha():
+            return f"has a damaged chunk header at byte {pos}"
         end = pos + 8 + length + 4
         if end > size:
             return f"chunk {ctype.decode('latin-1')!r} runs past the end of the file"
@@ -111,14 +124,17 @@ def _jpeg_problem(f, size: int) -> str | None:
     with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         pos = 2
         while pos < size:
-            if mm[pos] != 0xFF:  # junk between segments: PIL skips it too
-                pos += 1
+            if mm[pos] != 0xFF:  # junk between segments: PIL skips it too (find: C speed, not a byte loop)
+                pos = mm.find(b"\xff", pos)
+                if pos < 0:
+                    break
                 continue
             marker = mm[pos + 1] if pos + 1 < size else None
             if marker is None:
                 break
-            if marker == 0xFF:  # fill byte
-                pos += 1
+            if marker == 0xFF:  # fill bytes: skip the whole run at once
+                run = _FF_RUN.match(mm, pos)
+                pos = run.end() - 1 if run else pos + 1
                 continue
             if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # standalone markers
                 pos += 2
@@ -165,19 +181,61 @@ def _completeness_problem(path: Path, fmt: str) -> str | None:
         return check(f, size)
 
 
+_FF_RUN = re.compile(rb"\xff+")
+# Read calls Pillow may make while it looks for an image's size. Its format plugins skip junk and fill bytes
+# one read at a time, so a damaged or hostile file of N junk bytes costs N Python-level reads (24 MiB of
+# 0xFF after a JPEG marker: ~15 s). Real headers need well under a thousand (an ICC profile split over 255
+# APP2 segments is ~800), so this bounds the time without refusing real files.
+HEADER_READ_BUDGET = 20_000
+
+
+class _HeaderTooLong(Exception):
+    pass
+
+
+class _BudgetedFile:
+    """The file as Pillow sees it while opening: every read counts against ``HEADER_READ_BUDGET``."""
+
+    def __init__(self, raw, budget: int = HEADER_READ_BUDGET):
+        self._raw = raw
+        self._left = budget
+
+    def _spend(self) -> None:
+        self._left -= 1
+        if self._left < 0:
+            raise _HeaderTooLong
+
+    def read(self, n: int = -1) -> bytes:
+        self._spend()
+        return self._raw.read(n)
+
+    def readline(self, limit: int = -1) -> bytes:
+        self._spend()
+        return self._raw.readline(limit)
+
+    def __getattr__(self, name: str):
+        return getattr(self._raw, name)
+
+
+def _header_too_long(path: Path) -> InputError:
+    return InputError(f"{path}: damaged image header (no image size within {HEADER_READ_BUDGET} header reads: "
+                      "junk or fill bytes where the header should be)", "re-export or re-download the image")
+
+
 def _declared_size(path: Path) -> tuple[int, int] | None:
     """The size a bomb-sized image declares, read by PIL's own format plugins (no bomb check there)."""
     from PIL import Image
 
     Image.init()
     try:
-        with path.open("rb") as fp:
-            prefix = fp.read(16)
+        with path.open("rb") as raw:
+            fp = _BudgetedFile(raw)
+            prefix = raw.read(16)
             for fmt_id in Image.ID:
                 factory, accept = Image.OPEN[fmt_id]
                 if accept is not None and not accept(prefix):
                     continue
-                fp.seek(0)
+                raw.seek(0)
                 try:
                     im = factory(fp, str(path))
                 except Exception:
@@ -219,7 +277,7 @@ def probe_image(path: str | Path) -> ImageInfo:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(p) as img:
+            with p.open("rb") as raw, Image.open(_BudgetedFile(raw)) as img:
                 width, height = img.size
                 fmt = img.format or "unknown"
                 try:
@@ -229,6 +287,8 @@ def probe_image(path: str | Path) -> ImageInfo:
                     orientation = 1
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise _bomb_error(p, e) from e
+    except _HeaderTooLong as e:
+        raise _header_too_long(p) from e
     except UnidentifiedImageError as e:
         raise InputError(f"{p}: not a recognised image (Pillow cannot identify it)",
                          "pass a JPEG/PNG/WebP/BMP/GIF/TIFF image, or a video with a video extension") from e
@@ -263,7 +323,8 @@ def probe_video(path: str | Path) -> VideoInfo:
         raise DependencyMissing("PyAV (module 'av') is not installed; it is needed to read video metadata",
                                 "pip install av") from e
     try:
-        container = av.open(str(p), mode="r")
+        # absolute: ffmpeg reads a relative name such as "pipe:0" or "concat:a|b" as a protocol, not a file
+        container = av.open(str(p.absolute()), mode="r")
     except Exception as e:  # av.error.FFmpegError and friends; garbage fails fast here
         raise InputError(f"{p}: not a readable video ({_one_line(e)})",
                          "pass an mp4/webm/mkv/mov/avi video, or re-encode it with ffmpeg") from e

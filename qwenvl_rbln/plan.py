@@ -301,8 +301,20 @@ def plan_from_loaded(loaded: LoadedPreset, *, model: str | None = None, output_d
     processor = _processor(chk, data.get("processor") or {}, model_id, resolved, warnings)
 
     out = output_dir or data.get("output_dir") or f"qvl-out/{Path(loaded.name).stem}"
-    if not isinstance(out, str):
+    if not isinstance(out, str) or not out.strip() or "\x00" in out:
         chk.fail("output_dir", f"output_dir={out!r} must be a path", "e.g. output_dir: qvl-out/my-preset")
+    if not output_dir and data.get("output_dir") and loaded.source_of("output_dir") != "--set":
+        # A preset file is data someone else may have written: it may only name a directory below the working
+        # directory. Anywhere else is chosen on the command line (-o, or --set output_dir=...).
+        parts = Path(out).parts
+        if Path(out).is_absolute() or out.startswith("~") or ".." in parts:
+            chk.fail(
+                "output_dir",
+                f"output_dir={out!r} points outside the working directory; a preset file may only name a "
+                "relative directory below it",
+                f"choose that directory on the command line with -o {out} (or --set output_dir=...), "
+                "or write a relative path such as qvl-out/my-preset",
+            )
 
     return Plan(
         preset=loaded.name,

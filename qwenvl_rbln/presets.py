@@ -84,6 +84,59 @@ def resolve_ref(ref: str, relative_to: Path | None = None) -> Path:
     )
 
 
+# A preset is small, plain data. These bound what a hostile file can make qvl walk, copy or hash: YAML
+# aliases make a DAG whose expansion doubles per level (30 lines -> 2^30 values), and deep nesting
+# overflows the recursion of the YAML composer, json and deepcopy.
+MAX_DEPTH = 32
+MAX_VALUES = 100_000
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int over Python's 4300-digit conversion limit
+        text = f"<{value.bit_length()}-bit integer>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_plain_data(data: Any, origin: str) -> None:
+    """Presets and --set values are JSON-shaped: str keys; str/int/float/bool/null, lists and mappings.
+
+    Iterative (no recursion), and it stops at ``MAX_VALUES`` visited values or ``MAX_DEPTH`` levels, so an
+    alias bomb is refused after a bounded walk. YAML dates, sets and binary are refused with the key named.
+    """
+    stack: list[tuple[Any, int, str]] = [(data, 0, "")]
+    seen = 0
+    while stack:
+        node, depth, where = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise InputError(
+                f"{origin}: more than {MAX_VALUES} values (YAML aliases that expand exponentially?)",
+                "a preset is a few dozen keys: write the values out instead of nesting aliases",
+            )
+        if depth > MAX_DEPTH:
+            raise InputError(
+                f"{origin}: {where or 'the value'} is nested more than {MAX_DEPTH} levels deep",
+                "flatten it: no optimum-rbln option nests that deep",
+            )
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if not isinstance(key, str):
+                    inside = f" in {where}" if where else ""
+                    raise InputError(f"{origin}: key {_short(key)}{inside} is not a string", "quote the key")
+                stack.append((value, depth + 1, f"{where}.{key}" if where else key))
+        elif isinstance(node, list):
+            stack.extend((value, depth + 1, f"{where}[{i}]") for i, value in enumerate(node))
+        elif isinstance(node, int) and node.bit_length() > 128:  # 0xfff... : Python cannot even print it
+            raise InputError(f"{origin}: {where or 'value'} is a {node.bit_length()}-bit integer", "use a real size")
+        elif node is not None and not isinstance(node, bool | int | float | str):
+            raise InputError(
+                f"{origin}: {where or 'value'}={_short(node)} is a YAML {type(node).__name__}, not a plain value",
+                "quote it to keep it as text (e.g. '2024-01-01'); presets hold strings, numbers, lists and mappings",
+            )
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """Safe loading only: a YAML tag such as !!python/object is an error, never executed."""
     import yaml
@@ -96,6 +149,11 @@ def read_yaml(path: Path) -> dict[str, Any]:
         data = yaml.safe_load(text)
     except yaml.constructor.ConstructorError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else "?"
+        if "unhashable" in str(exc.problem):
+            raise InputError(
+                f"{path} line {line}: a mapping key is itself a list or a mapping ({exc.problem})",
+                "keys are plain words: write `key: value`",
+            ) from None
         raise InputError(
             f"{path} line {line}: YAML tag not allowed ({exc.problem})",
             "presets are plain YAML: remove the !!tag; qvl loads YAML safely and never builds objects from it",
@@ -109,7 +167,16 @@ def read_yaml(path: Path) -> dict[str, Any]:
             "fix the YAML at that line (indentation, a missing ':' or quote)",
         ) from None
     except yaml.YAMLError as exc:
-        raise InputError(f"{path}: YAML error: {exc}", "fix the YAML syntax") from None
+        raise InputError(f"{path}: YAML error: {' '.join(str(exc).split())}", "fix the YAML syntax") from None
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply to be a preset", "flatten the YAML") from None
+    except Exception as exc:  # noqa: BLE001 - PyYAML's constructors raise plain ValueError, IndexError, ...
+        # for a date such as 2024-13-45, a 5000-digit number, an empty !!float or !!timestamp
+        raise InputError(
+            f"{path}: a value cannot be read ({type(exc).__name__}: {_short(str(exc), 120)[1:-1]})",
+            "quote dates and very long numbers to keep them as text, or fix the value",
+        ) from None
+    check_plain_data(data, str(path))
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -146,13 +213,20 @@ def parse_set_value(raw: str) -> Any:
     """JSON first (numbers, lists, objects, true/false/null), then yes/no words, else the text."""
     text = raw.strip()
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError:
         if text[:1] in "[{\"":
             raise InputError(
-                f"--set value {raw!r} looks like JSON but does not parse",
+                f"--set value {_short(raw)} looks like JSON but does not parse",
                 "write lists as JSON, e.g. --set visual.max_seq_len=[1024,16384]",
             ) from None
+    except RecursionError:
+        raise InputError(f"--set value {_short(raw)} is nested too deeply", "flatten the value") from None
+    except ValueError as exc:  # an integer over Python's 4300-digit conversion limit
+        raise InputError(f"--set value {_short(raw)} cannot be read ({exc})", "use a smaller number") from None
+    else:
+        check_plain_data(value, "--set value")
+        return value
     lowered = text.lower()
     if lowered in ("true", "yes", "on"):
         return True
@@ -167,7 +241,7 @@ def set_route(key: str) -> list[str]:
     """Dotted key to path: top-level preset keys stay, anything else goes under rbln_config."""
     parts = key.split(".")
     if any(not p.strip() or p != p.strip() for p in parts):
-        raise InputError(f"--set key {key!r} has an empty or padded segment", "write it as dotted.key=value")
+        raise InputError(f"--set key {_short(key)} has an empty or padded segment", "write it as dotted.key=value")
     if parts[0] in TOP_KEYS:
         return parts
     return ["rbln_config", *parts]
@@ -176,13 +250,13 @@ def set_route(key: str) -> list[str]:
 def parse_set(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
         raise InputError(
-            f"malformed --set {item!r}: expected KEY=VALUE",
+            f"malformed --set {_short(item)}: expected KEY=VALUE",
             "e.g. --set max_seq_len=32768 or --set visual.max_seq_len=[1024,16384]",
         )
     key, raw = item.split("=", 1)
     key = key.strip()
     if not key:
-        raise InputError(f"malformed --set {item!r}: the key is empty", "e.g. --set batch_size=4")
+        raise InputError(f"malformed --set {_short(item)}: the key is empty", "e.g. --set batch_size=4")
     return set_route(key), parse_set_value(raw)
 
 
@@ -237,7 +311,11 @@ def _load_chain(path: Path, stack: list[Path]) -> tuple[dict[str, Any], dict[str
     if parent is not None:
         if not isinstance(parent, str) or not parent.strip():
             raise InputError(f"{display}: extends must be a preset name or path, got {parent!r}", "e.g. extends: rebel100-1npu")
-        base, sources, chain = _load_chain(resolve_ref(parent, relative_to=path.parent), [*stack, path])
+        try:
+            parent_path = resolve_ref(parent, relative_to=path.parent)
+        except InputError as exc:  # say which file's extends: points nowhere
+            raise InputError(f"{display}: extends: {exc.message}", exc.hint) from None
+        base, sources, chain = _load_chain(parent_path, [*stack, path])
     check_keys(data, display)
     for leaf in leaf_paths(data):
         sources[leaf] = display

@@ -325,6 +325,15 @@ def optimize_section(
 
         raise InputError("--optimize has nothing to optimise: every input failed", "fix the inputs listed above")
     res = optimize_buckets(counts, k, cost, max_bucket=max_bucket)
+    if not res.buckets:  # every input is above --max-bucket
+        from qwenvl_rbln.errors import InputError
+
+        need = -(-min(counts) // 4) * 4
+        raise InputError(
+            f"--max-bucket {max_bucket} is below every input: the smallest needs {need} patches "
+            f"({res.uncovered_calls} ViT calls would have no bucket)",
+            f"raise --max-bucket to at least {need}, or drop it",
+        )
     top = res.buckets[-1]
     covered = counts if res.uncovered_calls == 0 else {p: n for p, n in counts.items() if -(-p // 4) * 4 <= top}
     base = baselines(covered, cost, current=plan.vit_buckets, top=top)

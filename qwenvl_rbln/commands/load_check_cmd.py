@@ -282,8 +282,10 @@ def run_load_check(
     kind, cfg = artifacts.read_artifact_config(root)
     manifest = artifacts.read_manifest(root)
     if manifest is not None:
-        n = len(manifest.get("files") or {})
-        total = sum(int(f.get("size") or 0) for f in (manifest.get("files") or {}).values())
+        entries = list((manifest.get("files") or {}).values())
+        n = len(entries)
+        # a hostile or damaged manifest may hold anything here; verify_manifest reports it, this only counts
+        total = sum(f["size"] for f in entries if isinstance(f, dict) and type(f.get("size")) is int)
         render.info(
             f"qvl load-check: verifying {n} files ({render.fmt_bytes(total)}) against {artifacts.MANIFEST_NAME}"
         )
