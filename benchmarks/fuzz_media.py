@@ -67,8 +67,9 @@ def _image_bytes(fmt: str, size: tuple[int, int] = (96, 64), **kw) -> bytes:
     return buf.getvalue()
 
 
-def _video_bytes(ext: str, codec: str, *, faststart: bool = False, size: tuple[int, int] = (64, 48),
-                 frames: int = 12) -> bytes:
+def _video_bytes(
+    ext: str, codec: str, *, faststart: bool = False, size: tuple[int, int] = (64, 48), frames: int = 12
+) -> bytes:
     import av
     import numpy as np
 
@@ -345,8 +346,13 @@ def _worker_main(memory_mb: int, timeout_s: float, selftest: bool) -> None:
             result = {"status": "timeout", "detail": f"no answer within {timeout_s}s"}
         except InputError as exc:
             text = exc.one_line()
-            result = {"status": INPUT_ERROR, "detail": text, "hint": bool(exc.hint), "newline": "\n" in text,
-                      "enomem": "allocate memory" in text or "MemoryError" in text}
+            result = {
+                "status": INPUT_ERROR,
+                "detail": text,
+                "hint": bool(exc.hint),
+                "newline": "\n" in text,
+                "enomem": "allocate memory" in text or "MemoryError" in text,
+            }
         except MemoryError:
             result = {"status": "memory", "detail": "MemoryError"}
         except BaseException as exc:  # noqa: BLE001 - anything else is exactly what the fuzzer looks for
@@ -366,8 +372,9 @@ class Prober:
     "video" or None (by extension, as qvl does).
     """
 
-    def __init__(self, memory_mb: int = 512, timeout_s: float = 2.0, *, selftest: bool = False,
-                 watchdog_s: float | None = None):
+    def __init__(
+        self, memory_mb: int = 512, timeout_s: float = 2.0, *, selftest: bool = False, watchdog_s: float | None = None
+    ):
         self.memory_mb = memory_mb
         self.timeout_s = timeout_s
         self.selftest = selftest
@@ -377,13 +384,21 @@ class Prober:
         self.restarts = 0
 
     def _start(self) -> None:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--memory-mb", str(self.memory_mb),
-               "--timeout", str(self.timeout_s)]
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            "--memory-mb",
+            str(self.memory_mb),
+            "--timeout",
+            str(self.timeout_s),
+        ]
         if self.selftest:
             cmd.append("--selftest")
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True, bufsize=1, env=env)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1, env=env
+        )
 
     def _kill(self) -> None:
         if self.proc is not None:
@@ -417,8 +432,12 @@ class Prober:
             self.restarts += 1
             status = "hang" if rc is None else "died"
             seconds = round(time.perf_counter() - t0, 3)
-            return {"status": status, "detail": f"worker {'killed after' if rc is None else f'exited {rc} in'} "
-                    f"{seconds}s", "seconds": seconds, "maxrss_mb": 0.0}
+            return {
+                "status": status,
+                "detail": f"worker {'killed after' if rc is None else f'exited {rc} in'} {seconds}s",
+                "seconds": seconds,
+                "maxrss_mb": 0.0,
+            }
         result = json.loads(line)
         self.max_rss_mb = max(self.max_rss_mb, result.get("maxrss_mb", 0.0))
         if result.pop("enomem", False) and self.memory_mb > 0:
@@ -431,9 +450,12 @@ class Prober:
         with Prober(self.memory_mb * 8, self.timeout_s, selftest=self.selftest, watchdog_s=self.watchdog_s) as roomy:
             again = roomy.probe(path, kind)
         if again["status"] == OK or again.get("maxrss_mb", 0.0) > self.memory_mb:
-            return {**result, "status": "memory",
-                    "detail": f"needs more than {self.memory_mb} MiB (peak {again.get('maxrss_mb')} MiB with 8x the "
-                              f"room): {result['detail']}"}
+            return {
+                **result,
+                "status": "memory",
+                "detail": f"needs more than {self.memory_mb} MiB (peak {again.get('maxrss_mb')} MiB with 8x the "
+                f"room): {result['detail']}",
+            }
         result["detail"] += f" [ENOMEM without allocating: peak {again.get('maxrss_mb')} MiB]"
         return result
 

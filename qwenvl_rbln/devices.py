@@ -60,11 +60,20 @@ def npu_spec(name: str) -> NpuSpec:
 
 
 _UNITS = {
-    "": 1, "b": 1,
-    "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
-    "m": MiB, "mb": MiB, "mib": MiB,
-    "g": GiB, "gb": GiB, "gib": GiB,
-    "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40,
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": MiB,
+    "mb": MiB,
+    "mib": MiB,
+    "g": GiB,
+    "gb": GiB,
+    "gib": GiB,
+    "t": 1 << 40,
+    "tb": 1 << 40,
+    "tib": 1 << 40,
 }
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 

@@ -37,8 +37,7 @@ class QvlError(Exception):
         return " ".join(text.split())  # one line, always
 
     def to_dict(self) -> dict:
-        return {"error": self.message, "hint": self.hint, "exit_code": self.exit_code,
-                "kind": type(self).__name__}
+        return {"error": self.message, "hint": self.hint, "exit_code": self.exit_code, "kind": type(self).__name__}
 
 
 class InputError(QvlError):

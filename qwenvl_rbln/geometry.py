@@ -41,8 +41,10 @@ ASSUMED_VIDEO_FPS = 24
 
 def _check_positive(height: float, width: float) -> None:
     if height <= 0 or width <= 0:
-        raise InputError(f"size {width}x{height} (WxH) has a zero or negative side",
-                         "pass an image/video with positive width and height")
+        raise InputError(
+            f"size {width}x{height} (WxH) has a zero or negative side",
+            "pass an image/video with positive width and height",
+        )
 
 
 def _check_aspect(height: float, width: float) -> None:
@@ -50,13 +52,18 @@ def _check_aspect(height: float, width: float) -> None:
     ratio = max(height, width) / min(height, width)
     if ratio > MAX_ASPECT_RATIO:
         raise InputError(
-            f"size {width}x{height} (WxH) has aspect ratio {ratio:.1f}, over Qwen3-VL's limit of "
-            f"{MAX_ASPECT_RATIO}",
-            f"crop or pad it so the long side is at most {MAX_ASPECT_RATIO}x the short side")
+            f"size {width}x{height} (WxH) has aspect ratio {ratio:.1f}, over Qwen3-VL's limit of {MAX_ASPECT_RATIO}",
+            f"crop or pad it so the long side is at most {MAX_ASPECT_RATIO}x the short side",
+        )
 
 
-def smart_resize(height: int, width: int, factor: int = FACTOR, min_pixels: int = IMAGE_MIN_PIXELS,
-                 max_pixels: int = IMAGE_MAX_PIXELS) -> tuple[int, int]:
+def smart_resize(
+    height: int,
+    width: int,
+    factor: int = FACTOR,
+    min_pixels: int = IMAGE_MIN_PIXELS,
+    max_pixels: int = IMAGE_MAX_PIXELS,
+) -> tuple[int, int]:
     """Return ``(resized_height, resized_width)`` exactly as transformers' image ``smart_resize``.
 
     Height first, like transformers. Both sides become multiples of ``factor`` and the area lands
@@ -94,25 +101,43 @@ class ImageGeometry:
         return asdict(self)
 
 
-def image_geometry(width: int, height: int, *, min_pixels: int = IMAGE_MIN_PIXELS,
-                   max_pixels: int = IMAGE_MAX_PIXELS, patch_size: int = PATCH_SIZE,
-                   merge_size: int = MERGE_SIZE) -> ImageGeometry:
+def image_geometry(
+    width: int,
+    height: int,
+    *,
+    min_pixels: int = IMAGE_MIN_PIXELS,
+    max_pixels: int = IMAGE_MAX_PIXELS,
+    patch_size: int = PATCH_SIZE,
+    merge_size: int = MERGE_SIZE,
+) -> ImageGeometry:
     """Geometry of one image of ``width`` x ``height`` (width first; after EXIF transpose).
 
     Matches ``image_grid_thw == [1, grid_h, grid_w]`` from the Qwen2-VL image processor.
     """
-    rh, rw = smart_resize(height, width, factor=patch_size * merge_size,
-                          min_pixels=min_pixels, max_pixels=max_pixels)
+    rh, rw = smart_resize(height, width, factor=patch_size * merge_size, min_pixels=min_pixels, max_pixels=max_pixels)
     grid_h, grid_w = rh // patch_size, rw // patch_size
     patches = grid_h * grid_w
-    return ImageGeometry(width=width, height=height, resized_width=rw, resized_height=rh,
-                         grid_h=grid_h, grid_w=grid_w, patches=patches,
-                         lm_tokens=patches // merge_size**2)
+    return ImageGeometry(
+        width=width,
+        height=height,
+        resized_width=rw,
+        resized_height=rh,
+        grid_h=grid_h,
+        grid_w=grid_w,
+        patches=patches,
+        lm_tokens=patches // merge_size**2,
+    )
 
 
-def sample_frame_count(total_frames: int, video_fps: float | None, *, fps: float | None = VIDEO_FPS,
-                       num_frames: int | None = None, min_frames: int = VIDEO_MIN_FRAMES,
-                       max_frames: int = VIDEO_MAX_FRAMES) -> int:
+def sample_frame_count(
+    total_frames: int,
+    video_fps: float | None,
+    *,
+    fps: float | None = VIDEO_FPS,
+    num_frames: int | None = None,
+    min_frames: int = VIDEO_MIN_FRAMES,
+    max_frames: int = VIDEO_MAX_FRAMES,
+) -> int:
     """Number of frames ``Qwen3VLVideoProcessor.sample_frames`` picks (``len(indices)``).
 
     With ``fps`` (the default path): ``int(total / video_fps * fps)`` clamped to
@@ -123,8 +148,10 @@ def sample_frame_count(total_frames: int, video_fps: float | None, *, fps: float
     ``min(max(total, min_frames), max_frames)`` -- not capped at ``total``, frames repeat.
     """
     if fps is not None and num_frames is not None:
-        raise InputError(f"both fps={fps} and num_frames={num_frames} were given for video sampling",
-                         "pass only one of fps or num_frames")
+        raise InputError(
+            f"both fps={fps} and num_frames={num_frames} were given for video sampling",
+            "pass only one of fps or num_frames",
+        )
     if num_frames is None and fps is not None:
         if not video_fps:
             video_fps = ASSUMED_VIDEO_FPS
@@ -135,10 +162,16 @@ def sample_frame_count(total_frames: int, video_fps: float | None, *, fps: float
     return num_frames
 
 
-def video_smart_resize(num_frames: int, height: int, width: int, *,
-                       temporal_factor: int = TEMPORAL_PATCH_SIZE, factor: int = FACTOR,
-                       min_pixels: int = VIDEO_MIN_PIXELS,
-                       max_pixels: int = VIDEO_MAX_PIXELS) -> tuple[int, int]:
+def video_smart_resize(
+    num_frames: int,
+    height: int,
+    width: int,
+    *,
+    temporal_factor: int = TEMPORAL_PATCH_SIZE,
+    factor: int = FACTOR,
+    min_pixels: int = VIDEO_MIN_PIXELS,
+    max_pixels: int = VIDEO_MAX_PIXELS,
+) -> tuple[int, int]:
     """Return ``(resized_height, resized_width)`` exactly as the Qwen3-VL video ``smart_resize``.
 
     Differs from the image one: sides below ``factor`` are first scaled up (``int()`` truncation),
@@ -148,7 +181,8 @@ def video_smart_resize(num_frames: int, height: int, width: int, *,
     if num_frames < temporal_factor:
         raise InputError(
             f"video gives {num_frames} sampled frame(s); Qwen3-VL needs at least {temporal_factor}",
-            f"use a video with at least {temporal_factor} frames, or pass a single frame as an image")
+            f"use a video with at least {temporal_factor} frames, or pass a single frame as an image",
+        )
     _check_positive(height, width)
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)
@@ -195,12 +229,21 @@ class VideoGeometry:
         return d
 
 
-def video_geometry(width: int, height: int, total_frames: int, video_fps: float | None, *,
-                   fps: float | None = VIDEO_FPS, min_frames: int = VIDEO_MIN_FRAMES,
-                   max_frames: int = VIDEO_MAX_FRAMES, min_pixels: int = VIDEO_MIN_PIXELS,
-                   max_pixels: int = VIDEO_MAX_PIXELS, patch_size: int = PATCH_SIZE,
-                   merge_size: int = MERGE_SIZE,
-                   temporal_patch_size: int = TEMPORAL_PATCH_SIZE) -> VideoGeometry:
+def video_geometry(
+    width: int,
+    height: int,
+    total_frames: int,
+    video_fps: float | None,
+    *,
+    fps: float | None = VIDEO_FPS,
+    min_frames: int = VIDEO_MIN_FRAMES,
+    max_frames: int = VIDEO_MAX_FRAMES,
+    min_pixels: int = VIDEO_MIN_PIXELS,
+    max_pixels: int = VIDEO_MAX_PIXELS,
+    patch_size: int = PATCH_SIZE,
+    merge_size: int = MERGE_SIZE,
+    temporal_patch_size: int = TEMPORAL_PATCH_SIZE,
+) -> VideoGeometry:
     """Geometry of one video; matches ``video_grid_thw`` of ``Qwen3VLVideoProcessor``.
 
     ``total_frames`` and ``video_fps`` are the container metadata (what transformers' decoders
@@ -213,21 +256,39 @@ def video_geometry(width: int, height: int, total_frames: int, video_fps: float 
         notes.append(f"video has no fps metadata; assumed {ASSUMED_VIDEO_FPS} fps as transformers does")
     if total_frames < 1:
         raise InputError(f"video reports {total_frames} frames", "check the file is a complete video")
-    sampled = sample_frame_count(total_frames, used_fps, fps=fps, min_frames=min_frames,
-                                 max_frames=max_frames)
-    rh, rw = video_smart_resize(sampled, height, width, temporal_factor=temporal_patch_size,
-                                factor=patch_size * merge_size, min_pixels=min_pixels, max_pixels=max_pixels)
+    sampled = sample_frame_count(total_frames, used_fps, fps=fps, min_frames=min_frames, max_frames=max_frames)
+    rh, rw = video_smart_resize(
+        sampled,
+        height,
+        width,
+        temporal_factor=temporal_patch_size,
+        factor=patch_size * merge_size,
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+    )
     padded = sampled + (-sampled % temporal_patch_size)
     if padded != sampled:
         notes.append(f"{sampled} sampled frames padded to {padded} by repeating the last frame")
     grid_t = padded // temporal_patch_size
     grid_h, grid_w = rh // patch_size, rw // patch_size
     patches = grid_h * grid_w
-    return VideoGeometry(width=width, height=height, total_frames=total_frames,
-                         video_fps=float(used_fps) if used_fps else 0.0, sampled_frames=sampled,
-                         padded_frames=padded, temporal_patches=grid_t, resized_width=rw, resized_height=rh,
-                         grid_h=grid_h, grid_w=grid_w, patches=patches, vit_calls=grid_t,
-                         lm_tokens=grid_t * patches // merge_size**2, notes=tuple(notes))
+    return VideoGeometry(
+        width=width,
+        height=height,
+        total_frames=total_frames,
+        video_fps=float(used_fps) if used_fps else 0.0,
+        sampled_frames=sampled,
+        padded_frames=padded,
+        temporal_patches=grid_t,
+        resized_width=rw,
+        resized_height=rh,
+        grid_h=grid_h,
+        grid_w=grid_w,
+        patches=patches,
+        vit_calls=grid_t,
+        lm_tokens=grid_t * patches // merge_size**2,
+        notes=tuple(notes),
+    )
 
 
 def max_pixels_for_bucket(bucket: int, patch_size: int = PATCH_SIZE) -> int:
@@ -239,8 +300,9 @@ def max_pixels_for_bucket(bucket: int, patch_size: int = PATCH_SIZE) -> int:
     return bucket * patch_size**2
 
 
-def video_max_pixels_for_bucket(bucket: int, frames: int, patch_size: int = PATCH_SIZE,
-                                temporal_patch_size: int = TEMPORAL_PATCH_SIZE) -> int:
+def video_max_pixels_for_bucket(
+    bucket: int, frames: int, patch_size: int = PATCH_SIZE, temporal_patch_size: int = TEMPORAL_PATCH_SIZE
+) -> int:
     """Largest video ``max_pixels`` keeping every ViT call within ``bucket`` for >= ``frames`` sampled frames.
 
     The video budget is over all frames: per-frame pixels are at most ``max_pixels / min(T, t_bar)``
@@ -249,7 +311,9 @@ def video_max_pixels_for_bucket(bucket: int, frames: int, patch_size: int = PATC
     videos sample fewer frames and then need a smaller budget).
     """
     if frames < temporal_patch_size:
-        raise InputError(f"frames={frames} is below the temporal patch size {temporal_patch_size}",
-                         f"pass frames >= {temporal_patch_size}")
+        raise InputError(
+            f"frames={frames} is below the temporal patch size {temporal_patch_size}",
+            f"pass frames >= {temporal_patch_size}",
+        )
     t_bar = round(frames / temporal_patch_size) * temporal_patch_size
     return bucket * patch_size**2 * min(frames, t_bar)

@@ -18,8 +18,7 @@ from pathlib import Path
 
 from qwenvl_rbln.errors import DependencyMissing, InputError
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".bmp", ".gif",
-                              ".tif", ".tiff"})
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 VIDEO_EXTENSIONS = frozenset({".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v"})
 
 _EXIF_ORIENTATION = 0x0112
@@ -71,9 +70,10 @@ def _check_file(path: Path, kind: str) -> None:
     if not path.exists():
         raise InputError(f"{path}: no such file", f"check the {kind} path")
     if path.is_dir():
-        raise InputError(f"{path} is a directory, not an {kind} file",
-                         f"pass the {kind} files inside it (directories are expanded only where qvl "
-                         "accepts a list of inputs)")
+        raise InputError(
+            f"{path} is a directory, not an {kind} file",
+            f"pass the {kind} files inside it (directories are expanded only where qvl accepts a list of inputs)",
+        )
     if not path.is_file():
         raise InputError(f"{path} is not a regular file", f"pass a regular {kind} file")
     try:
@@ -143,7 +143,7 @@ def _jpeg_problem(f, size: int) -> str | None:
                 return "ends before its image data"
             if pos + 4 > size:
                 break
-            seg_end = pos + 2 + struct.unpack(">H", mm[pos + 2:pos + 4])[0]
+            seg_end = pos + 2 + struct.unpack(">H", mm[pos + 2 : pos + 4])[0]
             if seg_end > size:
                 return f"segment 0xFF{marker:02X} runs past the end of the file"
             if marker == 0xDA:  # start of scan
@@ -164,8 +164,7 @@ def _webp_problem(f, size: int) -> str | None:
     return None
 
 
-_COMPLETENESS_CHECKS = {"PNG": _png_problem, "JPEG": _jpeg_problem, "MPO": _jpeg_problem,
-                        "WEBP": _webp_problem}
+_COMPLETENESS_CHECKS = {"PNG": _png_problem, "JPEG": _jpeg_problem, "MPO": _jpeg_problem, "WEBP": _webp_problem}
 
 
 def _completeness_problem(path: Path, fmt: str) -> str | None:
@@ -218,8 +217,11 @@ class _BudgetedFile:
 
 
 def _header_too_long(path: Path) -> InputError:
-    return InputError(f"{path}: damaged image header (no image size within {HEADER_READ_BUDGET} header reads: "
-                      "junk or fill bytes where the header should be)", "re-export or re-download the image")
+    return InputError(
+        f"{path}: damaged image header (no image size within {HEADER_READ_BUDGET} header reads: "
+        "junk or fill bytes where the header should be)",
+        "re-export or re-download the image",
+    )
 
 
 def _declared_size(path: Path) -> tuple[int, int] | None:
@@ -259,7 +261,8 @@ def _bomb_error(path: Path, exc: BaseException) -> InputError:
     return InputError(
         f"{path}: image is {what}, over Pillow's decompression-bomb limit of {limit} pixels",
         "if the file is trusted, raise PIL.Image.MAX_IMAGE_PIXELS (or set it to None) before loading, "
-        "or downscale the image")
+        "or downscale the image",
+    )
 
 
 def probe_image(path: str | Path) -> ImageInfo:
@@ -290,23 +293,24 @@ def probe_image(path: str | Path) -> ImageInfo:
     except _HeaderTooLong as e:
         raise _header_too_long(p) from e
     except UnidentifiedImageError as e:
-        raise InputError(f"{p}: not a recognised image (Pillow cannot identify it)",
-                         "pass a JPEG/PNG/WebP/BMP/GIF/TIFF image, or a video with a video extension") from e
+        raise InputError(
+            f"{p}: not a recognised image (Pillow cannot identify it)",
+            "pass a JPEG/PNG/WebP/BMP/GIF/TIFF image, or a video with a video extension",
+        ) from e
     except Exception as e:
-        raise InputError(f"{p}: damaged image header ({_one_line(e)})",
-                         "re-export or re-download the image") from e
+        raise InputError(f"{p}: damaged image header ({_one_line(e)})", "re-export or re-download the image") from e
     if orientation not in range(1, 9):
         orientation = 1
     problem = _completeness_problem(p, fmt)
     if problem:
-        raise InputError(f"{p}: {fmt} file {problem} (truncated or damaged)",
-                         "re-export or re-download the image")
+        raise InputError(f"{p}: {fmt} file {problem} (truncated or damaged)", "re-export or re-download the image")
     if orientation in _SWAPPING_ORIENTATIONS:
         width, height = height, width
     return ImageInfo(path=p, width=width, height=height, format=fmt, orientation=orientation)
 
 
 # --- videos -----------------------------------------------------------------------------------------
+
 
 def probe_video(path: str | Path) -> VideoInfo:
     """Read a video's first video stream metadata (size, frame count, fps, duration, codec).
@@ -320,14 +324,17 @@ def probe_video(path: str | Path) -> VideoInfo:
     try:
         import av
     except ImportError as e:
-        raise DependencyMissing("PyAV (module 'av') is not installed; it is needed to read video metadata",
-                                "pip install av") from e
+        raise DependencyMissing(
+            "PyAV (module 'av') is not installed; it is needed to read video metadata", "pip install av"
+        ) from e
     try:
         # absolute: ffmpeg reads a relative name such as "pipe:0" or "concat:a|b" as a protocol, not a file
         container = av.open(str(p.absolute()), mode="r")
     except Exception as e:  # av.error.FFmpegError and friends; garbage fails fast here
-        raise InputError(f"{p}: not a readable video ({_one_line(e)})",
-                         "pass an mp4/webm/mkv/mov/avi video, or re-encode it with ffmpeg") from e
+        raise InputError(
+            f"{p}: not a readable video ({_one_line(e)})",
+            "pass an mp4/webm/mkv/mov/avi video, or re-encode it with ffmpeg",
+        ) from e
     try:
         if not container.streams.video:
             raise InputError(f"{p}: has no video stream", "pass a file that contains video")
@@ -353,20 +360,29 @@ def probe_video(path: str | Path) -> VideoInfo:
     except InputError:
         raise
     except Exception as e:
-        raise InputError(f"{p}: unreadable video metadata ({_one_line(e)})",
-                         "re-encode the video with ffmpeg") from e
+        raise InputError(f"{p}: unreadable video metadata ({_one_line(e)})", "re-encode the video with ffmpeg") from e
     finally:
         container.close()
     if width <= 0 or height <= 0 or frames <= 0:
         raise InputError(
             f"{p}: video metadata has no usable size/frame count (width={width}, height={height}, "
             f"frames={frames}, fps={fps}, duration={duration})",
-            "re-encode the video with ffmpeg (e.g. ffmpeg -i in -c:v libx264 out.mp4)")
-    return VideoInfo(path=p, width=width, height=height, total_frames=frames, fps=fps,
-                     duration_s=duration, codec=codec, frames_estimated=estimated)
+            "re-encode the video with ffmpeg (e.g. ffmpeg -i in -c:v libx264 out.mp4)",
+        )
+    return VideoInfo(
+        path=p,
+        width=width,
+        height=height,
+        total_frames=frames,
+        fps=fps,
+        duration_s=duration,
+        codec=codec,
+        frames_estimated=estimated,
+    )
 
 
 # --- paths and sizes --------------------------------------------------------------------------------
+
 
 def classify(path: str | Path) -> str:
     """``"video"`` for a video extension, else ``"image"`` (so unknown files get the image error)."""
@@ -388,8 +404,9 @@ def expand_inputs(paths: Iterable[str | Path]) -> list[Path]:
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            out.extend(sorted(f for f in p.rglob("*")
-                              if f.suffix.lower() in known and f.is_file() and not _is_hidden(f, p)))
+            out.extend(
+                sorted(f for f in p.rglob("*") if f.suffix.lower() in known and f.is_file() and not _is_hidden(f, p))
+            )
         else:
             out.append(p)
     return out
@@ -402,6 +419,7 @@ def parse_size(value: str) -> tuple[int, int]:
     """Parse ``"1920x1080"`` into ``(width, height)`` (width first; ``x``, ``X`` or ``×``)."""
     m = _SIZE_RE.match(value or "")
     if not m or int(m.group(1)) <= 0 or int(m.group(2)) <= 0:
-        raise InputError(f"size {value!r} is not WIDTHxHEIGHT with positive integers",
-                         "write it as WIDTHxHEIGHT, e.g. 1920x1080")
+        raise InputError(
+            f"size {value!r} is not WIDTHxHEIGHT with positive integers", "write it as WIDTHxHEIGHT, e.g. 1920x1080"
+        )
     return int(m.group(1)), int(m.group(2))

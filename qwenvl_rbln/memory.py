@@ -147,9 +147,7 @@ def kv_block_bytes_per_tensor(geometry: ModelGeometry, block: int, dtype_bytes: 
     return heads * block * geometry.text.head_dim * dtype_bytes
 
 
-def kv_tensor_bytes(
-    geometry: ModelGeometry, block: int, num_blocks: int, dtype_bytes: int = 2, shards: int = 1
-) -> int:
+def kv_tensor_bytes(geometry: ModelGeometry, block: int, num_blocks: int, dtype_bytes: int = 2, shards: int = 1) -> int:
     """One K or V tensor [num_blocks, kv_heads, block, head_dim], aligned up to 2 MiB."""
     return align_up(num_blocks * kv_block_bytes_per_tensor(geometry, block, dtype_bytes, shards))
 
@@ -162,8 +160,9 @@ def kv_bytes(geometry: ModelGeometry, block: int, num_blocks: int, dtype_bytes: 
 # --- modelled workspaces ---------------------------------------------------------------------------
 
 
-def lm_graph_workspace(geometry: ModelGeometry, rows: int, block: int, logits_rows: int, dtype_bytes: int = 2,
-                       prefill: bool = False) -> dict[str, int]:
+def lm_graph_workspace(
+    geometry: ModelGeometry, rows: int, block: int, logits_rows: int, dtype_bytes: int = 2, prefill: bool = False
+) -> dict[str, int]:
     """Activations of one LM graph with ``rows`` query rows (prefill: the chunk; decoder: the batch).
 
     attention = heads x rows x block x (4 + d)       fp32 scores + probs over one KV block (flash: one partition)
@@ -172,8 +171,15 @@ def lm_graph_workspace(geometry: ModelGeometry, rows: int, block: int, logits_ro
     """
     t, d = geometry.text, dtype_bytes
     attention = t.num_attention_heads * rows * block * (FP32 + d)
-    linear = rows * d * (3 * t.hidden_size + (t.num_attention_heads + 2 * t.num_key_value_heads) * t.head_dim
-                         + 3 * t.intermediate_size)
+    linear = (
+        rows
+        * d
+        * (
+            3 * t.hidden_size
+            + (t.num_attention_heads + 2 * t.num_key_value_heads) * t.head_dim
+            + 3 * t.intermediate_size
+        )
+    )
     inputs = rows * d * t.hidden_size * (1 + (geometry.vision.num_deepstack if prefill else 0))
     io = inputs + 2 * rows * t.head_dim * d + logits_rows * t.vocab_size * FP32
     return {"attention": attention, "linear": linear, "io": io, "total": attention + linear + io}
@@ -421,8 +427,14 @@ def _visual_workspace_item(ctx: _Ctx, resolved: Any) -> MemoryItem:
     largest = max(resolved.vit_buckets)
     measured = cal.lookup(ctx.calibration, [model_key(g), g.name], ctx.spec.sku, cal.visual_key(largest))
     if measured is not None:
-        return MemoryItem("visual.workspace", measured, False, "measured by load-check",
-                          f"largest bucket {largest} (calibrated)", calibrated=True)
+        return MemoryItem(
+            "visual.workspace",
+            measured,
+            False,
+            "measured by load-check",
+            f"largest bucket {largest} (calibrated)",
+            calibrated=True,
+        )
     ws = visual_workspace(g, largest, ctx.dtype_bytes)
     return MemoryItem(
         "visual.workspace",
@@ -611,8 +623,11 @@ def _estimate(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryRepo
         elif has_lm and has_vis and not fits and kv["mode"] == "auto":
             lm_only = sum(i.bytes for i in items if i.name.startswith("lm."))
             vis_only = total - lm_only
-            lead = ("auto KV sizing filled the card before the ViT loads" if kv["outcome"] == "partial"
-                    else "auto KV sizing left no room for the ViT")
+            lead = (
+                "auto KV sizing filled the card before the ViT loads"
+                if kv["outcome"] == "partial"
+                else "auto KV sizing left no room for the ViT"
+            )
             notes.append(
                 f"{lead}: optimum-rbln sized the KV pool "
                 f"({n_blocks} blocks, {_fmt_gib(kv_total)}) for the LM alone ({_fmt_gib(lm_only)} of "
@@ -626,8 +641,10 @@ def _estimate(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryRepo
                 f"{_fmt_gib(ctx.usable)} given with --device-memory"
             )
         elif not fits:
-            notes.append(f"needs {_fmt_gib(total)} of {_fmt_gib(ctx.usable)} usable: loading fails with "
-                         "'Failed to create RBLN runtime ... Lack of device memory'")
+            notes.append(
+                f"needs {_fmt_gib(total)} of {_fmt_gib(ctx.usable)} usable: loading fails with "
+                "'Failed to create RBLN runtime ... Lack of device memory'"
+            )
         if has_lm and kv["outcome"] == "partial" and fits:
             notes.append(
                 f"only {n_blocks} of {resolved.num_full_blocks} full KV blocks: fine for vllm-rbln (it pages blocks); "
@@ -687,7 +704,7 @@ def ensure_fits(report: MemoryReport | dict[str, Any], *, force: bool = False) -
         f"device {d['device']} needs {_fmt_gib(d['total_bytes'])} of {_fmt_gib(d['usable_bytes'])}" for d in over
     )
     hints = [" ".join(f"--set {s}" for s in sug["set"]) for sug in data.get("suggestions") or []]
-    hint = (f"try {hints[0]}" if hints else "reduce max_seq_len or batch_size, or place visual on another NPU")
+    hint = f"try {hints[0]}" if hints else "reduce max_seq_len or batch_size, or place visual on another NPU"
     hint += " (see `qvl compile --dry-run`), or pass --force to compile anyway"
     raise DoesNotFit(f"the memory planner predicts this will not fit: {where}", hint)
 
@@ -711,8 +728,9 @@ def _summary(report: MemoryReport) -> dict[str, Any]:
     return {
         "fits": report.fits,
         "margin_bytes": report.margin_bytes,
-        "devices": [{"device": d.device, "total_bytes": d.total_bytes, "free_bytes": d.free_bytes}
-                    for d in report.devices],
+        "devices": [
+            {"device": d.device, "total_bytes": d.total_bytes, "free_bytes": d.free_bytes} for d in report.devices
+        ],
         "kv_blocks": report.kv["num_blocks"],
     }
 
@@ -763,13 +781,15 @@ def _suggestions(ctx: _Ctx, resolved: Any, placement: dict[str, Any], report: Me
         rep = run(res)
         if rep.fits:
             unit = f"{length // step} partitions of {step}" if flash else "eager"
-            out.append(_sug(
-                "max_seq_len",
-                f"max_seq_len={length}: the largest context ({unit}) that fits at batch {resolved.batch_size} "
-                f"(KV {_fmt_gib(rep.kv['bytes'])})",
-                [f"max_seq_len={length}"],
-                rep,
-            ))
+            out.append(
+                _sug(
+                    "max_seq_len",
+                    f"max_seq_len={length}: the largest context ({unit}) that fits at batch {resolved.batch_size} "
+                    f"(KV {_fmt_gib(rep.kv['bytes'])})",
+                    [f"max_seq_len={length}"],
+                    rep,
+                )
+            )
             break
 
     # 2. the largest batch that fits at this context
@@ -780,13 +800,15 @@ def _suggestions(ctx: _Ctx, resolved: Any, placement: dict[str, Any], report: Me
             continue
         rep = run(res)
         if rep.fits:
-            out.append(_sug(
-                "batch_size",
-                f"batch_size={batch}: the largest batch that fits with max_seq_len {resolved.max_seq_len} "
-                f"(decoder graphs {dbs})",
-                [f"batch_size={batch}", "decoder_batch_sizes=" + "[" + ",".join(str(b) for b in dbs) + "]"],
-                rep,
-            ))
+            out.append(
+                _sug(
+                    "batch_size",
+                    f"batch_size={batch}: the largest batch that fits with max_seq_len {resolved.max_seq_len} "
+                    f"(decoder graphs {dbs})",
+                    [f"batch_size={batch}", "decoder_batch_sizes=" + "[" + ",".join(str(b) for b in dbs) + "]"],
+                    rep,
+                )
+            )
             break
 
     # 3. the ViT on its own NPU
@@ -796,13 +818,15 @@ def _suggestions(ctx: _Ctx, resolved: Any, placement: dict[str, Any], report: Me
         rep = run(pl={**placement, "visual_device": new_vis})
         if rep.fits:
             value = "[" + ",".join(map(str, new_vis)) + "]" if isinstance(new_vis, list) else str(new_vis)
-            out.append(_sug(
-                "visual_device",
-                f"move the ViT to its own NPU (device {value}); the LM and its KV cache keep device "
-                f"{placement['device']} (the documented remedy for large batches at full context)",
-                [f"placement.visual_device={value}"],
-                rep,
-            ))
+            out.append(
+                _sug(
+                    "visual_device",
+                    f"move the ViT to its own NPU (device {value}); the LM and its KV cache keep device "
+                    f"{placement['device']} (the documented remedy for large batches at full context)",
+                    [f"placement.visual_device={value}"],
+                    rep,
+                )
+            )
 
     # 4. a memory_budget that leaves room for the ViT (or for what --device-memory says is really there)
     if auto:
@@ -815,13 +839,15 @@ def _suggestions(ctx: _Ctx, resolved: Any, placement: dict[str, Any], report: Me
         for n in range(resolved.kvcache_num_blocks - 1, resolved.num_min_blocks - 1, -1):
             rep = run(replace(resolved, kvcache_num_blocks=n))
             if rep.fits:
-                out.append(_sug(
-                    "kvcache_num_blocks",
-                    f"kvcache_num_blocks={n}: the most KV blocks that fit (full {resolved.num_full_blocks}); fewer "
-                    "than full means optimum-rbln's own generate() can run out of blocks on long batches",
-                    [f"kvcache_num_blocks={n}"],
-                    rep,
-                ))
+                out.append(
+                    _sug(
+                        "kvcache_num_blocks",
+                        f"kvcache_num_blocks={n}: the most KV blocks that fit (full {resolved.num_full_blocks}); fewer "
+                        "than full means optimum-rbln's own generate() can run out of blocks on long batches",
+                        [f"kvcache_num_blocks={n}"],
+                        rep,
+                    )
+                )
                 break
     return out
 
@@ -843,8 +869,11 @@ def _memory_budget_suggestion(
         rep = run(res)
         if rep.fits and rep.kv["outcome"] in ("full", "partial"):
             n, full = rep.kv["num_blocks"], resolved.num_full_blocks
-            why = (f"the ViT ({_fmt_gib(residents)}) fits beside it" if vis_devs
-                   else f"it stays within the {_fmt_gib(ctx.usable)} given with --device-memory")
+            why = (
+                f"the ViT ({_fmt_gib(residents)}) fits beside it"
+                if vis_devs
+                else f"it stays within the {_fmt_gib(ctx.usable)} given with --device-memory"
+            )
             trade = (
                 f"it leaves {n} of {full} full KV blocks: fine for vllm-rbln (it pages blocks), but optimum-rbln's own "
                 "generate() can run out of blocks ('No memory blocks are available for allocation') when all "

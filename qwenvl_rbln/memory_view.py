@@ -43,7 +43,9 @@ def print_memory(console: Any, report: dict[str, Any] | None, *, show_assumption
             kind = _kind(item)
             style = {"exact": "", "modelled": "yellow", "calibrated": "cyan"}[kind]
             table.add_row(
-                item["name"], _gib(item["bytes"]), f"[{style}]{kind}[/{style}]" if style else kind,
+                item["name"],
+                _gib(item["bytes"]),
+                f"[{style}]{kind}[/{style}]" if style else kind,
                 escape(item.get("note") or item.get("formula") or ""),
             )
         table.add_section()

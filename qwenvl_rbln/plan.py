@@ -350,7 +350,11 @@ def _resolve_lm(
     # --- ViT buckets
     buckets = visual.get("max_seq_len")
     if buckets is None:
-        chk.fail("rbln_config.visual.max_seq_len", "'max_seq_len' must be specified for visual", "e.g. 16384 or [1024, 3136, 16384]")
+        chk.fail(
+            "rbln_config.visual.max_seq_len",
+            "'max_seq_len' must be specified for visual",
+            "e.g. 16384 or [1024, 3136, 16384]",
+        )
     bucket_list = buckets if isinstance(buckets, list) else [buckets]
     if not bucket_list:
         chk.fail("rbln_config.visual.max_seq_len", "visual.max_seq_len is an empty list", "give at least one bucket")
@@ -363,10 +367,16 @@ def _resolve_lm(
                 f"use {b - b % 4} or {b - b % 4 + 4}",
             )
     if len(set(bucket_list)) != len(bucket_list):
-        chk.fail("rbln_config.visual.max_seq_len", f"visual.max_seq_len={bucket_list} has duplicates", "list each bucket once")
+        chk.fail(
+            "rbln_config.visual.max_seq_len",
+            f"visual.max_seq_len={bucket_list} has duplicates",
+            "list each bucket once",
+        )
     small = [b for b in bucket_list if b < 256]
     if small:
-        warnings.append(f"visual.max_seq_len buckets {small} are below 256 patches, the smallest image the processor makes")
+        warnings.append(
+            f"visual.max_seq_len buckets {small} are below 256 patches, the smallest image the processor makes"
+        )
     vbatch = visual.get("batch_size", 1)
     if vbatch != 1:
         chk.fail(
@@ -374,13 +384,17 @@ def _resolve_lm(
             f"visual.batch_size={vbatch!r}: the Qwen3-VL vision encoder only supports batch_size=1",
             "remove visual.batch_size",
         )
-    visual_num_devices = chk.int_("rbln_config.visual.num_devices", visual.get("num_devices", rbln.get("num_devices", 1)), minimum=1)
+    visual_num_devices = chk.int_(
+        "rbln_config.visual.num_devices", visual.get("num_devices", rbln.get("num_devices", 1)), minimum=1
+    )
 
     # --- LM basics
     batch = chk.int_("rbln_config.batch_size", rbln.get("batch_size", 1), minimum=1)
     num_devices = chk.int_("rbln_config.num_devices", rbln.get("num_devices", 1), minimum=1)
     if fam == "REBEL" and (num_devices > 1 or visual_num_devices > 1):
-        warnings.append("Rebel100 does not shard a submodule across NPUs (RSD unsupported): use num_devices 1 per submodule")
+        warnings.append(
+            "Rebel100 does not shard a submodule across NPUs (RSD unsupported): use num_devices 1 per submodule"
+        )
     max_pos = geometry.text.max_position_embeddings
     max_seq_len = rbln.get("max_seq_len")
     if max_seq_len is None:
@@ -400,17 +414,33 @@ def _resolve_lm(
             "remove use_inputs_embeds",
         )
     if rbln.get("use_position_ids") and not rbln.get("use_attention_mask"):
-        chk.fail("rbln_config.use_position_ids", "Position IDs should be used with attention mask", "also set use_attention_mask: true")
+        chk.fail(
+            "rbln_config.use_position_ids",
+            "Position IDs should be used with attention mask",
+            "also set use_attention_mask: true",
+        )
     if rbln.get("logits_to_keep", 1) not in (None, 0, 1):
-        chk.fail("rbln_config.logits_to_keep", f"logits_to_keep={rbln['logits_to_keep']} > 1 is not supported by RBLN models", "remove it")
+        chk.fail(
+            "rbln_config.logits_to_keep",
+            f"logits_to_keep={rbln['logits_to_keep']} > 1 is not supported by RBLN models",
+            "remove it",
+        )
     cache_impl = rbln.get("cache_impl", "static")
     if cache_impl != "static":
-        chk.fail("rbln_config.cache_impl", f"cache_impl={cache_impl!r}: Qwen3-VL text has no sliding window", "use cache_impl: static")
+        chk.fail(
+            "rbln_config.cache_impl",
+            f"cache_impl={cache_impl!r}: Qwen3-VL text has no sliding window",
+            "use cache_impl: static",
+        )
     phases = rbln.get("phases")
     if phases is not None:
         bad = [p for p in phases if p not in ("prefill", "decode")]
         if bad:
-            chk.fail("rbln_config.phases", f"phases={phases} contains {bad} (Qwen3-VL uses prefill and decode)", "remove phases")
+            chk.fail(
+                "rbln_config.phases",
+                f"phases={phases} contains {bad} (Qwen3-VL uses prefill and decode)",
+                "remove phases",
+            )
 
     # --- Attention method (optimum-rbln validate_attention_method)
     partition = rbln.get("kvcache_partition_len")
@@ -418,7 +448,9 @@ def _resolve_lm(
     if attn is None:
         attn = "flash_attn" if partition is not None else "eager"
     if attn not in ("eager", "flash_attn"):
-        chk.fail("rbln_config.attn_impl", f"Unknown attn_impl: {attn!r} (Available: 'eager', 'flash_attn')", "use flash_attn")
+        chk.fail(
+            "rbln_config.attn_impl", f"Unknown attn_impl: {attn!r} (Available: 'eager', 'flash_attn')", "use flash_attn"
+        )
     if attn == "flash_attn":
         if partition is None:
             partition = limits["default_partition"]
@@ -427,7 +459,8 @@ def _resolve_lm(
         if not lo <= partition <= hi:
             chk.fail(
                 "rbln_config.kvcache_partition_len",
-                f"kvcache_partition_len={partition} is out of the {fam} supported range for flash_attn ({lo} <= P <= {hi})",
+                f"kvcache_partition_len={partition} is out of the {fam} supported range for flash_attn "
+                f"({lo} <= P <= {hi})",
                 f"use a partition between {lo} and {hi}, e.g. {limits['default_partition']}",
             )
         if max_seq_len < MIN_FLASH_MAX_SEQ_LEN:
@@ -440,7 +473,8 @@ def _resolve_lm(
             fix = max(2, round(max_seq_len / partition)) * partition
             chk.fail(
                 "rbln_config.max_seq_len",
-                f"max_seq_len={max_seq_len} must be a multiple of kvcache_partition_len ({partition}) and at least 2x it",
+                f"max_seq_len={max_seq_len} must be a multiple of kvcache_partition_len ({partition}) "
+                "and at least 2x it",
                 f"use max_seq_len={fix}",
             )
         block = rbln.get("kvcache_block_size", partition)
@@ -452,7 +486,11 @@ def _resolve_lm(
             )
     else:
         if partition is not None:
-            chk.fail("rbln_config.kvcache_partition_len", "kvcache_partition_len is only used with flash_attn", "remove it or use flash_attn")
+            chk.fail(
+                "rbln_config.kvcache_partition_len",
+                "kvcache_partition_len is only used with flash_attn",
+                "remove it or use flash_attn",
+            )
         if max_seq_len > limits["max_eager"]:
             chk.fail(
                 "rbln_config.max_seq_len",
@@ -469,7 +507,11 @@ def _resolve_lm(
     chunk = rbln.get("prefill_chunk_size", 512 if spec.family == "REBEL" else 128)
     chk.int_("rbln_config.prefill_chunk_size", chunk, minimum=64)
     if chunk % 64:
-        chk.fail("rbln_config.prefill_chunk_size", f"prefill_chunk_size={chunk} must be divisible by 64", f"use {chunk - chunk % 64 or 64}")
+        chk.fail(
+            "rbln_config.prefill_chunk_size",
+            f"prefill_chunk_size={chunk} must be divisible by 64",
+            f"use {chunk - chunk % 64 or 64}",
+        )
 
     # --- Decoder graphs
     dbs = rbln.get("decoder_batch_sizes")
@@ -482,7 +524,11 @@ def _resolve_lm(
         for b in dbs:
             chk.int_(key, b, minimum=1)
         if len(set(dbs)) != len(dbs):
-            chk.fail(key, f"decoder_batch_sizes={dbs} has duplicates (they would compile duplicate graph names)", "list each size once")
+            chk.fail(
+                key,
+                f"decoder_batch_sizes={dbs} has duplicates (they would compile duplicate graph names)",
+                "list each size once",
+            )
         if max(dbs) > batch:
             chk.fail(
                 key,
@@ -492,7 +538,8 @@ def _resolve_lm(
         if len(dbs) == 1 and dbs[0] != batch:
             chk.fail(
                 key,
-                f"decoder_batch_sizes={dbs} has a single entry different from batch_size ({batch}); load would fail with KeyError",
+                f"decoder_batch_sizes={dbs} has a single entry different from batch_size ({batch}); "
+                "load would fail with KeyError",
                 f"use decoder_batch_sizes: [{batch}] or [{dbs[0]}, {batch}]",
             )
         if max(dbs) < batch:
@@ -610,7 +657,9 @@ def _processor(
             f"(needs <= {bucket_cap}); such images fail at run time"
         )
     if min_px > max_px:
-        chk.fail("processor.min_pixels", f"processor.min_pixels={min_px} is above max_pixels={max_px}", "lower min_pixels")
+        chk.fail(
+            "processor.min_pixels", f"processor.min_pixels={min_px} is above max_pixels={max_px}", "lower min_pixels"
+        )
     fps = proc.get("fps", 2.0)
     if isinstance(fps, bool) or not isinstance(fps, int | float) or fps <= 0:
         chk.fail("processor.fps", f"processor.fps={fps!r} must be a positive number", "e.g. fps: 2")

@@ -71,7 +71,9 @@ def resolve_ref(ref: str, relative_to: Path | None = None) -> Path:
         if not path.is_absolute() and relative_to is not None and not path.exists():
             path = relative_to / path
         if not path.is_file():
-            raise InputError(f"preset file {ref} does not exist", "check the path, or use a name from `qvl presets list`")
+            raise InputError(
+                f"preset file {ref} does not exist", "check the path, or use a name from `qvl presets list`"
+            )
         return path.resolve()
     presets = list_preset_files()
     if ref in presets:
@@ -215,7 +217,7 @@ def parse_set_value(raw: str) -> Any:
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
-        if text[:1] in "[{\"":
+        if text[:1] in '[{"':
             raise InputError(
                 f"--set value {_short(raw)} looks like JSON but does not parse",
                 "write lists as JSON, e.g. --set visual.max_seq_len=[1024,16384]",
@@ -310,7 +312,9 @@ def _load_chain(path: Path, stack: list[Path]) -> tuple[dict[str, Any], dict[str
     parent = data.pop("extends", None)
     if parent is not None:
         if not isinstance(parent, str) or not parent.strip():
-            raise InputError(f"{display}: extends must be a preset name or path, got {parent!r}", "e.g. extends: rebel100-1npu")
+            raise InputError(
+                f"{display}: extends must be a preset name or path, got {parent!r}", "e.g. extends: rebel100-1npu"
+            )
         try:
             parent_path = resolve_ref(parent, relative_to=path.parent)
         except InputError as exc:  # say which file's extends: points nowhere
@@ -344,7 +348,9 @@ def check_keys(data: dict[str, Any], origin: str) -> None:
         if value is None:
             continue
         if not isinstance(value, dict):
-            raise InputError(f"{origin}: {section} must be a mapping, got {value!r}", f"valid keys: {', '.join(allowed)}")
+            raise InputError(
+                f"{origin}: {section} must be a mapping, got {value!r}", f"valid keys: {', '.join(allowed)}"
+            )
         for key in value:
             if key not in allowed:
                 near = closest(str(key), allowed)

@@ -34,7 +34,9 @@ def test_no_heavy_imports(argv):
 def test_import_package_is_light():
     proc = subprocess.run(
         [sys.executable, "-c", f"import sys, qwenvl_rbln; print(sorted(set(sys.modules) & set({HEAVY!r})))"],
-        capture_output=True, text=True, cwd=REPO,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     )
     assert proc.stdout.strip() == "[]"
 
@@ -71,7 +73,13 @@ def test_dry_run_human_output():
 def test_presets_list_and_show():
     r = run_qvl("presets", "list", "--json")
     names = [p["name"] for p in json.loads(r.stdout)["presets"]]
-    assert {"rebel100-1npu", "rebel100-1npu-vit-buckets", "rebel100-1npu-batch4", "rebel100-2npu-batch4", "cpu-tiny"} <= set(names)
+    assert {
+        "rebel100-1npu",
+        "rebel100-1npu-vit-buckets",
+        "rebel100-1npu-batch4",
+        "rebel100-2npu-batch4",
+        "cpu-tiny",
+    } <= set(names)
     assert all(p["description"] for p in json.loads(r.stdout)["presets"])
     r = run_qvl("presets", "show", "rebel100-2npu-batch4", "--json")
     data = json.loads(r.stdout)

@@ -147,16 +147,29 @@ _KILL_SCRIPT = textwrap.dedent(
 def test_sigkill_mid_write_keeps_the_old_artifact_and_the_next_run_cleans_up(
     tmp_path, monkeypatch, capsys, phase, backend, request
 ):
-    out, before, _ = (*request.getfixturevalue("torch_good"), None) if backend == "torch" else request.getfixturevalue(
-        "rbln_good"
+    out, before, _ = (
+        (*request.getfixturevalue("torch_good"), None) if backend == "torch" else request.getfixturevalue("rbln_good")
     )
     model = tmp_path / ("tiny" if backend == "torch" else "Qwen3-VL-2B-Instruct")
     preset = "cpu-tiny" if backend == "torch" else "rebel100-1npu"
     ready = tmp_path / "ready"
-    script = _KILL_SCRIPT.format(repo=str(REPO), phase=phase, ready=str(ready), model=str(model), preset=preset,
-                                 out=str(out), cache=str(tmp_path / "cache"))
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "NO_COLOR": "1"})
+    script = _KILL_SCRIPT.format(
+        repo=str(REPO),
+        phase=phase,
+        ready=str(ready),
+        model=str(model),
+        preset=preset,
+        out=str(out),
+        cache=str(tmp_path / "cache"),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
     deadline = time.monotonic() + 60
     while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -226,8 +239,13 @@ def _interrupt_the_final_rename(monkeypatch):
 
 @pytest.mark.parametrize(
     ("inject", "backend"),
-    [(_interrupt_manifest, "rbln"), (_interrupt_manifest, "torch"), (_interrupt_torch_copy, "torch"),
-     (_interrupt_the_final_rename, "rbln"), (_interrupt_the_final_rename, "torch")],
+    [
+        (_interrupt_manifest, "rbln"),
+        (_interrupt_manifest, "torch"),
+        (_interrupt_torch_copy, "torch"),
+        (_interrupt_the_final_rename, "rbln"),
+        (_interrupt_the_final_rename, "torch"),
+    ],
 )
 def test_ctrl_c_mid_compile_or_mid_manifest_exit_130_nothing_half_written(
     tmp_path, monkeypatch, capsys, inject, backend, request
@@ -243,8 +261,9 @@ def test_ctrl_c_mid_compile_or_mid_manifest_exit_130_nothing_half_written(
     assert stdout == ""
     assert tree(out) == before
     assert temp_entries(tmp_path) == []
-    assert not (tmp_path / "cache").exists() or not [p for p in (tmp_path / "cache").iterdir()
-                                                      if not p.name.startswith(".")]
+    assert not (tmp_path / "cache").exists() or not [
+        p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")
+    ]
     monkeypatch.undo()
     if backend == "rbln":
         install(monkeypatch, make_auto(build_plan(preset, model=str(model))))
@@ -255,10 +274,23 @@ def test_ctrl_c_mid_compile_or_mid_manifest_exit_130_nothing_half_written(
 def test_sigterm_mid_torch_copy_exit_130_and_old_artifact_kept(tmp_path, torch_good):
     out, before = torch_good
     ready = tmp_path / "ready"
-    script = _KILL_SCRIPT.format(repo=str(REPO), phase="copy", ready=str(ready), model=str(tmp_path / "tiny"),
-                                 preset="cpu-tiny", out=str(out), cache=str(tmp_path / "cache"))
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "NO_COLOR": "1"})
+    script = _KILL_SCRIPT.format(
+        repo=str(REPO),
+        phase="copy",
+        ready=str(ready),
+        model=str(tmp_path / "tiny"),
+        preset="cpu-tiny",
+        out=str(out),
+        cache=str(tmp_path / "cache"),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
     deadline = time.monotonic() + 60
     while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -321,11 +353,16 @@ def _full_disk_in_manifest(monkeypatch):
 
 @pytest.mark.parametrize(
     ("inject", "backend", "code"),
-    [(_full_disk_in_copy, "torch", 5), (_full_disk_in_manifest, "torch", 5), (_full_disk_in_manifest, "rbln", 5),
-     ("save_error", "rbln", 5)],
+    [
+        (_full_disk_in_copy, "torch", 5),
+        (_full_disk_in_manifest, "torch", 5),
+        (_full_disk_in_manifest, "rbln", 5),
+        ("save_error", "rbln", 5),
+    ],
 )
-def test_full_disk_one_line_error_and_old_artifact_unchanged(tmp_path, monkeypatch, capsys, inject, backend, code,
-                                                             request):
+def test_full_disk_one_line_error_and_old_artifact_unchanged(
+    tmp_path, monkeypatch, capsys, inject, backend, code, request
+):
     good = request.getfixturevalue("torch_good" if backend == "torch" else "rbln_good")
     out, before = good[0], good[1]
     model = tmp_path / ("tiny" if backend == "torch" else "Qwen3-VL-2B-Instruct")
@@ -355,8 +392,9 @@ def test_full_disk_in_the_cache_is_a_warning_not_a_failure(tmp_path, monkeypatch
     assert code == 0, err
     assert "could not store the artifact in the compile cache" in err and "No space left on device" in err
     assert artifacts.verify_manifest(out, artifacts.read_manifest(out))["ok"]
-    assert temp_entries(tmp_path) == [] and not [p for p in (tmp_path / "cache").iterdir()
-                                                 if not p.name.startswith(".")]
+    assert temp_entries(tmp_path) == [] and not [
+        p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")
+    ]
 
 
 # ------------------------------------------------------------------------------ an unwritable output path
@@ -402,8 +440,7 @@ def test_read_only_parent_keeps_the_existing_artifact(tmp_path, capsys, torch_go
     out, before = torch_good
     tmp_path.chmod(0o555)
     try:
-        code, _, err = run_main(compile_argv("cpu-tiny", tmp_path / "tiny", out, tmp_path / "cache", "--force"),
-                                capsys)
+        code, _, err = run_main(compile_argv("cpu-tiny", tmp_path / "tiny", out, tmp_path / "cache", "--force"), capsys)
     finally:
         tmp_path.chmod(0o755)
     assert code == 2, err
@@ -466,8 +503,12 @@ def test_two_compiles_racing_one_wins_the_other_exits_6_naming_the_holder(tmp_pa
     out = tmp_path / "out"
     script = _RACE_SCRIPT.format(repo=str(REPO), model=str(rbln_model), out=str(out))
     env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
-    procs = [subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     results = [(p.pid, *p.communicate(timeout=120), p.returncode) for p in procs]
     codes = sorted(r[3] for r in results)
     assert codes == [0, 6], [(r[3], r[2][-500:]) for r in results]
@@ -499,9 +540,16 @@ def _empty(path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", [_edit, _truncate, _empty])
-@pytest.mark.parametrize(("backend", "victim"), [("rbln", "prefill.rbln"), ("rbln", "visual/compiled_model.rbln"),
-                                                  ("rbln", "torch_artifacts.pth"), ("torch", "model.safetensors"),
-                                                  ("torch", "tokenizer.json")])
+@pytest.mark.parametrize(
+    ("backend", "victim"),
+    [
+        ("rbln", "prefill.rbln"),
+        ("rbln", "visual/compiled_model.rbln"),
+        ("rbln", "torch_artifacts.pth"),
+        ("torch", "model.safetensors"),
+        ("torch", "tokenizer.json"),
+    ],
+)
 def test_files_changed_after_compile_are_named_by_load_check(damage, backend, victim, request):
     out = request.getfixturevalue("torch_good" if backend == "torch" else "rbln_good")[0]
     damage(out / victim)
@@ -550,8 +598,9 @@ def test_symlink_loops_in_a_model_or_an_artifact_end_in_bounded_time(tmp_path, t
         (d / "loop_b").symlink_to(".")
     r = run_qvl("load-check", str(out), "--no-runtime", timeout=60)
     assert r.exit_code == 0, r.stderr
-    r = run_qvl("compile", "--preset", "cpu-tiny", "--model", str(model), "-o", str(tmp_path / "out2"), "--no-cache",
-                timeout=60)
+    r = run_qvl(
+        "compile", "--preset", "cpu-tiny", "--model", str(model), "-o", str(tmp_path / "out2"), "--no-cache", timeout=60
+    )
     assert r.exit_code == 0, r.stderr
     assert (tmp_path / "out2" / "model.safetensors").is_file()
 
@@ -559,27 +608,57 @@ def test_symlink_loops_in_a_model_or_an_artifact_end_in_bounded_time(tmp_path, t
 # ----------------------------------------------------------------- hostile JSON in the artifact's own files
 
 _json = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=False),
-              st.text(max_size=10)),
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=False), st.text(max_size=10)),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=10,
 )
 _manifest_files = st.dictionaries(
-    st.one_of(st.sampled_from(["config.json", "model.safetensors", "../outside.bin", "/etc/hostname", "a/../../b",
-                               "", ".", "x" * 300]), st.text(max_size=12)),
+    st.one_of(
+        st.sampled_from(
+            ["config.json", "model.safetensors", "../outside.bin", "/etc/hostname", "a/../../b", "", ".", "x" * 300]
+        ),
+        st.text(max_size=12),
+    ),
     st.one_of(_json, st.fixed_dictionaries({"sha256": st.text(max_size=64), "size": _json})),
     max_size=4,
 )
 
 
 _SCALE = int(os.environ.get("QVL_PROPERTY_SCALE", "1"))
-_RBLN_KEYS = ["batch_size", "max_seq_len", "kvcache_partition_len", "kvcache_block_size", "attn_impl",
-              "decoder_batch_sizes", "phases", "_compile_cfgs", "visual", "cls_name", "prefill_chunk_size",
-              "kvcache_num_blocks", "compiled_model_name", "npu", "num_devices", "max_seq_len", "files", "placement",
-              "weight_map", "text_config", "vision_config", "model_type", "hidden_size", "num_attention_heads"]
-_edits = st.lists(st.tuples(st.lists(st.sampled_from(_RBLN_KEYS), min_size=1, max_size=3),
-                            st.one_of(_json, st.sampled_from(["../../etc/hostname", "/etc/hostname", "a/../../b"]))),
-                  min_size=1, max_size=4)
+_RBLN_KEYS = [
+    "batch_size",
+    "max_seq_len",
+    "kvcache_partition_len",
+    "kvcache_block_size",
+    "attn_impl",
+    "decoder_batch_sizes",
+    "phases",
+    "_compile_cfgs",
+    "visual",
+    "cls_name",
+    "prefill_chunk_size",
+    "kvcache_num_blocks",
+    "compiled_model_name",
+    "npu",
+    "num_devices",
+    "max_seq_len",
+    "files",
+    "placement",
+    "weight_map",
+    "text_config",
+    "vision_config",
+    "model_type",
+    "hidden_size",
+    "num_attention_heads",
+]
+_edits = st.lists(
+    st.tuples(
+        st.lists(st.sampled_from(_RBLN_KEYS), min_size=1, max_size=3),
+        st.one_of(_json, st.sampled_from(["../../etc/hostname", "/etc/hostname", "a/../../b"])),
+    ),
+    min_size=1,
+    max_size=4,
+)
 
 
 def _apply(doc, edits):
@@ -601,11 +680,20 @@ def _apply(doc, edits):
 
 
 @settings(max_examples=80 * _SCALE, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(kind=st.sampled_from(["torch", "rbln"]),
-       name=st.sampled_from([artifacts.MANIFEST_NAME, artifacts.TORCH_CONFIG_NAME, artifacts.RBLN_CONFIG_NAME,
-                             "config.json", "model.safetensors.index.json"]),
-       replace=st.one_of(st.none(), _json, st.builds(lambda f: {"format": 1, "files": f}, _manifest_files)),
-       edits=_edits)
+@given(
+    kind=st.sampled_from(["torch", "rbln"]),
+    name=st.sampled_from(
+        [
+            artifacts.MANIFEST_NAME,
+            artifacts.TORCH_CONFIG_NAME,
+            artifacts.RBLN_CONFIG_NAME,
+            "config.json",
+            "model.safetensors.index.json",
+        ]
+    ),
+    replace=st.one_of(st.none(), _json, st.builds(lambda f: {"format": 1, "files": f}, _manifest_files)),
+    edits=_edits,
+)
 def test_load_check_on_hostile_artifact_json_is_a_report_or_a_clean_error(pristine, kind, name, replace, edits):
     """Whatever an artifact's own JSON files hold, load-check answers with its report and one clean error."""
     from qwenvl_rbln.commands.load_check_cmd import run_load_check

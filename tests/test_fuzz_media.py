@@ -64,8 +64,12 @@ def _write(workdir: Path, name: str, data: bytes) -> Path:
 
 @pytest.mark.parametrize(
     ("kind", "status"),
-    [("selftest-sleep", "timeout"), ("selftest-hang", "hang"), ("selftest-alloc", "memory"),
-     ("selftest-crash", "crash")],
+    [
+        ("selftest-sleep", "timeout"),
+        ("selftest-hang", "hang"),
+        ("selftest-alloc", "memory"),
+        ("selftest-crash", "crash"),
+    ],
 )
 def test_the_harness_reports_hangs_memory_and_crashes(tmp_path, kind, status):
     png = _write(tmp_path, "a.png", SEEDS["seed.png"])
@@ -184,8 +188,12 @@ def test_junk_floods_answer_within_the_bound(prober, workdir, name):
 
 def test_preallocated_download_is_refused_fast(prober, workdir):
     """A download manager preallocates the file: a real header, then a sparse 1 GiB of zeros."""
-    for name, head in (("prealloc.png", _IHDR), ("prealloc.jpg", SEEDS["seed.jpg"][:200]),
-                       ("prealloc.gif", SEEDS["seed.gif"][:40]), ("prealloc.mp4", SEEDS["seed.mp4"][:400])):
+    for name, head in (
+        ("prealloc.png", _IHDR),
+        ("prealloc.jpg", SEEDS["seed.jpg"][:200]),
+        ("prealloc.gif", SEEDS["seed.gif"][:40]),
+        ("prealloc.mp4", SEEDS["seed.mp4"][:400]),
+    ):
         path = workdir / name
         with path.open("wb") as f:
             f.write(head)
@@ -215,14 +223,23 @@ def test_file_named_like_an_ffmpeg_protocol_is_read_as_that_file(tmp_path):
 
     (tmp_path / "pipe:0").write_bytes(SEEDS["seed.mp4"])
     (tmp_path / "concat:pipe:0").write_bytes(SEEDS["seed.mp4"])
-    code = ("import sys; from qwenvl_rbln import media\n"
-            "for name in ('pipe:0', 'concat:pipe:0'):\n"
-            "    info = media.probe_video(name)\n"
-            "    print(name, info.width, info.height, info.total_frames)\n")
+    code = (
+        "import sys; from qwenvl_rbln import media\n"
+        "for name in ('pipe:0', 'concat:pipe:0'):\n"
+        "    info = media.probe_video(name)\n"
+        "    print(name, info.width, info.height, info.total_frames)\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     # stdin is a pipe nobody writes to or closes: reading it instead of the file would block
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out, err = proc.communicate(timeout=20)
     except subprocess.TimeoutExpired:
@@ -248,8 +265,12 @@ def test_random_bytes(prober, workdir, data, ext):
 
 
 @_fuzz
-@given(name=st.sampled_from(sorted(SEEDS) + sorted(CRAFTED)), seed=st.integers(0, 2**32 - 1),
-       steps=st.integers(1, 4), ext=st.sampled_from((None, *fm.ALL_EXTS)))
+@given(
+    name=st.sampled_from(sorted(SEEDS) + sorted(CRAFTED)),
+    seed=st.integers(0, 2**32 - 1),
+    steps=st.integers(1, 4),
+    ext=st.sampled_from((None, *fm.ALL_EXTS)),
+)
 def test_mutated_files(prober, workdir, name, seed, steps, ext):
     import random
 
@@ -265,9 +286,23 @@ def test_fuzz_target_runs_and_reports(tmp_path):
     import json
     import subprocess
 
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fuzz_media.py"), "--seconds", "3",
-                           "--cases", "300", "--seed", "7", "--keep", str(tmp_path / "keep")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "fuzz_media.py"),
+            "--seconds",
+            "3",
+            "--cases",
+            "300",
+            "--seed",
+            "7",
+            "--keep",
+            str(tmp_path / "keep"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["cases"] >= 30 and report["cases_per_s"] > 0
@@ -291,6 +326,13 @@ def test_bucket_plan_over_hostile_files_reports_each_and_exits_2(tmp_path):
     assert r.exit_code == 2, r.stdout + r.stderr
     text = r.stdout + r.stderr
     assert "Traceback" not in text and "internal error" not in text
-    for name in ("huge_ihdr.png", "huge_sof.jpg", "huge_screen.gif", "huge_canvas.webp", "cut.jpg", "image_as.mp4",
-                 "noise.webm"):
+    for name in (
+        "huge_ihdr.png",
+        "huge_sof.jpg",
+        "huge_screen.gif",
+        "huge_canvas.webp",
+        "cut.jpg",
+        "image_as.mp4",
+        "noise.webm",
+    ):
         assert name in text, name

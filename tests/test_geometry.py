@@ -48,8 +48,9 @@ def test_image_worked_table(h: int, w: int, rh: int, rw: int, patches: int, toke
         (4, 2160, 3840, 1856, 3328, 24128, 2, 12064),  # doc: "~24k patches" (over a 16384 bucket)
     ],
 )
-def test_video_worked_examples(frames: int, h: int, w: int, rh: int, rw: int, patches: int, calls: int,
-                               tokens: int) -> None:
+def test_video_worked_examples(
+    frames: int, h: int, w: int, rh: int, rw: int, patches: int, calls: int, tokens: int
+) -> None:
     assert g.video_smart_resize(frames, h, w) == (rh, rw)
     # `frames` frames at 2 fps sample exactly `frames` frames with the shipped fps=2.
     geo = g.video_geometry(w, h, frames, 2.0)
@@ -147,14 +148,24 @@ def test_bucket_helpers() -> None:
 
 def test_image_geometry_to_dict() -> None:
     d = g.image_geometry(1280, 720).to_dict()
-    assert d == {"width": 1280, "height": 720, "resized_width": 1280, "resized_height": 704, "grid_h": 44,
-                 "grid_w": 80, "patches": 3520, "lm_tokens": 880}
+    assert d == {
+        "width": 1280,
+        "height": 720,
+        "resized_width": 1280,
+        "resized_height": 704,
+        "grid_h": 44,
+        "grid_w": 80,
+        "patches": 3520,
+        "lm_tokens": 880,
+    }
 
 
 def test_module_imports_nothing_heavy() -> None:
-    code = ("import sys, qwenvl_rbln.geometry, qwenvl_rbln.media; "
-            "bad = [m for m in ('torch', 'transformers', 'PIL', 'av', 'numpy') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, qwenvl_rbln.geometry, qwenvl_rbln.media; "
+        "bad = [m for m in ('torch', 'transformers', 'PIL', 'av', 'numpy') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -178,8 +189,13 @@ def test_image_bucket_never_exceeded(h: int, w: int, bucket: int) -> None:
 
 
 @settings(max_examples=400, deadline=None)
-@given(h=st.integers(1, 8000), w=st.integers(1, 8000), min_frames=st.integers(2, 12),
-       extra=st.integers(0, 40), bucket=st.sampled_from([1024, 4096, 16384]))
+@given(
+    h=st.integers(1, 8000),
+    w=st.integers(1, 8000),
+    min_frames=st.integers(2, 12),
+    extra=st.integers(0, 40),
+    bucket=st.sampled_from([1024, 4096, 16384]),
+)
 def test_video_bucket_never_exceeded(h: int, w: int, min_frames: int, extra: int, bucket: int) -> None:
     if not _aspect_ok(h, w):
         return
@@ -192,9 +208,12 @@ def test_video_bucket_never_exceeded(h: int, w: int, min_frames: int, extra: int
 
 
 @settings(max_examples=500, deadline=None)
-@given(h=st.integers(1, 200_000), w=st.integers(1, 200_000),
-       min_pixels=st.sampled_from([1, 3136, 65536, 262144]),
-       max_pixels=st.sampled_from([200_000, 262144, 1048576, 16777216, 10**9]))
+@given(
+    h=st.integers(1, 200_000),
+    w=st.integers(1, 200_000),
+    min_pixels=st.sampled_from([1, 3136, 65536, 262144]),
+    max_pixels=st.sampled_from([200_000, 262144, 1048576, 16777216, 10**9]),
+)
 def test_smart_resize_matches_transformers(h: int, w: int, min_pixels: int, max_pixels: int) -> None:
     mod = pytest.importorskip("transformers.models.qwen2_vl.image_processing_qwen2_vl")
     try:
@@ -207,14 +226,17 @@ def test_smart_resize_matches_transformers(h: int, w: int, min_pixels: int, max_
 
 
 @settings(max_examples=500, deadline=None)
-@given(t=st.integers(2, 1000), h=st.integers(1, 20000), w=st.integers(1, 20000),
-       min_pixels=st.sampled_from([4096, 131072]), max_pixels=st.sampled_from([786432, 4194304, 25165824]))
-def test_video_smart_resize_matches_transformers(t: int, h: int, w: int, min_pixels: int,
-                                                 max_pixels: int) -> None:
+@given(
+    t=st.integers(2, 1000),
+    h=st.integers(1, 20000),
+    w=st.integers(1, 20000),
+    min_pixels=st.sampled_from([4096, 131072]),
+    max_pixels=st.sampled_from([786432, 4194304, 25165824]),
+)
+def test_video_smart_resize_matches_transformers(t: int, h: int, w: int, min_pixels: int, max_pixels: int) -> None:
     mod = pytest.importorskip("transformers.models.qwen3_vl.video_processing_qwen3_vl")
     try:
-        expected = mod.smart_resize(t, h, w, temporal_factor=2, factor=32, min_pixels=min_pixels,
-                                    max_pixels=max_pixels)
+        expected = mod.smart_resize(t, h, w, temporal_factor=2, factor=32, min_pixels=min_pixels, max_pixels=max_pixels)
     except ValueError:
         with pytest.raises(InputError):
             g.video_smart_resize(t, h, w, min_pixels=min_pixels, max_pixels=max_pixels)
@@ -227,8 +249,13 @@ def image_processor():
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("torchvision")
     return transformers.Qwen2VLImageProcessor(
-        size={"shortest_edge": g.IMAGE_MIN_PIXELS, "longest_edge": g.IMAGE_MAX_PIXELS}, patch_size=16,
-        merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+        size={"shortest_edge": g.IMAGE_MIN_PIXELS, "longest_edge": g.IMAGE_MAX_PIXELS},
+        patch_size=16,
+        merge_size=2,
+        temporal_patch_size=2,
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -236,15 +263,39 @@ def video_processor():
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("torchvision")
     return transformers.Qwen3VLVideoProcessor(
-        size={"shortest_edge": g.VIDEO_MIN_PIXELS, "longest_edge": g.VIDEO_MAX_PIXELS}, fps=g.VIDEO_FPS,
-        min_frames=g.VIDEO_MIN_FRAMES, max_frames=g.VIDEO_MAX_FRAMES, patch_size=16, merge_size=2,
-        temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+        size={"shortest_edge": g.VIDEO_MIN_PIXELS, "longest_edge": g.VIDEO_MAX_PIXELS},
+        fps=g.VIDEO_FPS,
+        min_frames=g.VIDEO_MIN_FRAMES,
+        max_frames=g.VIDEO_MAX_FRAMES,
+        patch_size=16,
+        merge_size=2,
+        temporal_patch_size=2,
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+    )
 
 
 IMAGE_SIZES = [  # (height, width)
-    (1, 1), (3, 7), (31, 33), (48, 80), (80, 48), (224, 224), (257, 255), (480, 640), (720, 1280),
-    (1080, 1920), (1440, 2560), (2048, 2048), (4000, 3000), (10, 2000), (2000, 10), (16, 3200),
-    (5, 999), (1, 150), (4096, 6144), (333, 7777),
+    (1, 1),
+    (3, 7),
+    (31, 33),
+    (48, 80),
+    (80, 48),
+    (224, 224),
+    (257, 255),
+    (480, 640),
+    (720, 1280),
+    (1080, 1920),
+    (1440, 2560),
+    (2048, 2048),
+    (4000, 3000),
+    (10, 2000),
+    (2000, 10),
+    (16, 3200),
+    (5, 999),
+    (1, 150),
+    (4096, 6144),
+    (333, 7777),
 ]
 
 
@@ -252,8 +303,9 @@ IMAGE_SIZES = [  # (height, width)
 def test_image_processor_grid_matches(image_processor, h: int, w: int) -> None:
     import torch
 
-    out = image_processor(torch.zeros(3, h, w, dtype=torch.uint8), input_data_format="channels_first",
-                          return_tensors="pt")
+    out = image_processor(
+        torch.zeros(3, h, w, dtype=torch.uint8), input_data_format="channels_first", return_tensors="pt"
+    )
     geo = g.image_geometry(w, h)
     assert out["image_grid_thw"].tolist() == [[1, geo.grid_h, geo.grid_w]]
     assert out["pixel_values"].shape[0] == geo.patches
@@ -268,10 +320,14 @@ def test_image_processor_custom_budget(h: int, w: int, min_pixels: int, max_pixe
     import torch
 
     proc = transformers.Qwen2VLImageProcessor(
-        size={"shortest_edge": min_pixels, "longest_edge": max_pixels}, patch_size=16, merge_size=2,
-        temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)
-    out = proc(torch.zeros(3, h, w, dtype=torch.uint8), input_data_format="channels_first",
-               return_tensors="pt")
+        size={"shortest_edge": min_pixels, "longest_edge": max_pixels},
+        patch_size=16,
+        merge_size=2,
+        temporal_patch_size=2,
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+    )
+    out = proc(torch.zeros(3, h, w, dtype=torch.uint8), input_data_format="channels_first", return_tensors="pt")
     geo = g.image_geometry(w, h, min_pixels=min_pixels, max_pixels=max_pixels)
     assert out["image_grid_thw"].tolist() == [[1, geo.grid_h, geo.grid_w]]
 
@@ -289,13 +345,17 @@ VIDEO_CASES = [  # (total_frames, fps, height, width)
 
 
 @pytest.mark.parametrize(("total", "vfps", "h", "w"), VIDEO_CASES)
-def test_video_processor_grid_matches(video_processor, total: int, vfps: float | None, h: int,
-                                      w: int) -> None:
+def test_video_processor_grid_matches(video_processor, total: int, vfps: float | None, h: int, w: int) -> None:
     import numpy as np
 
     video = np.zeros((total, h, w, 3), dtype=np.uint8)
-    out = video_processor(videos=[video], video_metadata=[{"total_num_frames": total, "fps": vfps}],
-                          do_sample_frames=True, return_metadata=True, return_tensors="pt")
+    out = video_processor(
+        videos=[video],
+        video_metadata=[{"total_num_frames": total, "fps": vfps}],
+        do_sample_frames=True,
+        return_metadata=True,
+        return_tensors="pt",
+    )
     geo = g.video_geometry(w, h, total, vfps)
     assert out["video_grid_thw"].tolist() == [[geo.temporal_patches, geo.grid_h, geo.grid_w]]
     assert len(out["video_metadata"][0].frames_indices) == geo.sampled_frames

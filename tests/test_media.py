@@ -48,8 +48,10 @@ def test_probe_image_formats(tmp_path: Path, fmt: str) -> None:
     assert info.to_dict()["path"] == str(p)
 
 
-@pytest.mark.parametrize(("orientation", "size"), [(1, (300, 200)), (3, (300, 200)), (6, (200, 300)),
-                                                    (8, (200, 300)), (5, (200, 300)), (42, (300, 200))])
+@pytest.mark.parametrize(
+    ("orientation", "size"),
+    [(1, (300, 200)), (3, (300, 200)), (6, (200, 300)), (8, (200, 300)), (5, (200, 300)), (42, (300, 200))],
+)
 def test_exif_orientation(tmp_path: Path, orientation: int, size: tuple[int, int]) -> None:
     from PIL import ImageOps
 
@@ -94,8 +96,9 @@ def test_jpeg_with_trailing_data_is_fine(tmp_path: Path) -> None:
     assert media.probe_image(p).width == 64
 
 
-@pytest.mark.parametrize(("name", "content"), [("noise.jpg", os.urandom(4096)), ("notes.txt", b"hello\n"),
-                                               ("empty.png", b"")])
+@pytest.mark.parametrize(
+    ("name", "content"), [("noise.jpg", os.urandom(4096)), ("notes.txt", b"hello\n"), ("empty.png", b"")]
+)
 def test_not_an_image(tmp_path: Path, name: str, content: bytes) -> None:
     p = tmp_path / name
     p.write_bytes(content)
@@ -144,8 +147,7 @@ def _write_video(path: Path, width: int, height: int, frames: int, fps: int, cod
             container.mux(packet)
 
 
-@pytest.mark.parametrize(("ext", "estimated"),
-                         [("mp4", False), ("mov", False), ("avi", False), ("mkv", True)])
+@pytest.mark.parametrize(("ext", "estimated"), [("mp4", False), ("mov", False), ("avi", False), ("mkv", True)])
 def test_probe_video(tmp_path: Path, ext: str, estimated: bool) -> None:
     p = tmp_path / f"v.{ext}"
     _write_video(p, 64, 48, 30, 10)
@@ -166,22 +168,38 @@ def test_probe_video_matches_transformers_processor(tmp_path: Path) -> None:
     _write_video(p, 64, 48, 30, 10)
     info = media.probe_video(p)
     frames, meta = load_video(str(p), backend="pyav")
-    assert (meta.total_num_frames, meta.fps, meta.width, meta.height) == (info.total_frames, info.fps,
-                                                                          info.width, info.height)
+    assert (meta.total_num_frames, meta.fps, meta.width, meta.height) == (
+        info.total_frames,
+        info.fps,
+        info.width,
+        info.height,
+    )
     proc = transformers.Qwen3VLVideoProcessor(
-        size={"shortest_edge": g.VIDEO_MIN_PIXELS, "longest_edge": g.VIDEO_MAX_PIXELS}, fps=2, min_frames=4,
-        max_frames=768, patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3,
-        image_std=[0.5] * 3)
-    out = proc(videos=[frames], video_metadata=[{"total_num_frames": meta.total_num_frames, "fps": meta.fps}],
-               do_sample_frames=True, return_metadata=True, return_tensors="pt")
+        size={"shortest_edge": g.VIDEO_MIN_PIXELS, "longest_edge": g.VIDEO_MAX_PIXELS},
+        fps=2,
+        min_frames=4,
+        max_frames=768,
+        patch_size=16,
+        merge_size=2,
+        temporal_patch_size=2,
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+    )
+    out = proc(
+        videos=[frames],
+        video_metadata=[{"total_num_frames": meta.total_num_frames, "fps": meta.fps}],
+        do_sample_frames=True,
+        return_metadata=True,
+        return_tensors="pt",
+    )
     geo = g.video_geometry(info.width, info.height, info.total_frames, info.fps)
     assert out["video_grid_thw"].tolist() == [[geo.temporal_patches, geo.grid_h, geo.grid_w]]
     assert len(out["video_metadata"][0].frames_indices) == geo.sampled_frames == 6
 
 
-@pytest.mark.parametrize(("name", "content"),
-                         [("noise.mp4", os.urandom(200_000)), ("text.webm", b"hi\n" * 100),
-                          ("empty.mkv", b"")])
+@pytest.mark.parametrize(
+    ("name", "content"), [("noise.mp4", os.urandom(200_000)), ("text.webm", b"hi\n" * 100), ("empty.mkv", b"")]
+)
 def test_not_a_video(tmp_path: Path, name: str, content: bytes) -> None:
     pytest.importorskip("av")
     p = tmp_path / name
@@ -225,14 +243,15 @@ def test_expand_inputs(tmp_path: Path) -> None:
     assert out == [loose, d / "a.PNG", d / "b.jpg", d / "sub" / "c.mp4", missing]
 
 
-@pytest.mark.parametrize(("text", "size"), [("1920x1080", (1920, 1080)), ("640X480", (640, 480)),
-                                            ("64×48", (64, 48)), (" 10 x 20 ", (10, 20))])
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("1920x1080", (1920, 1080)), ("640X480", (640, 480)), ("64×48", (64, 48)), (" 10 x 20 ", (10, 20))],
+)
 def test_parse_size(text: str, size: tuple[int, int]) -> None:
     assert media.parse_size(text) == size
 
 
-@pytest.mark.parametrize("text",
-                         ["1920", "1920x", "x1080", "0x10", "axb", "1920x1080x3", "-5x5", "", "1.5x2"])
+@pytest.mark.parametrize("text", ["1920", "1920x", "x1080", "0x10", "axb", "1920x1080x3", "-5x5", "", "1.5x2"])
 def test_parse_size_bad(text: str) -> None:
     with pytest.raises(InputError) as e:
         media.parse_size(text)

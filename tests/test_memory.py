@@ -68,15 +68,26 @@ def test_param_formulas_match_transformers_modules(geometry):
     t, v = geometry.text, geometry.vision
     cfg = tf.Qwen3VLConfig(
         text_config=dict(
-            hidden_size=t.hidden_size, num_hidden_layers=t.num_hidden_layers, num_attention_heads=t.num_attention_heads,
-            num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim, intermediate_size=t.intermediate_size,
-            vocab_size=t.vocab_size, max_position_embeddings=t.max_position_embeddings,
+            hidden_size=t.hidden_size,
+            num_hidden_layers=t.num_hidden_layers,
+            num_attention_heads=t.num_attention_heads,
+            num_key_value_heads=t.num_key_value_heads,
+            head_dim=t.head_dim,
+            intermediate_size=t.intermediate_size,
+            vocab_size=t.vocab_size,
+            max_position_embeddings=t.max_position_embeddings,
             tie_word_embeddings=t.tie_word_embeddings,
         ),
         vision_config=dict(
-            depth=v.depth, hidden_size=v.hidden_size, num_heads=v.num_heads, intermediate_size=v.intermediate_size,
-            out_hidden_size=v.out_hidden_size, patch_size=v.patch_size, spatial_merge_size=v.spatial_merge_size,
-            temporal_patch_size=v.temporal_patch_size, in_channels=v.in_channels,
+            depth=v.depth,
+            hidden_size=v.hidden_size,
+            num_heads=v.num_heads,
+            intermediate_size=v.intermediate_size,
+            out_hidden_size=v.out_hidden_size,
+            patch_size=v.patch_size,
+            spatial_merge_size=v.spatial_merge_size,
+            temporal_patch_size=v.temporal_patch_size,
+            in_channels=v.in_channels,
             num_position_embeddings=v.num_position_embeddings,
             deepstack_visual_indexes=list(range(v.num_deepstack)),
         ),
@@ -137,8 +148,13 @@ def test_doc_batch1_262144_one_card_fits():
     _, r = est("rebel100-1npu")
     assert r.fits
     d = r.device(0)
-    assert [i.name for i in d.items] == ["lm.weights", "lm.kv_cache", "lm.workspace", "visual.weights",
-                                         "visual.workspace"]
+    assert [i.name for i in d.items] == [
+        "lm.weights",
+        "lm.kv_cache",
+        "lm.workspace",
+        "visual.weights",
+        "visual.workspace",
+    ]
     assert 55 * GiB < d.total_bytes < 60 * GiB
     assert d.free_bytes > 80 * GiB
     assert r.suggestions == []
@@ -263,8 +279,7 @@ def test_memory_budget_too_small_is_insufficient():
 
 
 def test_eager_blocks_equal_batch():
-    _, r = est("rebel100-1npu", ["attn_impl=eager", "kvcache_partition_len=null", "max_seq_len=16384",
-                                 "batch_size=4"])
+    _, r = est("rebel100-1npu", ["attn_impl=eager", "kvcache_partition_len=null", "max_seq_len=16384", "batch_size=4"])
     assert r.kv["mode"] == "eager" and r.kv["num_blocks"] == 4
     # 56 tensors x 4 blocks x 8 heads x 16384 x 128 x 2 B
     assert item(r, 0, "lm.kv_cache").bytes == 56 * 4 * 32 * MiB
@@ -333,12 +348,19 @@ def test_lm_workspace_modelled_and_small():
 def test_calibration_overrides_modelled_numbers(tmp_path):
     plan = build_plan("rebel100-1npu")
     keys = cal.graph_keys(plan.resolved)
-    assert keys == {"prefill": "prefill/chunk512/block8192", "decoder_batch_1": "decoder_batch_1/block8192",
-                    "visual": "visual/bucket16384"}
+    assert keys == {
+        "prefill": "prefill/chunk512/block8192",
+        "decoder_batch_1": "decoder_batch_1/block8192",
+        "visual": "visual/bucket16384",
+    }
     path = tmp_path / "calibration.json"
     cal.record({keys["visual"]: 3 * GiB}, model=plan.geometry, npu="RBLN-CR13", path=path)
-    cal.record({keys["prefill"]: {"workspace_bytes": 200 * MiB}, keys["decoder_batch_1"]: 10 * MiB},
-               model=plan.geometry, npu="RBLN-CR13", path=path)
+    cal.record(
+        {keys["prefill"]: {"workspace_bytes": 200 * MiB}, keys["decoder_batch_1"]: 10 * MiB},
+        model=plan.geometry,
+        npu="RBLN-CR13",
+        path=path,
+    )
     data = cal.load_calibration(path)
     r = m.estimate_plan(plan, calibration=data)
     vws = item(r, 0, "visual.workspace")
@@ -349,8 +371,9 @@ def test_calibration_overrides_modelled_numbers(tmp_path):
     # bucket-plan sees the same number
     assert m.estimate_for_bucket(plan.geometry, 16384, calibration=data, npu="RBLN-CR13")["workspace_bytes"] == 3 * GiB
     # another NPU is not calibrated
-    assert not item(m.estimate_plan(build_plan("rebel100-1npu", ["npu=RBLN-CA25"]), calibration=data), 0,
-                    "visual.workspace").calibrated
+    assert not item(
+        m.estimate_plan(build_plan("rebel100-1npu", ["npu=RBLN-CA25"]), calibration=data), 0, "visual.workspace"
+    ).calibrated
     assert not list(tmp_path.glob(".calibration-*"))  # atomic write left no temp file
 
 
@@ -366,8 +389,13 @@ def test_calibration_default_path_and_estimate_reads_it(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     "content",
-    ["{not json", "[]", '{"entries": []}', '{"entries": {"m": {"RBLN-CR13": {"k": {"workspace_bytes": "x"}}}}}',
-     '{"format": "other"}'],
+    [
+        "{not json",
+        "[]",
+        '{"entries": []}',
+        '{"entries": {"m": {"RBLN-CR13": {"k": {"workspace_bytes": "x"}}}}}',
+        '{"format": "other"}',
+    ],
 )
 def test_corrupt_calibration_is_input_error(tmp_path, content):
     path = tmp_path / "calibration.json"
@@ -408,11 +436,22 @@ def test_json_shape():
 def test_estimate_without_plan():
     """load-check path: geometry + ResolvedLM + spec + placement from a compiled artifact, no preset."""
     plan = build_plan("rebel100-1npu-batch4", ["max_seq_len=262144"])
-    r = m.estimate(plan.geometry, plan.resolved, npu_spec("RBLN-CR13"), {"device": 0, "visual_device": 1},
-                   calibration=NO_CAL, dtype_bytes=2)
+    r = m.estimate(
+        plan.geometry,
+        plan.resolved,
+        npu_spec("RBLN-CR13"),
+        {"device": 0, "visual_device": 1},
+        calibration=NO_CAL,
+        dtype_bytes=2,
+    )
     assert r.fits and [d.device for d in r.devices] == [0, 1]
-    r = m.estimate(plan.geometry, replace(plan.resolved), npu_spec("RBLN-CR13"), {"device": 0, "visual_device": 0},
-                   calibration=NO_CAL)
+    r = m.estimate(
+        plan.geometry,
+        replace(plan.resolved),
+        npu_spec("RBLN-CR13"),
+        {"device": 0, "visual_device": 0},
+        calibration=NO_CAL,
+    )
     assert not r.fits
 
 
@@ -434,8 +473,9 @@ def test_memory_modules_stay_pure_python():
         "import sys, qwenvl_rbln.memory, qwenvl_rbln.memory_view, qwenvl_rbln.calibration;"
         "bad = [n for n in ('torch', 'transformers') if n in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parent.parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -457,7 +497,12 @@ def test_cli_compile_dry_run_json_memory():
     assert mem["fits"] is False
     assert mem["devices"][0]["device"] == 0
     assert [i["name"] for i in mem["devices"][0]["items"]] == [
-        "lm.weights", "lm.kv_cache", "lm.workspace", "visual.weights", "visual.workspace"]
+        "lm.weights",
+        "lm.kv_cache",
+        "lm.workspace",
+        "visual.weights",
+        "visual.workspace",
+    ]
     assert mem["devices"][0]["fits"] is False
     assert ["placement.visual_device=1"] in [s["set"] for s in mem["suggestions"]]
 

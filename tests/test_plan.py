@@ -31,7 +31,14 @@ def test_golden_dicts(name):
 
 def test_key_order_follows_the_document():
     plan = build_plan("rebel100-1npu")
-    assert list(plan.rbln_config) == ["visual", "num_devices", "kvcache_partition_len", "max_seq_len", "create_runtimes", "npu"]
+    assert list(plan.rbln_config) == [
+        "visual",
+        "num_devices",
+        "kvcache_partition_len",
+        "max_seq_len",
+        "create_runtimes",
+        "npu",
+    ]
 
 
 def test_resolved_values_for_batch4():
@@ -59,9 +66,23 @@ def test_set_overrides_and_model_flag(tmp_path):
 def test_local_model_dir_geometry(tmp_path):
     cfg = {
         "model_type": "qwen3_vl",
-        "text_config": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                        "head_dim": 16, "intermediate_size": 128, "vocab_size": 300, "max_position_embeddings": 4096},
-        "vision_config": {"depth": 2, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "out_hidden_size": 64},
+        "text_config": {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "intermediate_size": 128,
+            "vocab_size": 300,
+            "max_position_embeddings": 4096,
+        },
+        "vision_config": {
+            "depth": 2,
+            "hidden_size": 32,
+            "num_heads": 2,
+            "intermediate_size": 64,
+            "out_hidden_size": 64,
+        },
     }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(InputError, match="max_position_embeddings"):
@@ -78,7 +99,9 @@ def test_not_a_qwen3_vl_model_dir(tmp_path):
 
 def test_deprecated_max_seq_lens_is_rewritten(tmp_path):
     preset = tmp_path / "old.yaml"
-    preset.write_text("extends: rebel100-1npu\nrbln_config:\n  visual:\n    max_seq_len: null\n    max_seq_lens: [1024, 16384]\n")
+    preset.write_text(
+        "extends: rebel100-1npu\nrbln_config:\n  visual:\n    max_seq_len: null\n    max_seq_lens: [1024, 16384]\n"
+    )
     plan = build_plan(str(preset))
     assert plan.rbln_config["visual"]["max_seq_len"] == [1024, 16384]
     assert "max_seq_lens" not in plan.rbln_config["visual"]
@@ -105,8 +128,10 @@ def test_decoder_batch_sizes_appended_like_optimum():
         (["kvcache_partition_len=512"], r"1024 <= P <= 16384"),
         (["kvcache_partition_len=32768", "max_seq_len=65536"], r"1024 <= P <= 16384"),
         (["kvcache_partition_len=null", "max_seq_len=32768"], "limit of 16384 for eager"),
-        (["kvcache_partition_len=null", "attn_impl=eager", "max_seq_len=16384", "kvcache_block_size=8192"],
-         "must equal max_seq_len"),
+        (
+            ["kvcache_partition_len=null", "attn_impl=eager", "max_seq_len=16384", "kvcache_block_size=8192"],
+            "must equal max_seq_len",
+        ),
         (["kvcache_block_size=4096"], "must equal kvcache_partition_len"),
         (["attn_impl=sdpa"], "Unknown attn_impl"),
         (["prefill_chunk_size=100"], "divisible by 64"),

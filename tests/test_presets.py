@@ -23,7 +23,11 @@ def test_named_and_path_presets_agree():
 
 def test_extends_chain_merges_and_replaces_lists():
     loaded = load_preset("rebel100-2npu-batch4")
-    assert loaded.chain == ["configs/rebel100-1npu.yaml", "configs/rebel100-1npu-batch4.yaml", "configs/rebel100-2npu-batch4.yaml"]
+    assert loaded.chain == [
+        "configs/rebel100-1npu.yaml",
+        "configs/rebel100-1npu-batch4.yaml",
+        "configs/rebel100-2npu-batch4.yaml",
+    ]
     assert loaded.data["rbln_config"]["max_seq_len"] == 262144
     assert loaded.data["rbln_config"]["decoder_batch_sizes"] == [1, 2, 4]
     assert loaded.data["placement"] == {"device": 0, "visual_device": 1}
@@ -91,8 +95,17 @@ def test_preset_must_be_a_mapping(tmp_path):
 
 @pytest.mark.parametrize(
     "raw, value",
-    [("4", 4), ("[1024,16384]", [1024, 16384]), ("true", True), ("off", False), ("null", None), ("0.8", 0.8),
-     ("Qwen/Qwen3-VL-2B-Instruct", "Qwen/Qwen3-VL-2B-Instruct"), ('"80%"', "80%"), ("80%", "80%")],
+    [
+        ("4", 4),
+        ("[1024,16384]", [1024, 16384]),
+        ("true", True),
+        ("off", False),
+        ("null", None),
+        ("0.8", 0.8),
+        ("Qwen/Qwen3-VL-2B-Instruct", "Qwen/Qwen3-VL-2B-Instruct"),
+        ('"80%"', "80%"),
+        ("80%", "80%"),
+    ],
 )
 def test_set_values(raw, value):
     assert parse_set_value(raw) == value

@@ -39,8 +39,11 @@ def _props(n: int) -> settings:
 
     ``QVL_PROPERTY_SCALE=20 pytest tests/test_properties.py`` searches 20x harder (a deep run, by hand).
     """
-    return settings(max_examples=n * int(os.environ.get("QVL_PROPERTY_SCALE", "1")), deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    return settings(
+        max_examples=n * int(os.environ.get("QVL_PROPERTY_SCALE", "1")),
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
 
 
 def assert_clean_error(err: QvlError, *names: str) -> None:
@@ -63,16 +66,87 @@ def preset_dir(tmp_path_factory):
 
 # Pieces that exercise every corner of the YAML grammar the safe loader supports, plus the hostile ones.
 YAML_FRAGMENTS = [
-    "\n", "  ", "    ", "- ", ": ", ":", "{", "}", "[", "]", ", ", "'", '"', "\t", "# c\n", "---\n", "...\n",
-    "%YAML 1.1\n", "? ", "&a ", "*a", "<<: *a\n", "!!python/object/apply:os.system ['echo pwned']",
-    "!!python/name:os.system", "!!binary aGk=", "!!set {a, b}", "!!timestamp 2024-99-99", "!!float x",
-    "!!int x", "!!omap [a]", "2024-13-45", "2024-02-29", "2001-12-14t21:59:43.10-05:00", "1_0:00:00",
-    "1" * 5000, "0x" + "f" * 4400, ".nan", ".inf", "-.inf", "~", "null", "yes", "no", "on", "0o17", "1e400",
-    "extends: ", "rebel100-1npu", "cpu-tiny", "../configs/rebel100-1npu.yaml", "/etc/passwd",
-    "description: ", "backend: ", "torch", "rbln", "model: ", "npu: ", "RBLN-CR13", "output_dir: ",
-    "rbln_config:\n  ", "visual:\n    ", "max_seq_len: ", "16384", "[1024, 16384]", "batch_size: ", "4",
-    "kvcache_partition_len: ", "8192", "decoder_batch_sizes: ", "[1, 2, 4]", "processor:\n  ",
-    "max_pixels: ", "placement:\n  ", "device: ", "visual_device: ", "-1", "0", "é", "\u2028", "\x85", "\ufeff",
+    "\n",
+    "  ",
+    "    ",
+    "- ",
+    ": ",
+    ":",
+    "{",
+    "}",
+    "[",
+    "]",
+    ", ",
+    "'",
+    '"',
+    "\t",
+    "# c\n",
+    "---\n",
+    "...\n",
+    "%YAML 1.1\n",
+    "? ",
+    "&a ",
+    "*a",
+    "<<: *a\n",
+    "!!python/object/apply:os.system ['echo pwned']",
+    "!!python/name:os.system",
+    "!!binary aGk=",
+    "!!set {a, b}",
+    "!!timestamp 2024-99-99",
+    "!!float x",
+    "!!int x",
+    "!!omap [a]",
+    "2024-13-45",
+    "2024-02-29",
+    "2001-12-14t21:59:43.10-05:00",
+    "1_0:00:00",
+    "1" * 5000,
+    "0x" + "f" * 4400,
+    ".nan",
+    ".inf",
+    "-.inf",
+    "~",
+    "null",
+    "yes",
+    "no",
+    "on",
+    "0o17",
+    "1e400",
+    "extends: ",
+    "rebel100-1npu",
+    "cpu-tiny",
+    "../configs/rebel100-1npu.yaml",
+    "/etc/passwd",
+    "description: ",
+    "backend: ",
+    "torch",
+    "rbln",
+    "model: ",
+    "npu: ",
+    "RBLN-CR13",
+    "output_dir: ",
+    "rbln_config:\n  ",
+    "visual:\n    ",
+    "max_seq_len: ",
+    "16384",
+    "[1024, 16384]",
+    "batch_size: ",
+    "4",
+    "kvcache_partition_len: ",
+    "8192",
+    "decoder_batch_sizes: ",
+    "[1, 2, 4]",
+    "processor:\n  ",
+    "max_pixels: ",
+    "placement:\n  ",
+    "device: ",
+    "visual_device: ",
+    "-1",
+    "0",
+    "é",
+    "\u2028",
+    "\x85",
+    "\ufeff",
 ]
 
 yaml_texts = st.one_of(
@@ -81,11 +155,20 @@ yaml_texts = st.one_of(
 )
 
 _scalar = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True),
-    st.text(max_size=20), st.dates(), st.datetimes(),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=20),
+    st.dates(),
+    st.datetimes(),
 )
-_keys = st.one_of(st.sampled_from(sorted({*LM_KEYS, *VISUAL_KEYS, *PROCESSOR_KEYS, *PLACEMENT_KEYS})),
-                  st.text(max_size=8), st.integers(-3, 3), st.booleans())
+_keys = st.one_of(
+    st.sampled_from(sorted({*LM_KEYS, *VISUAL_KEYS, *PROCESSOR_KEYS, *PLACEMENT_KEYS})),
+    st.text(max_size=8),
+    st.integers(-3, 3),
+    st.booleans(),
+)
 yaml_values = st.recursive(
     _scalar, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_keys, inner, max_size=4), max_leaves=15
 )
@@ -201,8 +284,10 @@ def test_yaml_alias_bomb_is_refused_quickly(preset_dir):
 
 def test_a_few_aliases_are_still_fine(preset_dir):
     path = preset_dir / "alias.yaml"
-    path.write_text("extends: rebel100-1npu\nrbln_config:\n  visual: &v {max_seq_len: [1024, 16384]}\n"
-                    "  quantization: {copy: *v}\n", encoding="utf-8")
+    path.write_text(
+        "extends: rebel100-1npu\nrbln_config:\n  visual: &v {max_seq_len: [1024, 16384]}\n  quantization: {copy: *v}\n",
+        encoding="utf-8",
+    )
     assert load_preset(str(path)).data["rbln_config"]["quantization"] == {"copy": {"max_seq_len": [1024, 16384]}}
 
 
@@ -213,21 +298,56 @@ _set_keys = st.one_of(
     st.sampled_from([f"visual.{k}" for k in VISUAL_KEYS]),
     st.sampled_from([f"processor.{k}" for k in PROCESSOR_KEYS] + [f"placement.{k}" for k in PLACEMENT_KEYS]),
     st.sampled_from(sorted(TOP_KEYS)),
-    st.sampled_from(["rbln_config.max_seq_len", "rbln_config.visual.max_seq_len", "visual.max_seq_lens",
-                     "tensor_parallel_size", "description.x", "processor.max_pixels.x", "a..b", " a", "."]),
+    st.sampled_from(
+        [
+            "rbln_config.max_seq_len",
+            "rbln_config.visual.max_seq_len",
+            "visual.max_seq_lens",
+            "tensor_parallel_size",
+            "description.x",
+            "processor.max_pixels.x",
+            "a..b",
+            " a",
+            ".",
+        ]
+    ),
     st.text(max_size=12),
 )
 json_values = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-(2**64), 2**64),
-              st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=12)),
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**64), 2**64),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=12),
+    ),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
     max_leaves=12,
 )
 _set_values = st.one_of(
     json_values.map(json.dumps),
     st.text(max_size=30),
-    st.sampled_from(["[1024,16384]", "[1024, 16384", "{", '"', "NaN", "-Infinity", "1e400", "yes", "Off", "null",
-                     "[" * 5000 + "]" * 5000, "1" * 5000, "80%", "100GiB", "flash_attn", " 4 ", ""]),
+    st.sampled_from(
+        [
+            "[1024,16384]",
+            "[1024, 16384",
+            "{",
+            '"',
+            "NaN",
+            "-Infinity",
+            "1e400",
+            "yes",
+            "Off",
+            "null",
+            "[" * 5000 + "]" * 5000,
+            "1" * 5000,
+            "80%",
+            "100GiB",
+            "flash_attn",
+            " 4 ",
+            "",
+        ]
+    ),
 )
 
 
@@ -244,8 +364,10 @@ def test_arbitrary_set_strings_parse_or_are_input_errors(item):
 
 
 @_props(150)
-@given(sets=st.lists(st.tuples(_set_keys, _set_values).map(lambda kv: f"{kv[0]}={kv[1]}"), min_size=1, max_size=4),
-       base=st.sampled_from(["rebel100-1npu", "rebel100-1npu-batch4", "cpu-tiny"]))
+@given(
+    sets=st.lists(st.tuples(_set_keys, _set_values).map(lambda kv: f"{kv[0]}={kv[1]}"), min_size=1, max_size=4),
+    base=st.sampled_from(["rebel100-1npu", "rebel100-1npu-batch4", "cpu-tiny"]),
+)
 def test_set_overrides_give_a_plan_or_an_input_error(sets, base):
     _load_and_plan(base, sets)
 
@@ -261,19 +383,28 @@ def test_parse_set_value_round_trips_json(value, compact, pad):
 @given(text=st.text(min_size=1, max_size=30))
 def test_parse_set_value_keeps_plain_words(text):
     word = text.strip()
-    assume(word and word[0] not in "[{\"")
+    assume(word and word[0] not in '[{"')
     try:
         json.loads(word)
         assume(False)  # JSON: covered by the round trip above
     except ValueError:
         pass
-    expected = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False,
-                "null": None, "none": None}.get(word.lower(), word)
+    expected = {
+        "true": True,
+        "yes": True,
+        "on": True,
+        "false": False,
+        "no": False,
+        "off": False,
+        "null": None,
+        "none": None,
+    }.get(word.lower(), word)
     assert parse_set_value(text) == expected
 
 
-@pytest.mark.parametrize("raw", ["[" * 100_000 + "]" * 100_000, "{\"a\":" * 5000 + "1" + "}" * 5000, "1" * 5000,
-                                 "[" * 70 + "]" * 70])
+@pytest.mark.parametrize(
+    "raw", ["[" * 100_000 + "]" * 100_000, '{"a":' * 5000 + "1" + "}" * 5000, "1" * 5000, "[" * 70 + "]" * 70]
+)
 def test_set_values_that_break_json_are_input_errors(raw):
     with pytest.raises(InputError) as info:
         load_preset("rebel100-1npu", [f"quantization={raw}"])
@@ -283,8 +414,35 @@ def test_set_values_that_break_json_are_input_errors(raw):
 # ============================================================================================== the plan
 
 _interesting_ints = st.one_of(
-    st.sampled_from([0, 1, 2, 3, 4, 63, 64, 256, 512, 1024, 1025, 2048, 3136, 4096, 8192, 16384, 16388, 32768,
-                     131072, 262144, 262145, 2**31, 2**63, -1, -8192]),
+    st.sampled_from(
+        [
+            0,
+            1,
+            2,
+            3,
+            4,
+            63,
+            64,
+            256,
+            512,
+            1024,
+            1025,
+            2048,
+            3136,
+            4096,
+            8192,
+            16384,
+            16388,
+            32768,
+            131072,
+            262144,
+            262145,
+            2**31,
+            2**63,
+            -1,
+            -8192,
+        ]
+    ),
     st.integers(-10, 300_000),
 )
 plan_values = st.one_of(
@@ -292,8 +450,28 @@ plan_values = st.one_of(
     st.booleans(),
     st.none(),
     st.floats(allow_nan=True, allow_infinity=True),
-    st.sampled_from(["eager", "flash_attn", "static", "80%", "0%", "101%", "x%", "100GiB", "1TiB", "12", "",
-                     "RBLN-CR13", "RBLN-CA22", "RBLN-CR03", "nope", "prefill", "decode", "-1GiB"]),
+    st.sampled_from(
+        [
+            "eager",
+            "flash_attn",
+            "static",
+            "80%",
+            "0%",
+            "101%",
+            "x%",
+            "100GiB",
+            "1TiB",
+            "12",
+            "",
+            "RBLN-CR13",
+            "RBLN-CA22",
+            "RBLN-CR03",
+            "nope",
+            "prefill",
+            "decode",
+            "-1GiB",
+        ]
+    ),
     st.lists(_interesting_ints, max_size=5),
     st.lists(st.sampled_from(["prefill", "decode", "other"]), max_size=3),
     st.dictionaries(st.sampled_from(["a", "device", "max_seq_len"]), _interesting_ints, max_size=2),
@@ -302,8 +480,12 @@ DELETE = object()
 mutations = st.lists(
     st.tuples(
         st.sampled_from(["rbln_config", "rbln_config.visual", "processor", "placement", ""]),
-        st.one_of(st.sampled_from(sorted({*LM_KEYS, *VISUAL_KEYS, *PROCESSOR_KEYS, *PLACEMENT_KEYS, *TOP_KEYS}
-                                         - {"extends"})), st.text(min_size=1, max_size=6)),
+        st.one_of(
+            st.sampled_from(
+                sorted({*LM_KEYS, *VISUAL_KEYS, *PROCESSOR_KEYS, *PLACEMENT_KEYS, *TOP_KEYS} - {"extends"})
+            ),
+            st.text(min_size=1, max_size=6),
+        ),
         st.one_of(plan_values, st.just(DELETE)),
     ),
     min_size=1,
@@ -380,13 +562,19 @@ def hf_image_processor():
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("torchvision")
     return transformers.Qwen2VLImageProcessor(
-        size={"shortest_edge": g.IMAGE_MIN_PIXELS, "longest_edge": g.IMAGE_MAX_PIXELS}, patch_size=16,
-        merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+        size={"shortest_edge": g.IMAGE_MIN_PIXELS, "longest_edge": g.IMAGE_MAX_PIXELS},
+        patch_size=16,
+        merge_size=2,
+        temporal_patch_size=2,
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+    )
 
 
 @_props(400)
-@given(h=st.integers(1, 60_000), w=st.integers(1, 60_000), min_pixels=st.integers(1, 1 << 22),
-       span=st.integers(0, 1 << 26))
+@given(
+    h=st.integers(1, 60_000), w=st.integers(1, 60_000), min_pixels=st.integers(1, 1 << 22), span=st.integers(0, 1 << 26)
+)
 def test_patch_counts_equal_the_processors_for_any_caps(hf_image_processor, h, w, min_pixels, span):
     """Arbitrary (not just the shipped) min/max pixel caps, through the processor's own patch counter."""
     max_pixels = min_pixels + span
@@ -424,8 +612,9 @@ def test_image_grid_thw_of_real_pixels(hf_image_processor, h, w):
     """The processor run on real pixels (not only its counter): image_grid_thw == [1, grid_h, grid_w]."""
     torch = pytest.importorskip("torch")
     assume(max(h, w) / min(h, w) <= g.MAX_ASPECT_RATIO)
-    out = hf_image_processor(torch.zeros(3, h, w, dtype=torch.uint8), input_data_format="channels_first",
-                             return_tensors="pt")
+    out = hf_image_processor(
+        torch.zeros(3, h, w, dtype=torch.uint8), input_data_format="channels_first", return_tensors="pt"
+    )
     geo = g.image_geometry(w, h)
     assert out["image_grid_thw"].tolist() == [[1, geo.grid_h, geo.grid_w]]
     assert out["pixel_values"].shape[0] == geo.patches
@@ -453,8 +642,13 @@ workloads = st.dictionaries(st.integers(1, 20_000), st.integers(1, 500), min_siz
 
 
 @_props(120)
-@given(counts=workloads, k=st.integers(1, 5), cap=st.one_of(st.none(), st.integers(4, 24_000)),
-       current=_bucket_lists, others=st.lists(_bucket_lists, max_size=4))
+@given(
+    counts=workloads,
+    k=st.integers(1, 5),
+    cap=st.one_of(st.none(), st.integers(4, 24_000)),
+    current=_bucket_lists,
+    others=st.lists(_bucket_lists, max_size=4),
+)
 def test_optimiser_never_worse_than_any_baseline_and_covers_up_to_the_largest(counts, k, cap, current, others):
     res = bk.optimize_buckets(counts, k, COST, max_bucket=cap)
     limit = None if cap is None else cap // 4 * 4
@@ -482,8 +676,7 @@ def test_optimiser_never_worse_than_any_baseline_and_covers_up_to_the_largest(co
 
 
 @_props(100)
-@given(trace=st.lists(st.integers(1, 32), min_size=1, max_size=60), k=st.integers(1, 5),
-       extra=st.integers(0, 8))
+@given(trace=st.lists(st.integers(1, 32), min_size=1, max_size=60), k=st.integers(1, 5), extra=st.integers(0, 8))
 def test_decoder_optimiser_tops_at_batch_size_and_is_never_worse(trace, k, extra):
     batch = max(trace) + extra
     res = bk.optimize_decoder_batches(trace, k, batch_size=batch)
@@ -504,4 +697,3 @@ def test_optimize_section_when_every_input_is_above_max_bucket():
     with pytest.raises(InputError) as info:
         optimize_section(items, plan, 2, 1024, COST)
     assert_clean_error(info.value, "1024")
-

@@ -94,8 +94,17 @@ def _dotted(node: ast.AST) -> str:
 
 
 UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", "shelve", "jsonpickle", "joblib"}
-YAML_UNSAFE = {"load", "load_all", "unsafe_load", "unsafe_load_all", "full_load", "full_load_all", "Loader",
-               "UnsafeLoader", "FullLoader"}
+YAML_UNSAFE = {
+    "load",
+    "load_all",
+    "unsafe_load",
+    "unsafe_load_all",
+    "full_load",
+    "full_load_all",
+    "Loader",
+    "UnsafeLoader",
+    "FullLoader",
+}
 
 
 def scan(source: str, filename: str = "<snippet>") -> list[str]:
@@ -182,10 +191,21 @@ GOOD_SNIPPET = textwrap.dedent(
 def test_the_scanner_flags_every_unsafe_pattern_and_nothing_safe():
     """Positive and negative controls for the scans below."""
     found = scan(BAD_SNIPPET)
-    for needle in ("imports pickle", "from yaml import FullLoader", "imports marshal", "yaml.load", "yaml.Loader",
-                   "yaml.unsafe_load", "torch.load without weights_only=True", "np.load with allow_pickle",
-                   "eval(...)", "exec(...)", "trust_remote_code=True", "(**kwargs) could carry trust_remote_code",
-                   "shell=True"):
+    for needle in (
+        "imports pickle",
+        "from yaml import FullLoader",
+        "imports marshal",
+        "yaml.load",
+        "yaml.Loader",
+        "yaml.unsafe_load",
+        "torch.load without weights_only=True",
+        "np.load with allow_pickle",
+        "eval(...)",
+        "exec(...)",
+        "trust_remote_code=True",
+        "(**kwargs) could carry trust_remote_code",
+        "shell=True",
+    ):
         assert any(needle in f for f in found), (needle, found)
     assert sum("torch.load without" in f for f in found) == 2
     assert scan(GOOD_SNIPPET) == []
@@ -220,7 +240,9 @@ def test_every_from_pretrained_call_is_local_only_and_never_trusts_remote_code()
         if name != "rbln.py":  # transformers calls: never the hub
             kw = {k.arg: k.value for k in node.keywords}
             assert isinstance(kw.get("local_files_only"), ast.Constant) and kw["local_files_only"].value is True, (
-                name, node.lineno)
+                name,
+                node.lineno,
+            )
 
 
 # ================================================================ trust_remote_code, behaviourally
@@ -237,8 +259,14 @@ def test_transformers_loaders_get_no_trust_remote_code(tmp_path, monkeypatch):
     from qwenvl_rbln.inference import inputs, reference
 
     seen: list[tuple[str, dict]] = []
-    for cls_name in ("AutoModelForImageTextToText", "AutoProcessor", "Qwen3VLForConditionalGeneration",
-                     "AutoTokenizer", "AutoConfig", "AutoImageProcessor"):
+    for cls_name in (
+        "AutoModelForImageTextToText",
+        "AutoProcessor",
+        "Qwen3VLForConditionalGeneration",
+        "AutoTokenizer",
+        "AutoConfig",
+        "AutoImageProcessor",
+    ):
         cls = getattr(transformers, cls_name)
 
         def record(*args, _name=cls_name, **kwargs):
@@ -248,12 +276,18 @@ def test_transformers_loaders_get_no_trust_remote_code(tmp_path, monkeypatch):
         monkeypatch.setattr(cls, "from_pretrained", record)
     model = write_hf_model(tmp_path / "tiny", TINY_CONFIG)
     plan = build_plan("cpu-tiny", model=str(model))
-    for call in (lambda: torch_ref_compile.load_model(model), lambda: reference.load_reference(model),
-                 lambda: inputs.load_processor(model, plan.processor)):
+    for call in (
+        lambda: torch_ref_compile.load_model(model),
+        lambda: reference.load_reference(model),
+        lambda: inputs.load_processor(model, plan.processor),
+    ):
         with pytest.raises((QvlError, _Stop)):
             call()
-    assert {name for name, _ in seen} >= {"AutoModelForImageTextToText", "AutoProcessor",
-                                          "Qwen3VLForConditionalGeneration"}
+    assert {name for name, _ in seen} >= {
+        "AutoModelForImageTextToText",
+        "AutoProcessor",
+        "Qwen3VLForConditionalGeneration",
+    }
     for name, kwargs in seen:
         assert not kwargs.get("trust_remote_code"), (name, kwargs)
         assert kwargs.get("local_files_only") is True, (name, kwargs)
@@ -265,8 +299,9 @@ def test_optimum_rbln_calls_get_no_trust_remote_code(tmp_path, monkeypatch, caps
     auto = make_auto(plan)
     install(monkeypatch, auto)
     out = tmp_path / "out"
-    code, _, err = run_main(["compile", "--preset", "rebel100-1npu", "--model", str(model), "-o", str(out),
-                             "--no-cache"], capsys)
+    code, _, err = run_main(
+        ["compile", "--preset", "rebel100-1npu", "--model", str(model), "-o", str(out), "--no-cache"], capsys
+    )
     assert code == 0, err
     code, _, err = run_main(["load-check", str(out)], capsys)
     assert code == 0, err
@@ -323,8 +358,11 @@ def test_remote_code_in_a_model_directory_never_runs(tmp_path):
     payload += "from transformers import Qwen3VLForConditionalGeneration as EvilModel\n"
     (model / "evil.py").write_text(payload)
     cfg = json.loads((model / "config.json").read_text())
-    cfg["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForImageTextToText": "evil.EvilModel",
-                       "AutoProcessor": "evil.EvilConfig"}
+    cfg["auto_map"] = {
+        "AutoConfig": "evil.EvilConfig",
+        "AutoModelForImageTextToText": "evil.EvilModel",
+        "AutoProcessor": "evil.EvilConfig",
+    }
     (model / "config.json").write_text(json.dumps(cfg))
     for name in ("processor_config.json", "tokenizer_config.json"):
         if (model / name).is_file():
@@ -333,8 +371,9 @@ def test_remote_code_in_a_model_directory_never_runs(tmp_path):
             (model / name).write_text(json.dumps(data))
     script = _REMOTE_CODE_SCRIPT.format(repo=str(REPO), model=str(model), marker=str(marker))
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     for name in ("torch_ref_compile.load_model", "reference.load_reference", "inputs.load_processor"):
@@ -401,13 +440,15 @@ def test_compile_writes_only_the_output_dir_its_siblings_and_the_cache(tmp_path,
     work.mkdir()
     before = _snapshot(tmp_path, home)
     out, cache = work / "out", work / "cache"
-    code, _, err = run_main(["compile", "--preset", str(preset), "--model", str(model), "-o", str(out),
-                             "--cache-dir", str(cache)], capsys)
+    code, _, err = run_main(
+        ["compile", "--preset", str(preset), "--model", str(model), "-o", str(out), "--cache-dir", str(cache)], capsys
+    )
     assert code == 0, err
     created = _snapshot(tmp_path, home) - before
     allowed = (str(out), str(cache), str(work / ".out.qvl-"))
-    assert created and all(p.startswith(allowed) for p in created), sorted(p for p in created
-                                                                           if not p.startswith(allowed))
+    assert created and all(p.startswith(allowed) for p in created), sorted(
+        p for p in created if not p.startswith(allowed)
+    )
     assert not (tmp_path / "escape-out").exists() and not (tmp_path.parent / "escape.safetensors").exists()
     names = json.loads((out / artifacts.MANIFEST_NAME).read_text())["files"]
     assert names and all(not artifacts.unsafe_relpath(n) for n in names)  # manifest names are plain relative
@@ -431,8 +472,9 @@ def test_a_preset_file_cannot_send_output_outside_the_working_directory(tmp_path
 def test_a_manifest_naming_paths_outside_the_artifact_is_refused_not_read(tmp_path, capsys, monkeypatch, entry):
     model = write_hf_model(tmp_path / "tiny", TINY_CONFIG)
     out = tmp_path / "art" / "out"
-    code, _, err = run_main(["compile", "--preset", "cpu-tiny", "--model", str(model), "-o", str(out), "--no-cache"],
-                            capsys)
+    code, _, err = run_main(
+        ["compile", "--preset", "cpu-tiny", "--model", str(model), "-o", str(out), "--no-cache"], capsys
+    )
     assert code == 0, err
     outside = tmp_path / "art" / "outside.bin"
     outside.write_bytes(b"secret")
@@ -478,13 +520,18 @@ def test_request_files_with_outside_paths_write_nothing(tmp_path, capsys):
     """infer only reads: a batch file naming ../.. and absolute paths gets a clear error and nothing is written."""
     model = write_hf_model(tmp_path / "tiny", TINY_CONFIG)
     art = tmp_path / "art"
-    code, _, err = run_main(["compile", "--preset", "cpu-tiny", "--model", str(model), "-o", str(art), "--no-cache"],
-                            capsys)
+    code, _, err = run_main(
+        ["compile", "--preset", "cpu-tiny", "--model", str(model), "-o", str(art), "--no-cache"], capsys
+    )
     assert code == 0, err
     reqs = tmp_path / "reqs" / "r.jsonl"
     reqs.parent.mkdir()
-    reqs.write_text(json.dumps({"prompt": "x", "images": ["../../../../nope-outside.png"]}) + "\n"
-                    + json.dumps({"prompt": "y", "image": "/nonexistent-qvl/abs.png"}) + "\n")
+    reqs.write_text(
+        json.dumps({"prompt": "x", "images": ["../../../../nope-outside.png"]})
+        + "\n"
+        + json.dumps({"prompt": "y", "image": "/nonexistent-qvl/abs.png"})
+        + "\n"
+    )
     before = _snapshot(tmp_path, Path(os.environ["QVL_HOME"]))
     code, stdout, err = run_main(["infer", str(art), "--batch-file", str(reqs)], capsys)
     assert code == 2, err

@@ -35,7 +35,9 @@ def plan_summary(console: Any, plan: dict[str, Any]) -> None:
     table.add_row("KV blocks", f"{blocks} (full {r['num_full_blocks']}, minimum {r['num_min_blocks']})")
     p = plan["processor"]
     table.add_row("processor", f"min_pixels {p['min_pixels']}, max_pixels {p['max_pixels']}")
-    table.add_row("placement", f"LM on device {plan['placement']['device']}, visual on {plan['placement']['visual_device']}")
+    table.add_row(
+        "placement", f"LM on device {plan['placement']['device']}, visual on {plan['placement']['visual_device']}"
+    )
     table.add_row("output", plan["output_dir"])
     console.print(table)
     console.print("[bold]compile rbln_config[/bold] (from_pretrained(export=True))")
@@ -51,13 +53,19 @@ def register(app: typer.Typer) -> None:
         sets: list[str] = SetOpt,
         model: str = ModelOpt,
         output: Path = typer.Option(None, "--output", "-o", help="Artifact directory (default: the preset's)."),
-        dry_run: bool = typer.Option(False, "--dry-run", help="Resolve, validate and estimate memory; compile nothing."),
+        dry_run: bool = typer.Option(
+            False, "--dry-run", help="Resolve, validate and estimate memory; compile nothing."
+        ),
         force: bool = typer.Option(
-            False, "--force", help="Replace an existing artifact directory; compile even if the planner says it won't fit."
+            False,
+            "--force",
+            help="Replace an existing artifact directory; compile even if the planner says it won't fit.",
         ),
         cache_dir: Path = typer.Option(None, "--cache-dir", help="Compile cache (default: $QVL_HOME/compile-cache)."),
         no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the compile cache."),
-        device_memory: str = typer.Option(None, "--device-memory", help="Usable bytes per NPU you measured, e.g. 120GiB."),
+        device_memory: str = typer.Option(
+            None, "--device-memory", help="Usable bytes per NPU you measured, e.g. 120GiB."
+        ),
         as_json: bool = JsonOpt,
     ) -> None:
         """Compile Qwen3-VL with a preset (optimum-rbln on an RBLN host, transformers for backend torch)."""
@@ -72,6 +80,7 @@ def register(app: typer.Typer) -> None:
         memory = estimate_plan(plan, device_memory=device_memory)
         data = {**plan.to_dict(), "memory": memory.to_dict()}
         if dry_run:
+
             def human(console: Any, d: dict[str, Any]) -> None:
                 plan_summary(console, d)
                 print_memory(console, d["memory"])
@@ -88,9 +97,7 @@ def register(app: typer.Typer) -> None:
             return
         from qwenvl_rbln.compile_job import run_compile
 
-        result = run_compile(
-            plan, memory, force=force, cache_dir=cache_dir, use_cache=not no_cache, as_json=as_json
-        )
+        result = run_compile(plan, memory, force=force, cache_dir=cache_dir, use_cache=not no_cache, as_json=as_json)
 
         def human_done(console: Any, d: dict[str, Any]) -> None:
             console.print(d["result"]["summary"], markup=False)

@@ -48,8 +48,14 @@ def register(app: typer.Typer) -> None:
         loaded = load_preset(name, sets)
         plan = plan_from_loaded(loaded)
         print_warnings(plan.warnings)
-        data = {"name": loaded.name, "path": str(loaded.path), "chain": loaded.chain, "preset": loaded.data,
-                "rbln_config": plan.rbln_config, "load_rbln_config": plan.load_rbln_config}
+        data = {
+            "name": loaded.name,
+            "path": str(loaded.path),
+            "chain": loaded.chain,
+            "preset": loaded.data,
+            "rbln_config": plan.rbln_config,
+            "load_rbln_config": plan.load_rbln_config,
+        }
 
         def human(console: Any, d: dict) -> None:
             import yaml
