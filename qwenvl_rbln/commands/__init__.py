@@ -20,10 +20,4 @@ COMMAND_MODULES = [
 
 def register_all(app: typer.Typer) -> None:
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"qwenvl_rbln.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"qwenvl_rbln.commands.{name}":
-                continue  # command not built yet
-            raise
-        module.register(app)
+        importlib.import_module(f"qwenvl_rbln.commands.{name}").register(app)
