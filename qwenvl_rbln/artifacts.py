@@ -889,3 +889,41 @@ def describe_layout_problem(layout: dict[str, Any]) -> str:
         parts.append("unexpected " + ", ".join(layout["unexpected"][:4]))
     parts.extend(layout["problems"][:2])
     return "; ".join(parts)
+
+
+# --- the last compile: `qvl compile --preset P` then `qvl infer` / `qvl load-check` with no DIR ----------
+
+LAST_COMPILE_NAME = "last-compile.json"
+
+
+def _last_compile_path() -> Path:
+    from qwenvl_rbln.modelinfo import qvl_home
+
+    return qvl_home() / LAST_COMPILE_NAME
+
+
+def record_last_compile(output_dir: Path, preset: str) -> None:
+    """Remember where the latest compile went, so commands without DIR or --preset find it."""
+    path = _last_compile_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"output_dir": str(Path(output_dir).absolute()), "preset": preset}))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a convenience only: never fail a finished compile over it
+
+
+def last_compile() -> dict[str, str] | None:
+    """The latest compile's {output_dir, preset} when that directory still exists, else None."""
+    try:
+        data = json.loads(_last_compile_path().read_text(encoding="utf-8"))
+        if (
+            isinstance(data, dict)
+            and Path(str(data.get("output_dir"))).is_dir()
+            and isinstance(data.get("preset"), str)
+        ):
+            return {"output_dir": str(data["output_dir"]), "preset": data["preset"]}
+    except (OSError, ValueError):
+        pass
+    return None

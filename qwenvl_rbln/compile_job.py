@@ -254,6 +254,7 @@ def _run(
                 except OSError as exc:
                     render.warn(f"could not store the artifact in the compile cache {cache_root}: {exc}")
         progress.stage("done")
+    artifacts.record_last_compile(target, plan.preset)
     timings = progress.timings()
     elapsed = fmt_elapsed(time.monotonic() - t0)
     if status == "hit":

@@ -553,3 +553,33 @@ def test_vision_report_oversize_error_names_the_input_and_both_fixes():
     with pytest.raises(InputError) as e:
         plan_vision([_req("v", videos=[(3840, 2160, 4, 2.0)])], _caps(), [4096], on_oversize="error")
     assert "v-0.mp4" in e.value.message and "processor.video_max_pixels=4194304" in e.value.hint
+
+
+def test_compile_then_infer_and_load_check_without_dir_or_preset(tmp_path, monkeypatch):
+    """`qvl compile --preset P` followed by `qvl infer --image x.jpg` just works, whatever P is."""
+    from tests.helpers_cli import REPO, run_qvl
+
+    home = tmp_path / "home"
+    env = {"QVL_HOME": str(home)}
+    out = tmp_path / "art"
+    r = run_qvl("compile", "--preset", "cpu-tiny", "-o", str(out), cwd=tmp_path, env=env)
+    assert r.exit_code == 0, r.stderr
+    r = run_qvl(
+        "infer",
+        "--image",
+        str(REPO / "assets" / "demo.jpg"),
+        "--prompt",
+        "hi",
+        "--max-new-tokens",
+        "3",
+        "--json",
+        cwd=tmp_path,
+        env=env,
+    )
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert Path(data["artifact_dir"]) == out.absolute()
+    assert data["preset"] == "cpu-tiny"
+    r = run_qvl("load-check", "--no-runtime", "--json", cwd=tmp_path, env=env)
+    assert r.exit_code == 0, r.stderr
+    assert Path(json.loads(r.stdout)["artifact_dir"]) == out.absolute()

@@ -476,6 +476,12 @@ def register(app: typer.Typer) -> None:
         from qwenvl_rbln import render
 
         fallback = None
+        if directory is None and preset is None:
+            from qwenvl_rbln.artifacts import last_compile
+
+            last = last_compile()  # the directory the latest `qvl compile` wrote
+            if last is not None:
+                directory, preset = Path(last["output_dir"]), last["preset"]
         if directory is None or preset is not None:
             from qwenvl_rbln.plan import build_plan
 

@@ -117,6 +117,9 @@ def resolve_target(directory: Path | None, preset: str | None, sets: list[str] |
     from qwenvl_rbln.plan import build_plan
 
     sets = list(sets or [])
+    last = artifacts.last_compile() if directory is None and preset is None else None
+    if last is not None:  # `qvl compile --preset P` then `qvl infer ...` runs what was just compiled
+        directory, preset = Path(last["output_dir"]), last["preset"]
     if directory is None:
         plan = build_plan(preset or DEFAULT_PRESET, sets)
         directory = Path(plan.output_dir).expanduser()
