@@ -19,10 +19,11 @@ step "qvl bucket-plan: which ViT bucket the demo image lands in"
 qvl bucket-plan --preset cpu-tiny "$IMAGE" --size 1920x1080
 
 step "qvl infer: generation on the bundled image (bucket, decoder graph, timings, memory)"
-qvl infer --preset cpu-tiny --image "$IMAGE" --prompt "Describe this image." --max-new-tokens 24
+# No DIR and no --preset: infer runs what `qvl compile` just wrote.
+qvl infer --image "$IMAGE" --prompt "Describe this image." --max-new-tokens 24
 
 step "qvl load-check: layout, manifest hashes, placement, memory, runtime"
-qvl load-check --preset cpu-tiny
+qvl load-check
 
 step "qvl compile --preset rebel100-1npu --dry-run: the Model Zoo baseline on one Rebel100"
 qvl compile --preset rebel100-1npu --dry-run
