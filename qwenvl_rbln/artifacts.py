@@ -649,7 +649,7 @@ def _positive_or_none(cfg: dict[str, Any], key: str, source: str) -> None:
 
 def resolved_from_rbln_config(cfg: dict[str, Any], *, source: str = RBLN_CONFIG_NAME) -> Any:
     """Rebuild plan.ResolvedLM from a compiled rbln_config.json, so the memory planner runs without a preset."""
-    from qwenvl_rbln.plan import ResolvedLM
+    from qwenvl_rbln.plan import ResolvedLM, kv_block_counts
 
     target = compile_target(cfg)
     batch = cfg.get("batch_size") or 1
@@ -680,8 +680,7 @@ def resolved_from_rbln_config(cfg: dict[str, Any], *, source: str = RBLN_CONFIG_
     buckets = [buckets] if isinstance(buckets, int) and not isinstance(buckets, bool) else buckets
     if not isinstance(buckets, list) or not buckets or not all(type(b) is int and b > 0 for b in buckets):
         raise InputError(f"{source}: visual.max_seq_len={buckets!r} is not a list of integers", "recompile")
-    num_full = (max_seq_len // block) * batch
-    num_min = min(max(max_seq_len // block, batch) + 1, num_full) if attn == "flash_attn" else batch
+    num_full, num_min = kv_block_counts(max_seq_len, block, batch, attn)
     return ResolvedLM(
         batch_size=batch,
         max_seq_len=max_seq_len,

@@ -27,6 +27,7 @@ from qwenvl_rbln import calibration as cal
 from qwenvl_rbln.devices import GiB, MiB, NpuSpec, parse_byte_size
 from qwenvl_rbln.errors import DoesNotFit, InputError
 from qwenvl_rbln.modelinfo import ModelGeometry, TextGeometry, VisionGeometry
+from qwenvl_rbln.plan import kv_block_counts
 
 KV_ALIGN = 2 * MiB  # optimum-rbln aligns every KV tensor to 2 MiB
 FP32 = 4  # attention scores and logits are accumulated in fp32 (modelled)
@@ -716,11 +717,7 @@ def _with(resolved: Any, **changes: Any) -> Any:
     """A ResolvedLM with the derived fields (block, full/min blocks, decoder graphs) recomputed."""
     new = replace(resolved, **changes)
     block = new.max_seq_len if new.attn_impl != "flash_attn" else new.kvcache_block_size
-    full = (new.max_seq_len // block) * new.batch_size
-    if new.attn_impl == "flash_attn":
-        minimum = min(max(new.max_seq_len // block, new.batch_size) + 1, full)
-    else:
-        minimum = new.batch_size
+    full, minimum = kv_block_counts(new.max_seq_len, block, new.batch_size, new.attn_impl)
     return replace(new, kvcache_block_size=block, num_full_blocks=full, num_min_blocks=minimum)
 
 

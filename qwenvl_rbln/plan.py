@@ -167,6 +167,14 @@ class Plan:
         }
 
 
+def kv_block_counts(max_seq_len: int, block: int, batch_size: int, attn_impl: str) -> tuple[int, int]:
+    """(num_full_blocks, num_min_blocks) exactly as optimum-rbln's RBLNDecoderOnlyModelConfig computes them."""
+    full = (max_seq_len // block) * batch_size
+    if attn_impl == "flash_attn":
+        return full, min(max(max_seq_len // block, batch_size) + 1, full)
+    return full, batch_size
+
+
 def strip_runtime_keys(cfg: dict[str, Any]) -> dict[str, Any]:
     out = {k: copy.deepcopy(v) for k, v in cfg.items() if k not in RUNTIME_ONLY_KEYS}
     if isinstance(out.get("visual"), dict):
@@ -551,8 +559,7 @@ def _resolve_lm(
     dbs = sorted(dbs, reverse=True)
 
     # --- KV blocks
-    num_full = (max_seq_len // block) * batch
-    num_min = min(max(max_seq_len // block, batch) + 1, num_full) if attn == "flash_attn" else batch
+    num_full, num_min = kv_block_counts(max_seq_len, block, batch, attn)
     num_blocks = rbln.get("kvcache_num_blocks") or 0
     chk.int_("rbln_config.kvcache_num_blocks", num_blocks, minimum=0)
     budget = rbln.get("memory_budget")
