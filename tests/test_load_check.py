@@ -198,3 +198,35 @@ def test_not_an_artifact_and_default_dir_from_preset(tmp_path, capsys, monkeypat
     monkeypatch.chdir(tmp_path)
     code, _, err = run_main(["load-check", "--preset", "rebel100-1npu"], capsys)
     assert code == 2 and "qvl-out/rebel100-1npu" in err
+
+
+def test_calibrate_records_exact_workspaces_that_later_estimates_use(tmp_path, monkeypatch, capsys):
+    from qwenvl_rbln import calibration
+    from qwenvl_rbln.memory import estimate_plan
+
+    monkeypatch.setenv("QVL_HOME", str(tmp_path / "home"))
+    plan, root = _artifact(tmp_path, "rebel100-2npu-batch4")
+    install(monkeypatch, make_auto(plan), rebel=make_rebel())
+    before = estimate_plan(plan).to_dict()
+    code, data, err = _json(["load-check", str(root), "--no-runtime", "--calibrate"], capsys)
+    assert code == 0, err
+    cal = data["memory"]["calibration"]
+    assert cal["recorded"] is True
+    keys = calibration.graph_keys(plan.resolved)
+    assert set(cal["entries"]) == {keys["prefill"], keys["visual"], *(keys[f"decoder_batch_{b}"] for b in (1, 2, 4))}
+    stored = calibration.load_calibration()
+    assert stored["entries"]  # written to $QVL_HOME/calibration.json
+    after = estimate_plan(plan).to_dict()
+    items = {i["name"]: i for d in after["devices"] for i in d["items"]}
+    assert items["visual.workspace"].get("calibrated")
+    vis_before = {i["name"]: i for d in before["devices"] for i in d["items"]}["visual.workspace"]["bytes"]
+    assert items["visual.workspace"]["bytes"] == cal["entries"][keys["visual"]]["workspace_bytes"] != vis_before
+
+
+def test_calibrate_without_rebel_says_why(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("QVL_HOME", str(tmp_path / "home"))
+    _, root = _artifact(tmp_path, "rebel100-1npu")
+    monkeypatch.setitem(sys.modules, "rebel", None)
+    code, data, _ = _json(["load-check", str(root), "--no-runtime", "--calibrate"], capsys)
+    assert data["memory"]["calibration"]["recorded"] is False
+    assert "rebel" in data["memory"]["calibration"]["reason"]

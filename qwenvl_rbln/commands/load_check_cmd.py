@@ -177,6 +177,19 @@ def _memory(
     return estimate
 
 
+def _calibrate(root: Path, cfg: dict[str, Any], memory: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
+    """--calibrate: record the exact per-graph workspaces so later estimates use them."""
+    from qwenvl_rbln import calibration as cal
+
+    if memory.get("source") != "exact":
+        return {"recorded": False, "reason": "exact allocations need rebel-compiler on this host (rbln artifacts)"}
+    found = calibration_from_exact(root, cfg, memory)
+    if not found["records"] or not target.get("npu"):
+        return {"recorded": False, "reason": "no graph allocations or no target NPU in the artifact"}
+    path = cal.record(found["records"], model=found["model"], npu=target["npu"])
+    return {"recorded": True, "path": str(path), "entries": found["records"]}
+
+
 def _runtime(
     root: Path,
     kind: str,
@@ -263,6 +276,45 @@ def _runtime(
     }
 
 
+def calibration_from_exact(root: Path, cfg: dict[str, Any], exact: dict[str, Any]) -> dict[str, Any]:
+    """Workspace per graph from exact allocations, in the planner's calibration keys.
+
+    Assumption (stated in each record): a graph's workspace is its non-KV allocation (every key but
+    ``DramTensor``) less the weights it holds; the LM weights are shared by its graphs (optimum-rbln compiles
+    them with weight sharing), so they are taken out once, from the first LM graph big enough to hold them.
+    """
+    from qwenvl_rbln import calibration as cal
+    from qwenvl_rbln.artifacts import read_json, resolved_from_rbln_config
+    from qwenvl_rbln.memory import lm_params, vision_params
+    from qwenvl_rbln.modelinfo import geometry_from_config
+
+    geometry = geometry_from_config(read_json(root / "config.json"), name=root.name, source=str(root))
+    keys = cal.graph_keys(resolved_from_rbln_config(cfg))
+    lm_weights = lm_params(geometry.text)["device"] * 2
+    vit_weights = vision_params(geometry.vision)["device"] * 2
+    records: dict[str, Any] = {}
+    for name, graph in (exact.get("graphs") or {}).items():
+        by_key = graph.get("by_key") or {}
+        non_kv = sum(v for k, v in by_key.items() if k != "DramTensor")
+        key = "visual" if graph.get("submodule") == "visual" else name
+        if key not in keys:
+            continue
+        if key == "visual":
+            weights = min(vit_weights, non_kv)
+        elif lm_weights and non_kv >= lm_weights:
+            weights, lm_weights = lm_weights, 0
+        else:
+            weights = 0
+        records[keys[key]] = {
+            "workspace_bytes": int(non_kv - weights),
+            "non_kv_bytes": int(non_kv),
+            "weights_subtracted": int(weights),
+            "graph": name,
+            "method": "non-KV allocation minus planner weights (bf16)",
+        }
+    return {"model": geometry, "records": records}
+
+
 def run_load_check(
     directory: Path,
     *,
@@ -272,6 +324,7 @@ def run_load_check(
     device_memory: str | None = None,
     fallback: dict[str, Any] | None = None,
     model_cls: Any = None,
+    calibrate: bool = False,
 ) -> tuple[dict[str, Any], Exception | None]:
     """The whole check; returns (report, the error to raise after printing it, or None)."""
     from qwenvl_rbln import artifacts, render
@@ -296,6 +349,8 @@ def run_load_check(
         layout["ok"] = False
     placement = check_placement(device, visual_device, manifest, target, fallback, cfg)
     memory = _memory(root, kind, cfg, layout, target, placement["requested"], device_memory)
+    if calibrate:
+        memory["calibration"] = _calibrate(root, cfg, memory, target)
 
     error: Exception | None = None
     if not layout["ok"]:
@@ -464,6 +519,12 @@ def register(app: typer.Typer) -> None:
         visual_device: str = typer.Option(
             None, "--visual-device", help="NPU id for the ViT; default: the recorded placement, else --device."
         ),
+        calibrate: bool = typer.Option(
+            False,
+            "--calibrate",
+            help="Record the compiled graphs' exact workspaces (needs rebel) into $QVL_HOME/calibration.json "
+            "so later estimates use measured numbers.",
+        ),
         no_runtime: bool = typer.Option(
             False, "--no-runtime", help="Check layout, placement and memory; create no runtimes (no NPU needed)."
         ),
@@ -494,6 +555,7 @@ def register(app: typer.Typer) -> None:
             device=parse_device(device, "--device"),
             visual_device=parse_device(visual_device, "--visual-device"),
             no_runtime=no_runtime,
+            calibrate=calibrate,
             device_memory=device_memory,
             fallback=fallback,
         )
