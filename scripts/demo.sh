@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
+export COLUMNS="${COLUMNS:-120}"  # wide enough for the tables when the output is not a terminal
 IMAGE=assets/demo.jpg
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
