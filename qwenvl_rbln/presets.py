@@ -139,6 +139,15 @@ def check_plain_data(data: Any, origin: str) -> None:
             )
 
 
+def _safe_load(yaml, text: str) -> Any:
+    """yaml.safe_load, through libyaml's C parser when present (5x faster; same safe constructors)."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """Safe loading only: a YAML tag such as !!python/object is an error, never executed."""
     import yaml
@@ -148,7 +157,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read preset {path}: {exc}", "check the file exists and is UTF-8 text") from None
     try:
-        data = yaml.safe_load(text)
+        data = _safe_load(yaml, text)
     except yaml.constructor.ConstructorError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else "?"
         if "unhashable" in str(exc.problem):
