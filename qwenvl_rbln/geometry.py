@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from qwenvl_rbln.errors import InputError
 
@@ -317,3 +318,45 @@ def video_max_pixels_for_bucket(
         )
     t_bar = round(frames / temporal_patch_size) * temporal_patch_size
     return bucket * patch_size**2 * min(frames, t_bar)
+
+
+def image_geometry_for(
+    width: int, height: int, caps: Any, *, patch_size: int = PATCH_SIZE, merge_size: int = MERGE_SIZE
+) -> ImageGeometry:
+    """image_geometry under a plan's processor caps (anything with min_pixels / max_pixels)."""
+    return image_geometry(
+        width,
+        height,
+        min_pixels=caps.min_pixels,
+        max_pixels=caps.max_pixels,
+        patch_size=patch_size,
+        merge_size=merge_size,
+    )
+
+
+def video_geometry_for(
+    width: int,
+    height: int,
+    total_frames: int,
+    video_fps: float | None,
+    caps: Any,
+    *,
+    patch_size: int = PATCH_SIZE,
+    merge_size: int = MERGE_SIZE,
+    temporal_patch_size: int = TEMPORAL_PATCH_SIZE,
+) -> VideoGeometry:
+    """video_geometry under a plan's processor caps (fps, frame limits, video pixel budget)."""
+    return video_geometry(
+        width,
+        height,
+        total_frames,
+        video_fps,
+        fps=caps.fps,
+        min_frames=caps.min_frames,
+        max_frames=caps.max_frames,
+        min_pixels=caps.video_min_pixels,
+        max_pixels=caps.video_max_pixels,
+        patch_size=patch_size,
+        merge_size=merge_size,
+        temporal_patch_size=temporal_patch_size,
+    )

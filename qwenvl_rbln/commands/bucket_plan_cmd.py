@@ -55,6 +55,8 @@ class ItemPlanner:
 
         self._image_geometry = geometry.image_geometry
         self._video_geometry = geometry.video_geometry
+        self._image_geometry_for = geometry.image_geometry_for
+        self._video_geometry_for = geometry.video_geometry_for
         self._select = select_bucket
         self._oversize = oversize_message
         self._error_types = QvlError
@@ -69,13 +71,8 @@ class ItemPlanner:
         v = self.vision
         item["width"], item["height"] = width, height
         try:
-            geo = self._image_geometry(
-                width,
-                height,
-                min_pixels=self.caps.min_pixels,
-                max_pixels=self.caps.max_pixels,
-                patch_size=v.patch_size,
-                merge_size=v.spatial_merge_size,
+            geo = self._image_geometry_for(
+                width, height, self.caps, patch_size=v.patch_size, merge_size=v.spatial_merge_size
             )
         except self._error_types as exc:
             item["error"] = f"{item['input']}: {exc.one_line()}"
@@ -110,16 +107,12 @@ class ItemPlanner:
         c = self.caps
         item.update(width=width, height=height, total_frames=frames, fps=fps)
         try:
-            geo = self._video_geometry(
+            geo = self._video_geometry_for(
                 width,
                 height,
                 frames,
                 fps,
-                fps=c.fps,
-                min_frames=c.min_frames,
-                max_frames=c.max_frames,
-                min_pixels=c.video_min_pixels,
-                max_pixels=c.video_max_pixels,
+                c,
                 patch_size=v.patch_size,
                 merge_size=v.spatial_merge_size,
                 temporal_patch_size=v.temporal_patch_size,

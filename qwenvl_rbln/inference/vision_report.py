@@ -24,7 +24,12 @@ from typing import Any
 
 from qwenvl_rbln.buckets import oversize_error, select_bucket
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.geometry import image_geometry, max_pixels_for_bucket, video_geometry, video_max_pixels_for_bucket
+from qwenvl_rbln.geometry import (
+    image_geometry_for,
+    max_pixels_for_bucket,
+    video_geometry_for,
+    video_max_pixels_for_bucket,
+)
 
 ON_OVERSIZE = ("resize", "error")
 
@@ -105,14 +110,7 @@ def _padding(patches: int, bucket: int | None) -> float | None:
 
 
 def image_item(info: Any, caps: Any, buckets: list[int], *, patch_size: int = 16, merge_size: int = 2) -> VisionItem:
-    g = image_geometry(
-        info.width,
-        info.height,
-        min_pixels=caps.min_pixels,
-        max_pixels=caps.max_pixels,
-        patch_size=patch_size,
-        merge_size=merge_size,
-    )
+    g = image_geometry_for(info.width, info.height, caps, patch_size=patch_size, merge_size=merge_size)
     bucket = select_bucket(g.patches, buckets)
     return VisionItem(
         input=str(info.path),
@@ -135,16 +133,12 @@ def video_item(
     info: Any, caps: Any, buckets: list[int], *, patch_size: int = 16, merge_size: int = 2, temporal_patch_size: int = 2
 ) -> VisionItem:
     try:
-        g = video_geometry(
+        g = video_geometry_for(
             info.width,
             info.height,
             info.total_frames,
             info.fps,
-            fps=caps.fps,
-            min_frames=caps.min_frames,
-            max_frames=caps.max_frames,
-            min_pixels=caps.video_min_pixels,
-            max_pixels=caps.video_max_pixels,
+            caps,
             patch_size=patch_size,
             merge_size=merge_size,
             temporal_patch_size=temporal_patch_size,
