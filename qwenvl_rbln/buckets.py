@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.geometry import max_pixels_for_bucket, video_max_pixels_for_bucket
 
 BUCKET_MULTIPLE = 4  # spatial_merge_size**2: the merger views [S, h] as [S/4, 4h]
 PATCH_PIXELS = 16 * 16  # one pre-merge patch of Qwen3-VL (patch_size 16)
@@ -110,11 +111,10 @@ def oversize_error(
     )
     if kind == "video":
         t = frames if frames and frames >= temporal_patch_size else temporal_patch_size
-        t_bar = round(t / temporal_patch_size) * temporal_patch_size
-        cap = largest * patch_size * patch_size * min(t, t_bar)
+        cap = video_max_pixels_for_bucket(largest, t, patch_size, temporal_patch_size)
         cap_fix = f"--set processor.video_max_pixels={cap} (videos sampling {t} or more frames then fit {largest})"
     else:
-        cap = largest * patch_size * patch_size
+        cap = max_pixels_for_bucket(largest, patch_size)
         cap_fix = f"--set processor.max_pixels={cap} (images then resize to at most {largest} patches)"
     hint = f"add a bucket: --set visual.max_seq_len={_list_arg(new_list)}, or cap the processor: {cap_fix}"
     return InputError(message, hint)

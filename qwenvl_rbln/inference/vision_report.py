@@ -109,12 +109,12 @@ def _padding(patches: int, bucket: int | None) -> float | None:
     return None if bucket is None else round(100.0 * (bucket - patches) / bucket, 1)
 
 
-def image_item(info: Any, caps: Any, buckets: list[int], *, patch_size: int = 16, merge_size: int = 2) -> VisionItem:
-    g = image_geometry_for(info.width, info.height, caps, patch_size=patch_size, merge_size=merge_size)
+def _item(path: Any, kind: str, g: Any, calls: int, buckets: list[int], **extra: Any) -> VisionItem:
+    """A VisionItem from an ImageGeometry or VideoGeometry (same field names) and its bucket."""
     bucket = select_bucket(g.patches, buckets)
     return VisionItem(
-        input=str(info.path),
-        kind="image",
+        input=str(path),
+        kind=kind,
         width=g.width,
         height=g.height,
         resized_width=g.resized_width,
@@ -122,11 +122,17 @@ def image_item(info: Any, caps: Any, buckets: list[int], *, patch_size: int = 16
         grid_h=g.grid_h,
         grid_w=g.grid_w,
         patches=g.patches,
-        calls=1,
+        calls=calls,
         bucket=bucket,
         padding_pct=_padding(g.patches, bucket),
         lm_tokens=g.lm_tokens,
+        **extra,
     )
+
+
+def image_item(info: Any, caps: Any, buckets: list[int], *, patch_size: int = 16, merge_size: int = 2) -> VisionItem:
+    g = image_geometry_for(info.width, info.height, caps, patch_size=patch_size, merge_size=merge_size)
+    return _item(info.path, "image", g, 1, buckets)
 
 
 def video_item(
@@ -145,24 +151,7 @@ def video_item(
         )
     except InputError as exc:
         raise InputError(f"{info.path}: {exc.message}", exc.hint) from None
-    bucket = select_bucket(g.patches, buckets)
-    return VisionItem(
-        input=str(info.path),
-        kind="video",
-        width=g.width,
-        height=g.height,
-        resized_width=g.resized_width,
-        resized_height=g.resized_height,
-        grid_h=g.grid_h,
-        grid_w=g.grid_w,
-        patches=g.patches,
-        calls=g.vit_calls,
-        bucket=bucket,
-        padding_pct=_padding(g.patches, bucket),
-        lm_tokens=g.lm_tokens,
-        frames=g.sampled_frames,
-        notes=list(g.notes),
-    )
+    return _item(info.path, "video", g, g.vit_calls, buckets, frames=g.sampled_frames, notes=list(g.notes))
 
 
 def _items(requests: list[Any], caps: Any, buckets: list[int], geo: dict[str, int]) -> dict[str, list[VisionItem]]:
