@@ -46,6 +46,33 @@ def _register_all() -> None:
 _register_all()
 
 
+def _click_classes(name: str) -> tuple[type, ...]:
+    """``name`` from click and from the copy of click that newer Typer releases carry inside themselves."""
+    classes: list[type] = []
+    for module in ("click.exceptions", "typer._click.exceptions"):
+        try:
+            classes.append(getattr(__import__(module, fromlist=[name]), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(classes)
+
+
+def _is_abort(exc: Exception) -> bool:
+    return isinstance(exc, (typer.Abort, *_click_classes("Abort")))
+
+
+def _is_click_error(exc: Exception) -> bool:
+    return isinstance(exc, _click_classes("ClickException"))
+
+
+def _usage_line(exc: Exception) -> str:
+    """A usage error in one line: click's message, then where the right flags are listed."""
+    message = " ".join(str(exc.format_message() if hasattr(exc, "format_message") else exc).split())
+    ctx = getattr(exc, "ctx", None)
+    command = getattr(ctx, "command_path", None) or "qvl"
+    return f"{message.rstrip('. ')}; fix: see `{command} --help`"
+
+
 def main() -> None:
     """Entry point: one line per error, a documented exit code, no traceback."""
     from qwenvl_rbln import render
@@ -61,14 +88,12 @@ def main() -> None:
     except SystemExit:
         raise
     except Exception as exc:  # click usage errors and genuine bugs
-        import click
-
-        if isinstance(exc, click.exceptions.Abort):
+        if _is_abort(exc):
             render.err().print("qvl: interrupted", markup=False)
             sys.exit(EXIT_INTERRUPTED)
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
+        if _is_click_error(exc):
+            render.err().print(f"qvl: error: {_usage_line(exc)}", markup=False, highlight=False)
+            sys.exit(getattr(exc, "exit_code", 2) or 2)
         if os.environ.get("QVL_DEBUG"):
             raise
         render.err().print(

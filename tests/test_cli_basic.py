@@ -126,3 +126,20 @@ def test_dry_run_is_a_gate_exit_4_when_it_does_not_fit():
     assert any("placement.visual_device=1" in " ".join(s["set"]) for s in data["memory"]["suggestions"])
     ok = run_qvl("compile", "--preset", "rebel100-2npu-batch4", "--dry-run", "--json")
     assert ok.exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["bucket-plan", "--image", "x.jpg"], "No such option: --image"),
+        (["nosuch-command"], "No such command"),
+        (["bucket-plan", "--rows", "abc"], "--rows"),
+        (["compile", "--preset"], "--preset"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2_with_a_help_pointer(args, needle):
+    result = run_qvl(*args)
+    assert result.exit_code == 2, result
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stderr
+    assert needle in lines[0] and "--help" in lines[0] and "internal error" not in lines[0]
