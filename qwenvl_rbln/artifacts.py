@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import BusyError, InputError
+from qwenvl_rbln.paths import user_path
 
 MANIFEST_NAME = "qvl-manifest.json"
 MANIFEST_FORMAT = 1
@@ -146,7 +147,7 @@ def model_fingerprint(model_id: str, path: Path | None = None) -> dict[str, Any]
     path = Path(path) if path is not None else resolve_model_path(model_id)
     if path is None:
         return {"id": model_id, "local_path": None, "sha256": None, "note": "hub id, not hashed"}
-    path = path.expanduser()
+    path = user_path(path)
     if not path.is_dir():
         raise InputError(
             f"model directory {path} does not exist (from model={model_id!r})",
@@ -361,7 +362,7 @@ def atomic_output_dir(target: Path, force: bool = False) -> Iterator[Path]:
     renamed to ``.{name}.qvl-old-...`` and deleted only after the new one is in place; if the swap fails
     the old one is put back. Stale staging directories of killed processes are removed on entry.
     """
-    target = Path(target).expanduser().absolute()
+    target = user_path(target).absolute()
     check_target(target, force)
     target.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_temp(target)
@@ -399,7 +400,7 @@ def atomic_output_dir(target: Path, force: bool = False) -> Iterator[Path]:
 
 
 def lock_path(target: Path) -> Path:
-    target = Path(target).expanduser().absolute()
+    target = user_path(target).absolute()
     return target.parent / f".{target.name}.qvl-lock"
 
 
@@ -421,7 +422,7 @@ def output_lock(target: Path) -> Iterator[Path]:
     """Non-blocking exclusive lock beside ``target``; a second writer gets BusyError naming the holder."""
     import filelock
 
-    target = Path(target).expanduser().absolute()
+    target = user_path(target).absolute()
     target.parent.mkdir(parents=True, exist_ok=True)
     lp = lock_path(target)
     lock = filelock.FileLock(str(lp), timeout=0)
@@ -514,7 +515,7 @@ def cache_lookup(cache_dir: Path, key: str) -> tuple[Path | None, str]:
 
 def cache_store(cache_dir: Path, key: str, src: Path) -> Path:
     """Copy ``src`` into ``cache_dir/key`` atomically (temp sibling + rename); an existing entry wins."""
-    cache_dir = Path(cache_dir).expanduser().absolute()
+    cache_dir = user_path(cache_dir).absolute()
     cache_dir.mkdir(parents=True, exist_ok=True)
     entry = cache_dir / key
     clean_stale_temp(entry)
@@ -560,7 +561,7 @@ def read_json(path: Path) -> dict[str, Any]:
 
 def read_artifact_config(artifact_dir: Path) -> tuple[str, dict[str, Any]]:
     """(kind, config): rbln_config.json of an optimum-rbln artifact, or qvl-rbln-config.json of a torch one."""
-    artifact_dir = Path(artifact_dir).expanduser()
+    artifact_dir = user_path(artifact_dir)
     if not artifact_dir.is_dir():
         raise InputError(
             f"artifact directory {artifact_dir} does not exist",

@@ -29,6 +29,7 @@ from typing import Any
 from qwenvl_rbln import artifacts, render
 from qwenvl_rbln.backends import Progress, backend_module, fmt_elapsed, resolve_source
 from qwenvl_rbln.errors import EXIT_INTERRUPTED, BackendError, DoesNotFit, InputError, QvlError
+from qwenvl_rbln.paths import user_path
 
 
 class CompileInterrupted(QvlError):
@@ -117,7 +118,7 @@ def run_compile(
     """
     del as_json  # progress goes to stderr in both modes; the caller renders the result
     t0 = time.monotonic()
-    target = Path(plan.output_dir).expanduser().absolute()
+    target = user_path(plan.output_dir, "output_dir").absolute()
 
     refuse_if_not_fit(plan, memory, force)
     backend = backend_module(plan.backend)
@@ -197,7 +198,7 @@ def _run(
         progress.stage("hashing model files", str(local) if local else f"{plan.model_id} (hub id, not hashed)")
         model_fp = artifacts.model_fingerprint(plan.model_id, local)
         versions = artifacts.collect_versions()
-        cache_root = Path(cache_dir).expanduser().absolute() if cache_dir else artifacts.default_cache_dir()
+        cache_root = user_path(cache_dir, "cache dir").absolute() if cache_dir else artifacts.default_cache_dir()
         key: str | None = None
         cache_note: str | None
         if use_cache:

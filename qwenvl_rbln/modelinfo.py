@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.paths import user_path
 
 TINY_MODEL_ID = "qvl:tiny"
 
@@ -84,7 +85,8 @@ BUILTIN = {"2b": QWEN3_VL_2B, "4b": QWEN3_VL_4B, "8b": QWEN3_VL_8B}
 
 
 def qvl_home() -> Path:
-    return Path(os.environ.get("QVL_HOME") or Path.home() / ".cache" / "qvl").expanduser()
+    home = os.environ.get("QVL_HOME")
+    return user_path(home, "QVL_HOME") if home else Path.home() / ".cache" / "qvl"
 
 
 def tiny_model_dir() -> Path:
@@ -95,7 +97,7 @@ def resolve_model_path(model: str) -> Path | None:
     """The local directory a model id refers to, or None for a hub id."""
     if model == TINY_MODEL_ID:
         return tiny_model_dir()
-    path = Path(model).expanduser()
+    path = user_path(model, "model")
     if path.exists() or model.startswith((".", "/", "~")):
         return path
     return None

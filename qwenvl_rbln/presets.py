@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.paths import user_path
 
 # Top-level preset keys and what they hold.
 TOP_KEYS: dict[str, str] = {
@@ -67,7 +68,7 @@ def _is_path_ref(ref: str) -> bool:
 def resolve_ref(ref: str, relative_to: Path | None = None) -> Path:
     """A preset name (configs/NAME.yaml) or a path to a YAML file."""
     if _is_path_ref(ref):
-        path = Path(ref).expanduser()
+        path = user_path(ref, "preset file")
         if not path.is_absolute() and relative_to is not None and not path.exists():
             path = relative_to / path
         if not path.is_file():

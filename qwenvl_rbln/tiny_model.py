@@ -19,6 +19,7 @@ from typing import Any
 
 from qwenvl_rbln.errors import DependencyMissing, InputError
 from qwenvl_rbln.modelinfo import tiny_model_dir
+from qwenvl_rbln.paths import user_path
 
 MARKER_FILE = "qvl_tiny_model.json"
 MARKER_NOTE = "random weights; generated text is meaningless"
@@ -534,7 +535,7 @@ def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False) 
     Refuses to replace an existing non-empty directory unless ``overwrite``, so a typo never
     wipes a real checkpoint.
     """
-    out_dir = Path(out_dir).expanduser().absolute()
+    out_dir = user_path(out_dir).absolute()
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"tiny model target {out_dir} exists and is not a directory", "pick another path")
     if _non_empty_dir(out_dir) and not overwrite:
@@ -578,7 +579,7 @@ def ensure_tiny_model(path: Path | None = None, *, seed: int = 0) -> Path:
     A file lock next to the directory serialises concurrent callers: the first builds it, the
     others wait and reuse the result. ``seed`` only matters when the model has to be built.
     """
-    target = Path(path).expanduser().absolute() if path is not None else default_tiny_model_dir()
+    target = user_path(path).absolute() if path is not None else default_tiny_model_dir()
     if _is_complete(target):
         return target
     if _non_empty_dir(target) and not is_tiny_model(target):

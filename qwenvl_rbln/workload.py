@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.paths import user_path
 
 KNOWN_KEYS = ("width", "height", "count", "frames", "fps", "kind")
 # (width, height, frames or None, fps or None): frames None = image.
@@ -56,7 +57,7 @@ class Workload:
 
 
 def _open_text(path: str | Path, what: str):
-    p = Path(path)
+    p = user_path(path, f"{what} file")
     if not p.exists():
         raise InputError(f"{p}: no such {what} file", f"check the path of the {what} file")
     if p.is_dir():
@@ -168,7 +169,7 @@ def _entry(where: str, obj: dict[str, Any], hint: str) -> tuple[SizeKey, int]:
 
 def read_workload(path: str | Path) -> Workload:
     """Read a JSONL or CSV workload (chosen by extension, else by the first character)."""
-    p = Path(path)
+    p = user_path(path, "workload file")
     suffix = p.suffix.lower()
     if suffix == ".csv":
         fmt = "csv"
@@ -301,7 +302,7 @@ def _batch_value(where: str, value: Any) -> int:
 
 def read_batch_trace(path: str | Path) -> dict[int, int]:
     """Observed running-batch sizes -> number of decode steps with that size."""
-    p = Path(path)
+    p = user_path(path, "batch trace file")
     first = _first_char(p, "batch trace")
     counts: dict[int, int] = {}
     if first and first in "[{":

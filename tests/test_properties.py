@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from qwenvl_rbln import buckets as bk
@@ -35,13 +35,17 @@ from qwenvl_rbln.presets import (
 
 
 def _props(n: int) -> settings:
-    """Modest example counts and no per-example deadline: the whole file stays well under 40 s on 2 cores.
+    """Modest example counts, no per-example deadline, and a fixed seed: the file stays well under 40 s on
+    2 cores and CI sees the same examples on every run (each counterexample found so far is pinned with
+    ``@example``).
 
-    ``QVL_PROPERTY_SCALE=20 pytest tests/test_properties.py`` searches 20x harder (a deep run, by hand).
+    ``QVL_PROPERTY_SCALE=20 QVL_PROPERTY_RANDOM=1 pytest tests/test_properties.py`` searches 20x harder with
+    fresh random examples (a deep run, by hand, before a release).
     """
     return settings(
         max_examples=n * int(os.environ.get("QVL_PROPERTY_SCALE", "1")),
         deadline=None,
+        derandomize=not os.environ.get("QVL_PROPERTY_RANDOM"),
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     )
 
@@ -368,6 +372,7 @@ def test_arbitrary_set_strings_parse_or_are_input_errors(item):
     sets=st.lists(st.tuples(_set_keys, _set_values).map(lambda kv: f"{kv[0]}={kv[1]}"), min_size=1, max_size=4),
     base=st.sampled_from(["rebel100-1npu", "rebel100-1npu-batch4", "cpu-tiny"]),
 )
+@example(sets=["model=~0"], base="rebel100-1npu")  # CI found it: pathlib raised RuntimeError for ~user
 def test_set_overrides_give_a_plan_or_an_input_error(sets, base):
     _load_and_plan(base, sets)
 

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from qwenvl_rbln.paths import user_path
+
 
 def fmt_elapsed(seconds: float) -> str:
     seconds = max(0.0, seconds)
@@ -144,7 +146,7 @@ def resolve_source(model_id: str, *, backend: str) -> tuple[str, Any]:
         return str(path), path
     path = resolve_model_path(model_id)
     if path is not None:
-        path = path.expanduser()
+        path = user_path(path)
         if not path.is_dir():
             raise InputError(
                 f"model directory {path} does not exist", "pass --model with an existing Hugging Face model directory"

@@ -28,6 +28,7 @@ from typing import Any
 import typer
 
 from qwenvl_rbln.commands.common import JsonOpt
+from qwenvl_rbln.paths import user_path
 
 DEFAULT_PRESET = "rebel100-1npu"
 
@@ -331,7 +332,7 @@ def run_load_check(
     from qwenvl_rbln.backends import rbln as rbln_backend
     from qwenvl_rbln.errors import DoesNotFit, InputError
 
-    root = Path(directory).expanduser().absolute()
+    root = user_path(directory).absolute()
     kind, cfg = artifacts.read_artifact_config(root)
     manifest = artifacts.read_manifest(root)
     if manifest is not None:

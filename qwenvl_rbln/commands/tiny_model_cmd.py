@@ -38,8 +38,9 @@ def tiny_model(
     """
     from qwenvl_rbln import render
     from qwenvl_rbln import tiny_model as tm
+    from qwenvl_rbln.paths import user_path
 
-    target = (directory if directory is not None else tm.default_tiny_model_dir()).expanduser().absolute()
+    target = user_path(directory if directory is not None else tm.default_tiny_model_dir(), "directory").absolute()
     marker = tm.read_marker(target)
     reuse = (
         not force

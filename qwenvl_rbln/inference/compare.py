@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import EXIT_DIVERGED, InputError
+from qwenvl_rbln.paths import user_path
 
 
 def load_infer_json(path: str | Path) -> dict[str, Any]:
     """A ``qvl infer --json`` document; InputError naming the file otherwise."""
-    path = Path(path).expanduser()
+    path = user_path(path)
     fix = "pass the stdout of `qvl infer --json ... > run.json`"
     if not path.is_file():
         raise InputError(f"{path} {'is a directory' if path.is_dir() else 'does not exist'}", fix)

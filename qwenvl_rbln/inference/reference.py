@@ -17,6 +17,7 @@ from typing import IO, Any
 
 from qwenvl_rbln.errors import BackendError, DependencyMissing, InputError
 from qwenvl_rbln.inference.generation import BatchResult, GenerationOptions, VisionTimer, generate_batch
+from qwenvl_rbln.paths import user_path
 
 TORCH_INSTALL_HINT = "pip install torch torchvision transformers==5.15.1 (or `pip install 'qwenvl-rbln[torch]'`)"
 
@@ -64,7 +65,7 @@ def load_reference(model_dir: Path, device: str | None = None) -> tuple[Any, Any
     """(model, processor, device) for a local Qwen3-VL directory in Hugging Face format (cached)."""
     from qwenvl_rbln.modelinfo import read_model_config
 
-    model_dir = Path(model_dir).expanduser().absolute()
+    model_dir = user_path(model_dir).absolute()
     read_model_config(model_dir)  # InputError unless config.json says qwen3_vl
     _require_torch()
     dev = torch_device(device)

@@ -24,6 +24,7 @@ from typing import Any
 
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.media import ImageInfo, VideoInfo, probe_image, probe_video
+from qwenvl_rbln.paths import user_path
 
 ALLOWED_KEYS = ("id", "prompt", "system", "images", "image", "videos", "video")
 FLAGS_SOURCE = "command line"
@@ -82,8 +83,8 @@ def from_flags(
             id=request_id,
             prompt=(prompt or "").strip(),
             system=(system or "").strip() or None,
-            images=[Path(p).expanduser() for p in images or []],
-            videos=[Path(p).expanduser() for p in videos or []],
+            images=[user_path(p, "--image") for p in images or []],
+            videos=[user_path(p, "--video") for p in videos or []],
             source=FLAGS_SOURCE,
         )
     ]
@@ -98,7 +99,7 @@ def _paths(where: str, key: str, value: Any, base: Path) -> list[Path]:
         )
     out = []
     for v in items:
-        p = Path(v).expanduser()
+        p = user_path(v, f"{where}: {key}")
         out.append(p if p.is_absolute() else base / p)
     return out
 
@@ -137,7 +138,7 @@ def _one(where: str, obj: dict[str, Any], base: Path, position: int, default_sys
 
 def parse_batch_file(path: str | Path, *, default_system: str | None = None) -> list[Request]:
     """Requests from a JSONL file (see the module docstring); errors name ``file:line``."""
-    path = Path(path).expanduser()
+    path = user_path(path, "batch file")
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "does not exist"
         raise InputError(f"batch file {path} {what}", "pass a JSONL file with one request per line")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.paths import user_path
 
 DEFAULT_PRESET = "rebel100-1npu"
 TINY_PRESET = "cpu-tiny"  # default for a plain tiny-model directory (rebel100-1npu's 262144 tokens do not fit it)
@@ -122,14 +123,14 @@ def resolve_target(directory: Path | None, preset: str | None, sets: list[str] |
         directory, preset = Path(last["output_dir"]), last["preset"]
     if directory is None:
         plan = build_plan(preset or DEFAULT_PRESET, sets)
-        directory = Path(plan.output_dir).expanduser()
+        directory = user_path(plan.output_dir, "output_dir")
         if not directory.exists():
             raise InputError(
                 f"no artifacts at {directory} (the output_dir of preset {plan.preset})",
                 f"compile them first: `qvl compile --preset {plan.preset}`, or pass the artifact directory: "
                 "`qvl infer DIR ...`",
             )
-    directory = Path(directory).expanduser().absolute()
+    directory = user_path(directory).absolute()
     if not directory.is_dir():
         what = "does not exist" if not directory.exists() else "is not a directory"
         raise InputError(f"{directory} {what}", "pass the directory `qvl compile` wrote, or a Qwen3-VL model directory")
