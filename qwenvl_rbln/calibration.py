@@ -120,7 +120,7 @@ def load_calibration(path: Path | str | None = None) -> dict[str, Any]:
     path = Path(path) if path is not None else default_calibration_path()
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no file, or a parent that is a file
         return empty_calibration()
     except OSError as exc:
         raise InputError(

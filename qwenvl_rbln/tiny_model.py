@@ -10,6 +10,8 @@ Heavy imports (torch, transformers, tokenizers) happen inside functions only.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
@@ -17,7 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln.errors import DependencyMissing, InputError
+from qwenvl_rbln.errors import BackendError, DependencyMissing, InputError
 from qwenvl_rbln.modelinfo import tiny_model_dir
 from qwenvl_rbln.paths import user_path
 
@@ -522,6 +524,24 @@ def _non_empty_dir(path: Path) -> bool:
     return path.is_dir() and any(path.iterdir())
 
 
+_WRITE_FAILED = {errno.ENOSPC, errno.EDQUOT, errno.EIO}
+
+
+@contextlib.contextmanager
+def _writing(target: Path):
+    """An OSError while building the tiny model becomes one line naming the path (exit 2 for a place that
+    cannot be written, exit 5 for a full disk or an I/O error); the temp directory is cleaned by the caller."""
+    try:
+        yield
+    except OSError as exc:
+        what = exc.strerror or type(exc).__name__
+        where = exc.filename or target
+        message = f"cannot write the tiny model to {target}: {what} ({where}); nothing half-written was left"
+        if exc.errno in _WRITE_FAILED:
+            raise BackendError(message, "free space on that filesystem, or pass another directory") from None
+        raise InputError(message, "pass a directory you can write (qvl tiny-model DIR), or set QVL_HOME") from None
+
+
 def _raced(out_dir: Path) -> InputError:
     return InputError(
         f"tiny model target {out_dir} was created by another process while this one was writing",
@@ -544,10 +564,17 @@ def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False) 
             "pass overwrite=True (qvl tiny-model --force) to replace it, or pick another directory",
         )
     _require_heavy()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{tag}"
     old = out_dir.parent / f".{out_dir.name}.old-{tag}"
+    with _writing(out_dir):
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomically(out_dir, tmp, old, seed, overwrite)
+    return out_dir
+
+
+def _write_atomically(out_dir: Path, tmp: Path, old: Path, seed: int, overwrite: bool) -> None:
+    """Build in ``tmp``, then swap it in (the old directory, if any, goes to ``old`` and is removed)."""
     try:
         tmp.mkdir()
         _write_model(tmp, seed)
@@ -566,7 +593,6 @@ def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False) 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
-    return out_dir
 
 
 def _not_a_tiny_model(target: Path) -> InputError:
@@ -585,15 +611,20 @@ def ensure_tiny_model(path: Path | None = None, *, seed: int = 0) -> Path:
     if _non_empty_dir(target) and not is_tiny_model(target):
         raise _not_a_tiny_model(target)
     _require_heavy()  # filelock comes with transformers (via huggingface_hub)
-    target.parent.mkdir(parents=True, exist_ok=True)
     from filelock import FileLock
 
-    with FileLock(str(target.parent / f".{target.name}.lock"), timeout=600):
+    with _writing(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(target.parent / f".{target.name}.lock"), timeout=600)
+        lock.acquire()
+    try:
         if not _is_complete(target):
             if _non_empty_dir(target) and not is_tiny_model(target):
                 raise _not_a_tiny_model(target)
             # an older-format or half-written qvl tiny model is ours to replace
             create_tiny_model(target, seed=seed, overwrite=True)
+    finally:
+        lock.release()
     return target
 
 

@@ -337,3 +337,38 @@ def test_lost_race_keeps_the_winner(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         tm.create_tiny_model(target)
     assert (target / "winner.txt").read_text() == "theirs"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raced"]  # temp dir cleaned up
+
+
+def test_unwritable_target_is_one_line_exit_2_and_leaves_nothing(tmp_path: Path) -> None:
+    """A path below a regular file (ENOTDIR, which root cannot bypass) through the real CLI, for both the
+    explicit directory and a QVL_HOME that the default tiny model would live in."""
+    from tests.helpers_cli import run_qvl
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for args, env in (
+        (["tiny-model", str(blocker / "m")], {}),
+        (["compile", "--preset", "cpu-tiny", "-o", str(tmp_path / "out")], {"QVL_HOME": str(blocker / "home")}),
+    ):
+        result = run_qvl(*args, env=env)
+        assert result.exit_code == 2, result
+        errors = [ln for ln in result.stderr.splitlines() if ln.startswith("qvl: ")]
+        assert len(errors) == 1 and "cannot write the tiny model" in errors[0] and str(blocker) in errors[0]
+        assert "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_full_disk_while_writing_is_exit_5_and_the_temp_dir_is_gone(tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    from qwenvl_rbln.errors import BackendError
+
+    def full(tmp: Path, seed: int) -> None:
+        (tmp / "partial.bin").write_bytes(b"x")
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp / "model.safetensors"))
+
+    monkeypatch.setattr(tm, "_write_model", full)
+    with pytest.raises(BackendError) as info:
+        tm.create_tiny_model(tmp_path / "m")
+    assert info.value.exit_code == 5 and "No space left" in info.value.one_line()
+    assert list(tmp_path.iterdir()) == []
