@@ -21,6 +21,7 @@ import contextlib
 import copy
 import datetime as _dt
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -346,10 +347,39 @@ def check_target(target: Path, force: bool) -> None:
     target = Path(target)
     if target.exists() and not target.is_dir():
         raise InputError(f"output {target} exists and is not a directory", "pass -o with a directory path")
-    if _non_empty_dir(target) and not force:
+    if not _non_empty_dir(target):
+        return
+    if not force:
         raise InputError(
             f"output directory {target} already exists and is not empty; it was left untouched",
             "pass --force to replace it (the old one is removed only after the new one is complete), or use -o",
+        )
+    refuse_to_replace_a_non_artifact(target)
+
+
+ARTIFACT_MARKERS = (MANIFEST_NAME, RBLN_CONFIG_NAME, TORCH_CONFIG_NAME)
+
+
+def refuse_to_replace_a_non_artifact(target: Path) -> None:
+    """``--force`` replaces a compiled artifact, never an arbitrary directory: a typo such as ``-o .`` or
+    ``-o ~/thesis`` must not delete a user's files. An artifact holds one of ``ARTIFACT_MARKERS`` or a compiled
+    ``*.rbln`` graph."""
+    target = Path(target).absolute()
+    cwd = Path.cwd().absolute()
+    protected = {Path(target.anchor), Path.home().absolute(), cwd, *cwd.parents}
+    if target in protected or target.resolve() in {p.resolve() for p in protected}:
+        raise InputError(
+            f"refusing to replace {target} with --force: it is the working directory, one of its parents, "
+            "your home or the root; nothing was touched",
+            "compile into a new directory with -o DIR",
+        )
+    if not any((target / name).is_file() for name in ARTIFACT_MARKERS) and not any(target.glob("*.rbln")):
+        names = sorted(p.name for p in itertools.islice(target.iterdir(), 50))
+        held = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise InputError(
+            f"refusing to replace {target} with --force: it is not a compiled artifact (no "
+            f"{' / '.join(ARTIFACT_MARKERS)} / *.rbln; it holds {held}); nothing was touched",
+            "compile into a new directory with -o DIR, or remove that directory yourself if you mean to",
         )
 
 

@@ -558,9 +558,11 @@ def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False) 
     out_dir = user_path(out_dir).absolute()
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"tiny model target {out_dir} exists and is not a directory", "pick another path")
+    if _non_empty_dir(out_dir) and not is_tiny_model(out_dir):  # --force replaces a tiny model, nothing else
+        raise _not_a_tiny_model(out_dir)
     if _non_empty_dir(out_dir) and not overwrite:
         raise InputError(
-            f"tiny model target {out_dir} already exists and is not empty",
+            f"tiny model target {out_dir} already holds a tiny model",
             "pass overwrite=True (qvl tiny-model --force) to replace it, or pick another directory",
         )
     _require_heavy()
@@ -596,7 +598,10 @@ def _write_atomically(out_dir: Path, tmp: Path, old: Path, seed: int, overwrite:
 
 
 def _not_a_tiny_model(target: Path) -> InputError:
-    return InputError(f"{target} exists and is not a qvl tiny model", "delete it or pass another directory")
+    return InputError(
+        f"{target} exists and is not a qvl tiny model; it was left untouched",
+        "pass another directory, or remove that one yourself if you mean to",
+    )
 
 
 def ensure_tiny_model(path: Path | None = None, *, seed: int = 0) -> Path:

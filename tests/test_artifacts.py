@@ -85,11 +85,12 @@ def test_atomic_output_dir_failure_leaves_old_untouched(tmp_path, exc):
     target = tmp_path / "out"
     target.mkdir()
     (target / "old.txt").write_text("old")
+    (target / artifacts.MANIFEST_NAME).write_text("{}")  # an artifact: --force may replace it
     with pytest.raises(type(exc)), artifacts.atomic_output_dir(target, force=True) as staging:
         (staging / "half.txt").write_text("half")
         (tmp_path / f"{staging.name}.tmp").mkdir()  # a helper's own temp sibling (optimum-rbln save_pretrained)
         raise exc
-    assert sorted(p.name for p in target.iterdir()) == ["old.txt"]
+    assert sorted(p.name for p in target.iterdir()) == ["old.txt", artifacts.MANIFEST_NAME]
     assert temp_entries(tmp_path) == []
 
 
@@ -97,6 +98,7 @@ def test_existing_target_needs_force_and_force_replaces(tmp_path):
     target = tmp_path / "out"
     target.mkdir()
     (target / "old.txt").write_text("old")
+    (target / "prefill.rbln").write_bytes(b"graph")  # a compiled graph makes it an artifact
     with pytest.raises(InputError, match="already exists") as info, artifacts.atomic_output_dir(target):
         pass
     assert info.value.exit_code == 2 and "--force" in info.value.one_line() and (target / "old.txt").exists()

@@ -740,3 +740,26 @@ def pristine(tmp_path_factory):
     manifest = artifacts.manifest_for_plan(rplan, model={"id": "x"}, versions={}, cache_key=None)
     artifacts.write_manifest(root / "rbln", manifest)
     return {"torch": root / "torch", "rbln": root / "rbln"}
+
+
+@pytest.mark.parametrize("where", ["user-files", "cwd", "home"])
+def test_force_never_replaces_a_directory_that_is_not_an_artifact(where, tmp_path, monkeypatch, capsys, tiny_model):
+    """`-o precious --force`, `-o . --force` and `-o ~ --force` once replaced the directory wholesale; --force
+    replaces a compiled artifact and nothing else (not even an artifact that is the working dir or home)."""
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.txt").write_text("keep me")
+    (precious / "sub").mkdir()
+    if where != "user-files":  # looks like an artifact, but it is where the user stands / lives
+        (precious / artifacts.MANIFEST_NAME).write_text("{}")
+    monkeypatch.chdir(precious if where == "cwd" else tmp_path)
+    if where == "home":
+        monkeypatch.setenv("HOME", str(precious))
+    out = {"user-files": "precious", "cwd": ".", "home": "~"}[where]
+    before = sorted(p.name for p in precious.iterdir())
+    code, _, err = run_main(compile_argv("cpu-tiny", tiny_model, Path(out), tmp_path / "cache", "--force"), capsys)
+    line = one_error_line(err)
+    assert code == 2 and "refusing to replace" in line and "nothing was touched" in line
+    assert sorted(p.name for p in precious.iterdir()) == before
+    assert (precious / "thesis.txt").read_text() == "keep me"
+    assert temp_entries(tmp_path) == [] and temp_entries(precious) == []

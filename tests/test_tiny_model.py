@@ -246,18 +246,25 @@ def test_refuses_to_overwrite(tmp_path: Path) -> None:
     target = tmp_path / "taken"
     target.mkdir()
     (target / "precious.txt").write_text("keep me")
-    with pytest.raises(InputError) as exc:
-        tm.create_tiny_model(target)
-    assert exc.value.hint and "overwrite" in exc.value.hint
-    assert (target / "precious.txt").read_text() == "keep me"
+    for overwrite in (False, True):  # --force replaces a tiny model, never a directory of someone's files
+        with pytest.raises(InputError) as exc:
+            tm.create_tiny_model(target, overwrite=overwrite)
+        assert "not a qvl tiny model" in exc.value.one_line() and "untouched" in exc.value.one_line()
+        assert sorted(p.name for p in target.iterdir()) == ["precious.txt"]
+        assert (target / "precious.txt").read_text() == "keep me"
 
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(InputError):
         tm.create_tiny_model(tmp_path / "a_file")
 
-    tm.create_tiny_model(target, overwrite=True)
-    assert not (target / "precious.txt").exists() and tm.is_tiny_model(target)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "taken"]
+    model = tmp_path / "model"
+    tm.create_tiny_model(model, seed=1)
+    with pytest.raises(InputError) as exc:
+        tm.create_tiny_model(model, seed=2)
+    assert exc.value.hint and "overwrite" in exc.value.hint and tm.read_marker(model)["seed"] == 1
+    tm.create_tiny_model(model, seed=2, overwrite=True)
+    assert tm.read_marker(model)["seed"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "model", "taken"]
 
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -59,7 +59,8 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(
             False,
             "--force",
-            help="Replace an existing artifact directory; compile even if the planner says it won't fit.",
+            help="Replace an existing artifact (never a directory of other files, the working dir or home); "
+            "compile even if the planner says it won't fit.",
         ),
         cache_dir: Path = typer.Option(None, "--cache-dir", help="Compile cache (default: $QVL_HOME/compile-cache)."),
         no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the compile cache."),
