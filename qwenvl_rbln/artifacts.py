@@ -593,8 +593,9 @@ def read_artifact_config(artifact_dir: Path) -> tuple[str, dict[str, Any]]:
     """(kind, config): rbln_config.json of an optimum-rbln artifact, or qvl-rbln-config.json of a torch one."""
     artifact_dir = user_path(artifact_dir)
     if not artifact_dir.is_dir():
+        what = "is a file, not a directory" if artifact_dir.exists() else "does not exist"
         raise InputError(
-            f"artifact directory {artifact_dir} does not exist",
+            f"artifact directory {artifact_dir} {what}",
             "compile first (`qvl compile --preset P -o DIR`) or pass the directory it wrote",
         )
     kind = artifact_kind(artifact_dir)

@@ -230,3 +230,51 @@ def test_calibrate_without_rebel_says_why(tmp_path, monkeypatch, capsys):
     code, data, _ = _json(["load-check", str(root), "--no-runtime", "--calibrate"], capsys)
     assert data["memory"]["calibration"]["recorded"] is False
     assert "rebel" in data["memory"]["calibration"]["reason"]
+
+
+def _edit_rbln_config(root, edit):
+    path = root / artifacts.RBLN_CONFIG_NAME
+    cfg = json.loads(path.read_text())
+    edit(cfg)
+    path.write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda c: c.update(max_seq_len="abc"), "max_seq_len='abc'"),
+        (lambda c: [g.update(npu="RBLN-ZZ9") for g in c["_compile_cfgs"]], "unknown NPU 'RBLN-ZZ9'"),
+        (lambda c: [g.update(npu="RBLN-XX1") for g in c["visual"]["_compile_cfgs"]], "visual graphs"),
+    ],
+    ids=["bad-value", "unknown-npu", "unknown-visual-npu"],
+)
+def test_an_artifact_config_optimum_rbln_would_refuse_is_exit_2_not_ok(tmp_path, capsys, no_npu_stack, edit, needle):
+    """Such values once left `load-check: ok` with exit 0 and a dim footnote under memory."""
+    _, root = _artifact(tmp_path, manifest=False)
+    _edit_rbln_config(root, edit)
+    code, data, err = _json(["load-check", str(root), "--no-runtime"], capsys)
+    assert code == 2 and data["ok"] is False and data["layout"]["ok"] is False
+    assert any(needle in p for p in data["layout"]["problems"]), data["layout"]["problems"]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("qvl: error:") and needle in last
+
+
+def test_bad_device_memory_and_a_file_instead_of_a_directory_are_one_line_errors(tmp_path, capsys, no_npu_stack):
+    _, root = _artifact(tmp_path)
+    code, out, err = run_main(["load-check", str(root), "--no-runtime", "--device-memory", "12XB"], capsys)
+    assert (
+        code == 2
+        and out == ""
+        and err.strip()
+        == ("qvl: error: --device-memory='12XB' is not a size; fix: write e.g. 120GiB, 512MiB or a number of bytes")
+    )
+    code, _, err = run_main(["load-check", str(root / artifacts.RBLN_CONFIG_NAME)], capsys)
+    assert code == 2 and "is a file, not a directory" in err
+
+
+def test_calibrate_without_rebel_says_so_in_the_human_report(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("QVL_HOME", str(tmp_path / "home"))
+    _, root = _artifact(tmp_path)
+    monkeypatch.setitem(sys.modules, "rebel", None)
+    code, out, _ = run_main(["load-check", str(root), "--no-runtime", "--calibrate"], capsys)
+    assert code == 0 and "calibration: nothing recorded" in " ".join(out.split())

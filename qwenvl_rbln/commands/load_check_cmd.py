@@ -151,7 +151,7 @@ def _planner_estimate(
             dtype_bytes=2 if kind == "rbln" else geometry.dtype_bytes,
         ).to_dict()
     except QvlError as exc:
-        return {"source": "unavailable", "fits": None, "devices": [], "reason": exc.one_line()}
+        return {"source": "unavailable", "fits": None, "devices": [], "reason": exc.one_line(), "problem": exc.message}
     out = {"source": "estimate", **report}
     out["notes"] = list(report.get("notes") or []) + notes
     return out
@@ -316,6 +316,24 @@ def calibration_from_exact(root: Path, cfg: dict[str, Any], exact: dict[str, Any
     return {"model": geometry, "records": records}
 
 
+def _unknown_npus(target: dict[str, Any]) -> list[str]:
+    """A target NPU that optimum-rbln would refuse (``Unknown npu name``) is a problem of the artifact."""
+    from qwenvl_rbln.devices import npu_spec
+    from qwenvl_rbln.errors import InputError
+
+    problems = []
+    for key in ("npu", "visual_npu"):
+        name = target.get(key)
+        if not name or (key == "visual_npu" and name == target.get("npu")):
+            continue
+        try:
+            npu_spec(name)
+        except InputError:
+            where = "visual " if key == "visual_npu" else ""
+            problems.append(f"{where}graphs were compiled for an unknown NPU {name!r} (optimum-rbln: Unknown npu name)")
+    return problems
+
+
 def run_load_check(
     directory: Path,
     *,
@@ -333,6 +351,10 @@ def run_load_check(
     from qwenvl_rbln.errors import DoesNotFit, InputError
 
     root = user_path(directory).absolute()
+    if device_memory is not None:  # a typo here is bad input, not a footnote under "ok"
+        from qwenvl_rbln.devices import parse_byte_size
+
+        parse_byte_size(device_memory, "--device-memory")
     kind, cfg = artifacts.read_artifact_config(root)
     manifest = artifacts.read_manifest(root)
     if manifest is not None:
@@ -345,11 +367,16 @@ def run_load_check(
         )
     layout = artifacts.check_layout(root, kind, cfg, manifest)
     target = artifacts.compile_target(cfg, manifest)
+    target["problems"].extend(_unknown_npus(target))
     layout["problems"].extend(target["problems"])
     if target["problems"]:
         layout["ok"] = False
     placement = check_placement(device, visual_device, manifest, target, fallback, cfg)
     memory = _memory(root, kind, cfg, layout, target, placement["requested"], device_memory)
+    if layout["ok"] and memory.get("source") == "unavailable" and memory.get("problem"):
+        # the artifact's own config cannot be read as optimum-rbln would (a bad value, a broken config.json)
+        layout["problems"].append(memory["problem"])
+        layout["ok"] = False
     if calibrate:
         memory["calibration"] = _calibrate(root, cfg, memory, target)
 
@@ -474,6 +501,14 @@ def _human(console: Any, d: dict[str, Any]) -> None:
         print_memory(console, memory)
     else:
         console.print(f"[dim]memory: {escape(str(memory.get('reason') or 'unavailable'))}[/dim]")
+    calibration = memory.get("calibration")
+    if calibration and calibration.get("recorded"):
+        console.print(
+            f"[green]calibration: {len(calibration['entries'])} workspaces recorded in "
+            f"{escape(calibration['path'])}[/green]"
+        )
+    elif calibration:
+        console.print(f"[yellow]calibration: nothing recorded ({escape(str(calibration.get('reason')))})[/yellow]")
 
     if runtime.get("ok") is True:
         extra = f" in {runtime['seconds']}s" if runtime.get("seconds") is not None else ""
