@@ -91,6 +91,8 @@ def main() -> None:
         if _is_abort(exc):
             render.err().print("qvl: interrupted", markup=False)
             sys.exit(EXIT_INTERRUPTED)
+        if _is_click_error(exc) and not str(exc.format_message()).strip():
+            sys.exit(0)  # `qvl` or `qvl presets` alone: the help was printed, and help is what was asked for
         if _is_click_error(exc):
             render.err().print(f"qvl: error: {_usage_line(exc)}", markup=False, highlight=False)
             sys.exit(getattr(exc, "exit_code", 2) or 2)

@@ -143,3 +143,10 @@ def test_usage_errors_are_one_line_exit_2_with_a_help_pointer(args, needle):
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, result.stderr
     assert needle in lines[0] and "--help" in lines[0] and "internal error" not in lines[0]
+
+
+@pytest.mark.parametrize("args", [[], ["presets"]])
+def test_a_bare_group_prints_its_help_and_no_empty_error(args):
+    result = run_qvl(*args)
+    assert result.exit_code == 0 and "Usage:" in result.stdout and "Commands" in result.stdout
+    assert result.stderr.strip() == ""
