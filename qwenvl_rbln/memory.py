@@ -704,10 +704,21 @@ def ensure_fits(report: MemoryReport | dict[str, Any], *, force: bool = False) -
     where = "; ".join(
         f"device {d['device']} needs {_fmt_gib(d['total_bytes'])} of {_fmt_gib(d['usable_bytes'])}" for d in over
     )
-    hints = [" ".join(f"--set {s}" for s in sug["set"]) for sug in data.get("suggestions") or []]
-    hint = f"try {hints[0]}" if hints else "reduce max_seq_len or batch_size, or place visual on another NPU"
-    hint += " (see `qvl compile --dry-run`), or pass --force to compile anyway"
-    raise DoesNotFit(f"the memory planner predicts this will not fit: {where}", hint)
+    raise DoesNotFit(f"the memory planner predicts this will not fit: {where}", fit_hint(data))
+
+
+def fit_hint(data: dict[str, Any]) -> str:
+    """The fix for a configuration that does not fit: the planner's first ready --set, or, when no single change
+    it tries fits, what is too large and what is left to change."""
+    hints = [" ".join(f"--set {x}" for x in sug["set"]) for sug in data.get("suggestions") or []]
+    if hints:
+        more = f" ({len(hints) - 1} more in `qvl compile --dry-run`)" if len(hints) > 1 else ""
+        return f"try {hints[0]}{more}, or pass --force to compile anyway"
+    return (
+        "no single change the planner tries fits (context, batch, ViT bucket, ViT placement, memory_budget): "
+        "see the items per device in `qvl compile --dry-run`, combine changes, or pass --device-memory if the "
+        "card really has more; --force compiles anyway"
+    )
 
 
 # --- suggestions -----------------------------------------------------------------------------------
@@ -764,36 +775,17 @@ def _suggestions(ctx: _Ctx, resolved: Any, placement: dict[str, Any], report: Me
         return out
 
     # 1. the largest max_seq_len (a multiple of the partition) that fits at this batch
-    if flash:
-        step = resolved.kvcache_block_size
-        candidates = [k * step for k in range(resolved.max_seq_len // step - 1, 1, -1)]
-        candidates = [c for c in candidates if c >= _MIN_FLASH_LEN]
-    else:
-        top = min(resolved.max_seq_len - 1, _EAGER_MAX.get(ctx.spec.family, 16384))
-        candidates = [c for c in range(top - top % 1024, 1023, -1024)]
-    for length in candidates:
-        res = _with(resolved, max_seq_len=length)
-        if res.kvcache_num_blocks and flash and res.kvcache_num_blocks < res.num_min_blocks:
-            continue
-        rep = run(res)
-        if rep.fits:
-            unit = f"{length // step} partitions of {step}" if flash else "eager"
-            out.append(
-                _sug(
-                    "max_seq_len",
-                    f"max_seq_len={length}: the largest context ({unit}) that fits at batch {resolved.batch_size} "
-                    f"(KV {_fmt_gib(rep.kv['bytes'])})",
-                    [f"max_seq_len={length}"],
-                    rep,
-                )
-            )
-            break
+    found = _largest_context(ctx, resolved, run)
+    if found:
+        out.append(_context_suggestion(resolved, *found))
 
     # 2. the largest batch that fits at this context
     for batch in range(resolved.batch_size - 1, 0, -1):
         dbs = sorted({b for b in resolved.decoder_batch_sizes if b <= batch} | {batch})
-        res = _with(resolved, batch_size=batch, decoder_batch_sizes=sorted(dbs, reverse=True))
-        if res.kvcache_num_blocks and flash and res.kvcache_num_blocks < res.num_min_blocks:
+        res, block_sets = _explicit_blocks_follow(
+            _with(resolved, batch_size=batch, decoder_batch_sizes=sorted(dbs, reverse=True)), resolved, flash
+        )
+        if res is None:
             continue
         rep = run(res)
         if rep.fits:
@@ -802,7 +794,11 @@ def _suggestions(ctx: _Ctx, resolved: Any, placement: dict[str, Any], report: Me
                     "batch_size",
                     f"batch_size={batch}: the largest batch that fits with max_seq_len {resolved.max_seq_len} "
                     f"(decoder graphs {dbs})",
-                    [f"batch_size={batch}", "decoder_batch_sizes=" + "[" + ",".join(str(b) for b in dbs) + "]"],
+                    [
+                        f"batch_size={batch}",
+                        "decoder_batch_sizes=" + "[" + ",".join(str(b) for b in dbs) + "]",
+                        *block_sets,
+                    ],
                     rep,
                 )
             )
@@ -825,6 +821,11 @@ def _suggestions(ctx: _Ctx, resolved: Any, placement: dict[str, Any], report: Me
                 )
             )
 
+    # 3b. a smaller largest ViT bucket (its workspace grows with S^2)
+    sug = _vit_bucket_suggestion(resolved, placement, run)
+    if sug:
+        out.append(sug)
+
     # 4. a memory_budget that leaves room for the ViT (or for what --device-memory says is really there)
     if auto:
         sug = _memory_budget_suggestion(ctx, resolved, placement, report, run, vis_devs if shared else [])
@@ -846,7 +847,120 @@ def _suggestions(ctx: _Ctx, resolved: Any, placement: dict[str, Any], report: Me
                     )
                 )
                 break
+
+    # 6. nothing fits alone: a smaller top ViT bucket together with the largest context that then fits
+    if not out:
+        sug = _bucket_and_context_suggestion(ctx, resolved, placement, run)
+        if sug:
+            out.append(sug)
     return out
+
+
+def _largest_context(ctx: _Ctx, resolved: Any, run: Any) -> tuple[int, Any, MemoryReport, list[str]] | None:
+    """(length, resolved, report, extra --sets) for the largest shorter max_seq_len that fits, else None."""
+    flash = resolved.attn_impl == "flash_attn"
+    if flash:
+        step = resolved.kvcache_block_size
+        candidates = [k * step for k in range(resolved.max_seq_len // step - 1, 1, -1)]
+        candidates = [c for c in candidates if c >= _MIN_FLASH_LEN]
+    else:
+        top = min(resolved.max_seq_len - 1, _EAGER_MAX.get(ctx.spec.family, 16384))
+        candidates = [c for c in range(top - top % 1024, 1023, -1024)]
+    for length in candidates:
+        res, block_sets = _explicit_blocks_follow(_with(resolved, max_seq_len=length), resolved, flash)
+        if res is None:
+            continue
+        rep = run(res)
+        if rep.fits:
+            return length, res, rep, block_sets
+    return None
+
+
+def _context_suggestion(
+    before: Any, length: int, res: Any, rep: MemoryReport, block_sets: list[str], also: list[str] | None = None
+) -> dict[str, Any]:
+    flash = before.attn_impl == "flash_attn"
+    step = before.kvcache_block_size
+    unit = f"{length // step} partitions of {step}" if flash else "eager"
+    return _sug(
+        "max_seq_len",
+        f"max_seq_len={length}: the largest context ({unit}) that fits at batch {before.batch_size} "
+        f"(KV {_fmt_gib(rep.kv['bytes'])})",
+        [f"max_seq_len={length}", *block_sets, *(also or [])],
+        rep,
+    )
+
+
+def _bucket_and_context_suggestion(
+    ctx: _Ctx, resolved: Any, placement: dict[str, Any], run: Any
+) -> dict[str, Any] | None:
+    """When no single change fits: the largest top ViT bucket that fits beside the shortest context, then the
+    largest context that fits beside that bucket (two --sets applied together)."""
+    flash = resolved.attn_impl == "flash_attn"
+    shortest = max(_MIN_FLASH_LEN, 2 * resolved.kvcache_block_size) if flash else 1024
+    if shortest >= resolved.max_seq_len:
+        return None
+    small, _ = _explicit_blocks_follow(_with(resolved, max_seq_len=shortest), resolved, flash)
+    if small is None:
+        return None
+    bucket = _vit_bucket_suggestion(small, placement, run)
+    if bucket is None:
+        return None
+    vit = replace(resolved, vit_buckets=bucket["vit_buckets"])
+    found = _largest_context(ctx, vit, run)
+    if not found:
+        return None
+    length, res, rep, block_sets = found
+    sug = _context_suggestion(resolved, length, res, rep, block_sets, also=bucket["set"])
+    sug["kind"] = "max_seq_len+visual.max_seq_len"
+    sug["text"] += f", together with {bucket['text']}"
+    return sug
+
+
+def _explicit_blocks_follow(res: Any, before: Any, flash: bool) -> tuple[Any | None, list[str]]:
+    """With an explicit ``kvcache_num_blocks``, a smaller context or batch needs fewer blocks: keep the count
+    at most the new full count (and say so as a --set); None when the count falls below the new minimum."""
+    if not (flash and before.kvcache_num_blocks):
+        return res, []
+    n = min(before.kvcache_num_blocks, res.num_full_blocks)
+    if n < res.num_min_blocks:
+        return None, []
+    if n == before.kvcache_num_blocks:
+        return res, []
+    return replace(res, kvcache_num_blocks=n), [f"kvcache_num_blocks={n}"]
+
+
+def _vit_bucket_suggestion(resolved: Any, placement: dict[str, Any], run: Any) -> dict[str, Any] | None:
+    """The largest top ViT bucket (a multiple of 4, at least 256 patches) that makes the plan fit: images above
+    it are resized down to it by the processor's max_pixels, so it trades image detail for memory."""
+    buckets = sorted(resolved.vit_buckets)
+    top = buckets[-1]
+
+    def with_top(size: int) -> Any:
+        return replace(resolved, vit_buckets=sorted({b for b in buckets[:-1] if b < size} | {size}))
+
+    lo, hi, best = 64, top // 4 - 1, None  # in units of 4 patches
+    if hi < lo or not run(with_top(lo * 4)).fits:
+        return None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if run(with_top(mid * 4)).fits:
+            best, lo = mid * 4, mid + 1
+        else:
+            hi = mid - 1
+    if best is None:
+        return None
+    new = with_top(best)
+    rep = run(new)
+    value = "[" + ",".join(str(b) for b in new.vit_buckets) + "]"
+    return _sug(
+        "visual.max_seq_len",
+        f"visual.max_seq_len={value}: the largest top ViT bucket that fits ({best} patches, down from {top}); "
+        f"images above {best * 256:,} pixels are resized down to it (processor max_pixels)",
+        [f"visual.max_seq_len={value}"],
+        rep,
+        vit_buckets=new.vit_buckets,
+    )
 
 
 def _memory_budget_suggestion(

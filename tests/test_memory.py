@@ -205,8 +205,12 @@ def test_suggestions_for_batch4_262144_are_concrete_and_fit_when_applied():
     sets = ["max_seq_len=262144"]
     _, r = est("rebel100-1npu-batch4", sets)
     by_kind = {s["kind"]: s for s in r.suggestions}
-    assert set(by_kind) == {"max_seq_len", "batch_size", "visual_device", "memory_budget"}
+    assert set(by_kind) == {"max_seq_len", "batch_size", "visual_device", "visual.max_seq_len", "memory_budget"}
     assert by_kind["max_seq_len"]["set"] == ["max_seq_len=253952"]  # 31 x 8192
+    (vit,) = by_kind["visual.max_seq_len"]["vit_buckets"]  # one bucket, just under the preset's 16384
+    assert 15000 < vit < 16384 and vit % 4 == 0
+    _, one_more = est("rebel100-1npu-batch4", [*sets, f"visual.max_seq_len=[{vit + 4}]"])
+    assert not one_more.fits  # the largest that fits, not just one that does
     assert by_kind["batch_size"]["set"] == ["batch_size=3", "decoder_batch_sizes=[1,2,3]"]
     assert by_kind["visual_device"]["set"] == ["placement.visual_device=1"]
     mb = by_kind["memory_budget"]
@@ -543,3 +547,40 @@ def test_print_memory_tolerates_empty_report():
     buf = StringIO()
     print_memory(Console(file=buf, width=120), {"fits": None, "devices": [], "suggestions": []})
     assert "no estimate" in buf.getvalue()
+
+
+def test_explicit_kv_blocks_follow_a_smaller_context_or_batch():
+    """With kvcache_num_blocks=128 the context and batch suggestions once vanished (the old count no longer fit);
+    each now carries the count it needs, and applying it fits."""
+    sets = ["max_seq_len=262144", "kvcache_num_blocks=128"]
+    _, r = est("rebel100-1npu-batch4", sets)
+    by_kind = {s["kind"]: s for s in r.suggestions}
+    assert {"max_seq_len", "batch_size"} <= set(by_kind)
+    assert by_kind["max_seq_len"]["set"] == ["max_seq_len=253952", "kvcache_num_blocks=124"]  # 4 rows x 31
+    assert by_kind["batch_size"]["set"][-1] == "kvcache_num_blocks=96"  # 3 rows x 32
+    for kind in ("max_seq_len", "batch_size"):
+        _, applied = est("rebel100-1npu-batch4", sets + by_kind[kind]["set"])
+        assert applied.fits
+
+
+def test_when_no_single_change_fits_a_combined_one_is_offered_and_fits():
+    sets = ["npu=RBLN-CA25"]  # ATOM: 15.7 GiB; neither the 16384 ViT bucket nor 262144 of context fit alone
+    _, r = est("rebel100-1npu", sets)
+    assert not r.fits
+    kinds = [s["kind"] for s in r.suggestions]
+    assert kinds == ["max_seq_len+visual.max_seq_len"], kinds
+    (sug,) = r.suggestions
+    assert [x.split("=")[0] for x in sug["set"]] == ["max_seq_len", "visual.max_seq_len"]
+    _, applied = est("rebel100-1npu", sets + sug["set"])
+    assert applied.fits
+    assert m.fit_hint(r.to_dict()).startswith("try --set max_seq_len=")
+
+
+def test_the_hint_says_so_when_nothing_the_planner_tries_fits():
+    _, r = est("rebel100-1npu", device_memory="2GiB")  # not even the weights
+    assert not r.fits and r.suggestions == []
+    hint = m.fit_hint(r.to_dict())
+    assert "no single change" in hint and "suggestions printed above" not in hint
+    with pytest.raises(m.DoesNotFit) as info:
+        m.ensure_fits(r)
+    assert "no single change" in info.value.one_line()

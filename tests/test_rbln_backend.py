@@ -153,6 +153,14 @@ def test_compile_errors_map_to_exit_codes(tmp_path, monkeypatch):
     with pytest.raises(DoesNotFit, match="only 3 blocks") as info:
         backend.compile_model(plan, staging, Progress())
     assert info.value.exit_code == 4
+    # the planner fits this plan, so no computed --set exists: a plain hint, and never "move the ViT" (optimum-rbln
+    # sizes the KV pool for the LM alone)
+    assert "ViT" not in info.value.hint and "32768" not in info.value.hint
+    big = build_plan("rebel100-1npu-batch4", ["max_seq_len=262144"])
+    install(monkeypatch, make_auto(big, export_error=kv))
+    with pytest.raises(DoesNotFit) as info:
+        backend.compile_model(big, staging, Progress())
+    assert info.value.hint.startswith("try --set max_seq_len=253952 or --set batch_size=3")
     install(monkeypatch, make_auto(plan, export_error="Unknown npu name: RBLN-XX99"))
     with pytest.raises(BackendError, match="Unknown npu name") as info:
         backend.compile_model(plan, staging, Progress())

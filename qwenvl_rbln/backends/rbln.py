@@ -221,15 +221,27 @@ def compile_model(plan: Any, out_dir: Path, progress: Any, model_cls: Any = None
     }
 
 
+def _kv_fix(plan: Any) -> str:
+    """optimum-rbln sizes the KV pool for the LM graphs alone, so moving the ViT cannot help here: the planner's
+    context, batch or memory_budget changes can, each a ready --set."""
+    generic = "lower max_seq_len or batch_size, or raise memory_budget; `qvl compile --dry-run` shows the estimate"
+    try:
+        from qwenvl_rbln.memory import estimate_plan
+
+        suggestions = estimate_plan(plan).suggestions
+    except Exception:  # the hint must never hide the real error
+        return generic
+    lm_only = [s for s in suggestions if s["kind"] in ("max_seq_len", "batch_size", "memory_budget")]
+    if not lm_only:
+        return generic
+    return "try " + " or ".join(" ".join(f"--set {x}" for x in s["set"]) for s in lm_only[:2])
+
+
 def compile_error(exc: BaseException, plan: Any) -> Exception:
     text = str(exc)
     line = _first_line(exc)
     if KV_INSUFFICIENT in text:
-        return DoesNotFit(
-            f"optimum-rbln could not fit the KV cache for preset {plan.preset}: {line}",
-            "lower max_seq_len or batch_size (e.g. --set rbln_config.max_seq_len=32768), or move the ViT to "
-            "another NPU; `qvl compile --dry-run` shows the estimate",
-        )
+        return DoesNotFit(f"optimum-rbln could not fit the KV cache for preset {plan.preset}: {line}", _kv_fix(plan))
     if LACK_OF_MEMORY in text:
         return DoesNotFit(
             f"runtime creation during compile failed: {LACK_OF_MEMORY}",

@@ -90,10 +90,10 @@ def register(app: typer.Typer) -> None:
             render.emit({**data, "dry_run": True}, as_json=as_json, human=human)
             if memory.fits is False:  # a dry run is also a CI gate: exit 4 when it would not fit
                 from qwenvl_rbln.errors import DoesNotFit
+                from qwenvl_rbln.memory import fit_hint
 
                 raise DoesNotFit(
-                    "dry run: the memory planner predicts this configuration will not fit",
-                    "apply one of the suggestions printed above (each is a ready --set)",
+                    "dry run: the memory planner predicts this configuration will not fit", fit_hint(data["memory"])
                 )
             return
         from qwenvl_rbln.compile_job import run_compile
