@@ -7,6 +7,7 @@ import tempfile
 
 os.environ["QVL_HOME"] = tempfile.mkdtemp(prefix="qvl-test-home-")
 os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp(prefix="qvl-test-hf-cache-")  # empty: no model is "cached" by chance
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -239,3 +239,27 @@ def test_concurrent_compiles_busy_then_sigterm_cleans_up(tmp_path, model_dir):
     assert first.returncode == 130, err1
     assert "nothing half-written" in err1
     assert not out.exists() and temp_entries(tmp_path) == []
+
+
+def test_a_hub_id_in_the_local_hf_cache_is_hashed_and_cached(tmp_path, monkeypatch, capsys):
+    """The shipped rbln presets name a hub id: when its snapshot is in the Hugging Face cache, qvl compiles from
+    that directory, hashes it into the manifest and uses the compile cache (found offline, never downloaded)."""
+    from huggingface_hub import constants
+
+    hub = tmp_path / "hf-cache"
+    repo = hub / "models--Qwen--Qwen3-VL-2B-Instruct"
+    snapshot = write_hf_model(repo / "snapshots" / "0123abcd")
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
+    auto = make_auto(build_plan("rebel100-1npu"))
+    install(monkeypatch, auto)
+    argv = ["compile", "--preset", "rebel100-1npu", "-o", str(tmp_path / "o"), "--cache-dir", str(tmp_path / "c")]
+    code, stdout, stderr = run_main([*argv, "--json"], capsys)
+    assert code == 0, stderr
+    assert json.loads(stdout)["result"]["cache"] == "miss"
+    assert auto.calls[0]["model_id"] == str(snapshot)
+    model = json.loads((tmp_path / "o" / artifacts.MANIFEST_NAME).read_text())["model"]
+    assert model["id"] == "Qwen/Qwen3-VL-2B-Instruct" and len(model["sha256"]) == 64
+    code, stdout, stderr = run_main([*argv, "--force", "--json"], capsys)
+    assert code == 0 and json.loads(stdout)["result"]["cache"] == "hit" and len(auto.calls) == 1

@@ -130,9 +130,10 @@ def backend_module(name: str) -> Any:
 def resolve_source(model_id: str, *, backend: str) -> tuple[str, Any]:
     """(what to hand the backend, local directory or None) for a plan's model id.
 
-    ``qvl:tiny`` is created on first use (``tiny_model.ensure_tiny_model``). A hub id is passed through to
-    optimum-rbln on an RBLN host (it downloads as usual); the torch backend copies a local directory, so for a
-    hub id it uses the local Hugging Face cache only and never downloads.
+    ``qvl:tiny`` is created on first use (``tiny_model.ensure_tiny_model``). A hub id found in the local Hugging
+    Face cache resolves to that snapshot, so it is hashed and the compile cache works; one that is not cached is
+    passed through to optimum-rbln on an RBLN host (it downloads as usual, and the manifest says it was not
+    hashed). The torch backend copies a local directory, so it never downloads.
     """
     from pathlib import Path
 
@@ -152,15 +153,24 @@ def resolve_source(model_id: str, *, backend: str) -> tuple[str, Any]:
                 f"model directory {path} does not exist", "pass --model with an existing Hugging Face model directory"
             )
         return str(path.absolute()), path.absolute()
+    local = _cached_snapshot(model_id)
+    if local is not None:  # hashed, cached and compiled from the same files, offline
+        return str(local), local
     if backend == "rbln":
         return model_id, None
+    raise InputError(
+            f"model {model_id!r} is a hub id that is not in the local Hugging Face cache",
+            f"download it first (`hf download {model_id}`) and pass --model with its directory; qvl never downloads",
+        )
+
+
+def _cached_snapshot(model_id: str) -> Any:
+    """The local Hugging Face cache's snapshot of a hub id, or None (not cached, or huggingface_hub missing)."""
+    from pathlib import Path
+
     try:
         from huggingface_hub import snapshot_download
 
-        local = Path(snapshot_download(model_id, local_files_only=True))
-    except Exception:  # noqa: BLE001 - not cached, offline, or huggingface_hub missing
-        raise InputError(
-            f"model {model_id!r} is a hub id that is not in the local Hugging Face cache",
-            f"download it first (`hf download {model_id}`) and pass --model with its directory; qvl never downloads",
-        ) from None
-    return str(local), local
+        return Path(snapshot_download(model_id, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached, offline, a malformed id, or huggingface_hub missing
+        return None
