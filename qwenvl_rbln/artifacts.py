@@ -232,6 +232,36 @@ def manifest_for_plan(
     return data
 
 
+COMPILED_KEYS = (
+    "batch_size",
+    "max_seq_len",
+    "attn_impl",
+    "kvcache_partition_len",
+    "kvcache_block_size",
+    "kvcache_num_blocks",
+    "prefill_chunk_size",
+    "decoder_batch_sizes",
+)
+
+
+def compiled_values(artifact_dir: Path) -> dict[str, Any] | None:
+    """What the backend resolved, read back from the artifact's own config: the numbers qvl's plan cannot know
+    in advance (optimum-rbln's automatic ``kvcache_num_blocks``) next to the ones it asked for."""
+    for name in (RBLN_CONFIG_NAME, TORCH_CONFIG_NAME):
+        try:
+            cfg = json.loads((Path(artifact_dir) / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(cfg, dict):
+            return None
+        out = {k: cfg[k] for k in COMPILED_KEYS if k in cfg}
+        visual = cfg.get("visual")
+        if isinstance(visual, dict) and "max_seq_len" in visual:
+            out["visual.max_seq_len"] = visual["max_seq_len"]
+        return {"source": name, **out}
+    return None
+
+
 def _write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.qvl-tmp-{os.getpid()}-{secrets.token_hex(4)}")
     try:

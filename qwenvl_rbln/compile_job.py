@@ -230,6 +230,7 @@ def _run(
                     info = backend.compile_model(plan, staging, progress, model_cls=model_cls, source=source)
                 progress.stage("writing manifest", artifacts.MANIFEST_NAME)
                 extra: dict[str, Any] = {
+                    "compiled": artifacts.compiled_values(staging),
                     "output_dir": str(target),
                     "compile": info,
                     "cache": {

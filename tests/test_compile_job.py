@@ -58,6 +58,11 @@ def test_cache_miss_then_hit_and_the_manifest(tmp_path, monkeypatch, capsys, mod
     assert set(m["versions"]) == {"qvl", "optimum-rbln", "rebel-compiler", "transformers", "torch"}
     assert m["timings"]["total"] > 0 and "prefill graph" in m["timings"]
     assert "prefill.rbln" in m["files"] and "visual/compiled_model.rbln" in m["files"]
+    # what optimum-rbln resolved (automatic KV blocks: the full count here) next to what the plan asked for (0)
+    assert m["rbln_config"].get("kvcache_num_blocks", 0) == 0
+    assert m["compiled"]["source"] == "rbln_config.json"
+    assert m["compiled"]["kvcache_num_blocks"] == plan.resolved.num_full_blocks
+    assert sorted(m["compiled"]["visual.max_seq_len"]) == plan.rbln_config["visual"]["max_seq_len"]
     assert artifacts.verify_manifest(out, m)["ok"]
     assert (cache / result["cache_key"] / "prefill.rbln").exists()
     assert temp_entries(tmp_path) == []
