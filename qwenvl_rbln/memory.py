@@ -520,6 +520,11 @@ def estimate(
         dtype_bytes=dtype_bytes or geometry.dtype_bytes,
     )
     report = _estimate(ctx, resolved, placement)
+    if override is not None and override > spec.total_bytes:
+        report.notes.append(
+            f"--device-memory {_fmt_gib(override)} is more than the {_fmt_gib(spec.total_bytes)} of DRAM on one "
+            f"{spec.product} ({spec.sku}); the verdict assumes memory the card does not have"
+        )
     if suggest:
         report.suggestions = _suggestions(ctx, resolved, placement, report)
     return report

@@ -584,3 +584,10 @@ def test_the_hint_says_so_when_nothing_the_planner_tries_fits():
     with pytest.raises(m.DoesNotFit) as info:
         m.ensure_fits(r)
     assert "no single change" in info.value.one_line()
+
+
+def test_device_memory_above_the_card_is_noted():
+    _, r = est("rebel100-1npu", device_memory="1TiB")
+    assert any("more than the 144.00 GiB of DRAM" in n for n in r.notes)
+    _, r = est("rebel100-1npu", device_memory="120GiB")
+    assert not any("more than" in n for n in r.notes)
