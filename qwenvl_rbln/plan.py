@@ -28,8 +28,8 @@ MIN_FLASH_MAX_SEQ_LEN = 2048
 # Keys optimum-rbln accepts (RBLNModelConfig + RBLNDecoderOnlyModelConfig + Qwen3-VL), by level.
 BASE_KEYS = {
     "create_runtimes": bool,
-    "device": "device",
-    "device_map": dict,
+    "device": "placement",
+    "device_map": "device_map",
     "activate_profiler": bool,
     "npu": str,
     "num_devices": int,
@@ -64,6 +64,18 @@ LM_KEYS = {
 }
 VISUAL_KEYS = {**BASE_KEYS, "max_seq_len": "buckets", "batch_size": int}
 RUNTIME_ONLY_KEYS = ("create_runtimes", "device", "device_map", "activate_profiler", "timeout")
+
+# Keys optimum-rbln 0.12 accepts in rbln_config but fills in itself (rbln_config.json): not settings.
+WRITTEN_BY_OPTIMUM = {
+    "optimum_rbln_version": "records the installed optimum-rbln version in rbln_config.json",
+    "cls_name": "records the model class in rbln_config.json",
+    "_compile_cfgs": "fills in the compiled graphs' shapes at compile time",
+    "cache_metas": "computes the per-layer KV cache metadata at compile time",
+    "kvcache_metas": "computes the per-layer KV cache metadata at compile time (kvcache_metas is the deprecated "
+    "name of cache_metas)",
+    "_requires_batch_sort": "resolves it at compile time from npu, attn_impl and use_attention_mask",
+}
+VISUAL_WRITTEN_BY_OPTIMUM = ("optimum_rbln_version", "cls_name", "_compile_cfgs")
 
 
 @dataclass(frozen=True)
@@ -223,12 +235,12 @@ class _Checker:
         for key, value in data.items():
             dotted = f"{prefix}{key}"
             if key not in schema:
-                near = closest(str(key), list(schema))
-                hint = f"did you mean '{prefix}{near}'?" if near else "see `qvl presets show` for valid keys"
-                self.fail(dotted, f"unknown rbln_config key '{dotted}' (optimum-rbln 0.12 rejects it)", hint)
+                self.unknown(prefix, str(key), schema)
             kind = schema[key]
             if value is None:
                 continue
+            if kind == "placement":
+                self.placement_key(dotted)
             if kind is int:
                 self.int_(dotted, value)
             elif kind is bool:
@@ -239,8 +251,38 @@ class _Checker:
                 self.fail(dotted, f"{dotted}={value!r} must be a mapping", f"write {dotted} as key: value pairs")
             elif kind is list and not isinstance(value, list):
                 self.fail(dotted, f"{dotted}={value!r} must be a list", f"write {dotted} as [a, b, ...]")
-            elif kind == "device":
-                self.device(dotted, value)
+            elif kind == "device_map":
+                self.device_map(dotted, value)
+
+    def unknown(self, prefix: str, key: str, schema: dict[str, Any]) -> None:
+        """A key optimum-rbln fills in itself, or one it refuses: say which, and the closest valid key."""
+        dotted = f"{prefix}{key}"
+        written = WRITTEN_BY_OPTIMUM if prefix == "rbln_config." else VISUAL_WRITTEN_BY_OPTIMUM
+        if key in written:
+            self.fail(
+                dotted,
+                f"rbln_config key '{dotted}' is not a setting: optimum-rbln {WRITTEN_BY_OPTIMUM[key]}",
+                f"remove {dotted} from the preset; optimum-rbln writes it into the compiled rbln_config.json",
+            )
+        near = closest(key, list(schema))
+        valid = ", ".join(k for k in schema if k != "device")
+        hint = f"did you mean '{prefix}{near}'?" if near else f"valid keys under {prefix.rstrip('.')}: {valid}"
+        self.fail(dotted, f"unknown rbln_config key '{dotted}' (optimum-rbln 0.12 refuses it)", hint)
+
+    def placement_key(self, dotted: str) -> None:
+        """``device`` is a load-time choice: qvl keeps it in ``placement:``, where the planner and load see it."""
+        target = "placement.visual_device" if ".visual." in dotted else "placement.device"
+        self.fail(
+            dotted,
+            f"{dotted} is not read from rbln_config: qvl takes device ids from the preset's placement section",
+            f"remove {dotted} and set {target} instead (e.g. --set {target}=1)",
+        )
+
+    def device_map(self, dotted: str, value: Any) -> None:
+        if not isinstance(value, dict):
+            self.fail(dotted, f"{dotted}={value!r} must be a mapping", f"write {dotted} as {{graph name: device id}}")
+        for graph, dev in value.items():
+            self.device(f"{dotted}.{graph}", dev)
 
 
 def build_plan(
@@ -266,7 +308,11 @@ def plan_from_loaded(loaded: LoadedPreset, *, model: str | None = None, output_d
     backend = data.get("backend", "rbln")
     if backend not in ("rbln", "torch"):
         chk.fail("backend", f"backend={backend!r} is not one of rbln, torch", "set backend: rbln or backend: torch")
-    model_id = model or data.get("model")
+    if model is not None and not model.strip():
+        raise InputError(
+            f"--model {model!r} is empty", "pass a hub id or a local model directory, or leave --model out"
+        )
+    model_id = model if model is not None else data.get("model")
     if not isinstance(model_id, str) or not model_id.strip():
         chk.fail("model", f"model={model_id!r} must name a hub id or a local directory", "set model: or pass --model")
 
@@ -284,6 +330,13 @@ def plan_from_loaded(loaded: LoadedPreset, *, model: str | None = None, output_d
     npu = data.get("npu") or rbln.get("npu")
     if rbln.get("npu") and data.get("npu") and rbln["npu"] != data["npu"]:
         chk.fail("npu", f"npu={data['npu']!r} but rbln_config.npu={rbln['npu']!r}", "set the target NPU once")
+    if visual.get("npu") and npu and visual["npu"] != npu:
+        chk.fail(
+            "rbln_config.visual.npu",
+            f"rbln_config.visual.npu={visual['npu']!r} but the target npu is {npu!r}; the ViT and the LM compile "
+            "for one NPU",
+            f"remove rbln_config.visual.npu (the ViT inherits npu {npu!r})",
+        )
     if not npu:
         chk.fail("npu", "no target npu", "set npu: RBLN-CR13 (without it optimum-rbln falls back to ATOM limits)")
     try:
@@ -303,7 +356,7 @@ def plan_from_loaded(loaded: LoadedPreset, *, model: str | None = None, output_d
     compile_cfg = copy.deepcopy(rbln)
     compile_cfg["npu"] = npu
 
-    placement = _placement(chk, data.get("placement") or {}, resolved)
+    placement = _placement(chk, data.get("placement") or {}, resolved, warnings)
     load_cfg: dict[str, Any] = {"visual": {"device": placement["visual_device"]}, "device": placement["device"]}
 
     processor = _processor(chk, data.get("processor") or {}, model_id, resolved, warnings)
@@ -634,16 +687,49 @@ def _memory_budget(chk: _Checker, budget: Any, spec: NpuSpec) -> float | int | N
     return nbytes
 
 
-def _placement(chk: _Checker, placement: dict[str, Any], resolved: ResolvedLM) -> dict[str, Any]:
+def _placement(chk: _Checker, placement: dict[str, Any], resolved: ResolvedLM, warnings: list[str]) -> dict[str, Any]:
+    """Device ids per submodule, one per compiled device (num_devices), so load and the planner agree."""
     device = chk.device("placement.device", placement.get("device", 0))
-    visual_device = chk.device("placement.visual_device", placement.get("visual_device", device))
-    for key, dev, n in (
-        ("placement.device", device, resolved.num_devices),
-        ("placement.visual_device", visual_device, resolved.visual_num_devices),
-    ):
-        if isinstance(dev, list) and len(dev) != n:
-            chk.fail(key, f"{key}={dev} lists {len(dev)} devices but num_devices is {n}", f"list {n} device id(s)")
+    own_visual = placement.get("visual_device") is not None
+    visual_device = chk.device("placement.visual_device", placement["visual_device"] if own_visual else device)
+    lm_count = ("rbln_config.num_devices", resolved.num_devices)
+    device = _devices_for(chk, "placement.device", device, lm_count, warnings)
+    visual_count = ("rbln_config.visual.num_devices", resolved.visual_num_devices)
+    note = "" if own_visual else " (defaults to placement.device)"
+    visual_device = _devices_for(chk, "placement.visual_device", visual_device, visual_count, warnings, note)
     return {"device": device, "visual_device": visual_device}
+
+
+def _devices_for(
+    chk: _Checker,
+    key: str,
+    dev: int | list[int],
+    count: tuple[str, int],
+    warnings: list[str],
+    note: str = "",
+) -> int | list[int]:
+    """A list must name num_devices ids; an int d with num_devices n > 1 becomes [d, ..., d+n-1].
+
+    optimum-rbln length-checks only a list ``device``; an int is handed to the runtime as is, and which
+    devices the n shards then use is not documented. qvl pins them to n consecutive ids and says so.
+    """
+    count_key, n = count
+    if isinstance(dev, list):
+        if len(dev) != n:
+            chk.fail(
+                key,
+                f"{key}{note}={dev} lists {len(dev)} device(s) but {count_key} is {n}",
+                f"set {key} to a list of {n} device id(s), one per compiled device",
+            )
+        return dev
+    if n == 1:
+        return dev
+    expanded = list(range(dev, dev + n))
+    warnings.append(
+        f"{key}{note}={dev} with {count_key}={n}: placed on devices {expanded} ({n} consecutive ids from {dev}); "
+        f"list the ids to choose others, e.g. {key}: {expanded}"
+    )
+    return expanded
 
 
 def _processor(
@@ -663,6 +749,8 @@ def _processor(
             f"processor.max_pixels={max_px} lets images exceed the largest ViT bucket {largest} "
             f"(needs <= {bucket_cap}); such images fail at run time"
         )
+    if min_px > max_px and "max_pixels" not in values and max_px == bucket_cap:
+        _bucket_below_min_pixels(chk, resolved.vit_buckets, min_px, "min_pixels" in values)
     if min_px > max_px:
         chk.fail(
             "processor.min_pixels", f"processor.min_pixels={min_px} is above max_pixels={max_px}", "lower min_pixels"
@@ -677,3 +765,21 @@ def _processor(
     if fmin > fmax:
         chk.fail("processor.min_frames", f"processor.min_frames={fmin} is above max_frames={fmax}", "lower min_frames")
     return ProcessorCaps(min_px, max_px, vmin, vmax, float(fps), fmin, fmax)
+
+
+def _bucket_below_min_pixels(chk: _Checker, buckets: list[int], min_px: int, min_from_preset: bool) -> None:
+    """max_pixels was derived from the largest ViT bucket: that bucket is what to raise, so name it."""
+    largest = buckets[-1]
+    shown = largest if len(buckets) == 1 else buckets
+    need = -(-min_px // 256)
+    need += -need % 4  # patches come in 2x2 merge groups
+    where = "the model's processor default"
+    if min_from_preset:
+        where = f"from {chk.loaded.source_of('processor.min_pixels')}"
+    chk.fail(
+        "rbln_config.visual.max_seq_len",
+        f"visual.max_seq_len={shown}: the largest ViT bucket {largest} caps processor.max_pixels at "
+        f"{largest * 256} ({largest} x 256), below processor.min_pixels={min_px} ({where}), so no image fits",
+        f"make the largest bucket at least {need} patches (min_pixels / 256, rounded up to a multiple of 4), "
+        f"e.g. --set visual.max_seq_len={need}, or lower processor.min_pixels",
+    )

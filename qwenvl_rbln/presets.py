@@ -102,6 +102,11 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _clip(text: str, limit: int = 60) -> str:
+    """Text as typed, cut to ``limit`` characters (a 100 kB --set key is not echoed back whole)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def check_plain_data(data: Any, origin: str) -> None:
     """Presets and --set values are JSON-shaped: str keys; str/int/float/bool/null, lists and mappings.
 
@@ -140,13 +145,73 @@ def check_plain_data(data: Any, origin: str) -> None:
             )
 
 
-def _safe_load(yaml, text: str) -> Any:
-    """yaml.safe_load, through libyaml's C parser when present (5x faster; same safe constructors)."""
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
+class _DuplicateKey(Exception):
+    """A key given twice in one mapping: YAML would silently keep the last, hiding the first."""
+
+    def __init__(self, key: Any, line: int, first_line: int):
+        super().__init__(key)
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+class _UniqueKeys:
+    """Constructor mixin: refuse a mapping that repeats a key (merge keys ``<<`` may still be overridden)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        import yaml
+
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # list/mapping keys are refused later as keys that are not strings
+                key = self.construct_object(key_node)
+                line = key_node.start_mark.line + 1
+                try:
+                    if key in first:
+                        raise _DuplicateKey(key, line, first[key])
+                    first[key] = line
+                except TypeError:  # unhashable: PyYAML's own check names it
+                    continue
+        return super().construct_mapping(node, deep=deep)
+
+
+_LOADERS: dict[str, type] = {}
+
+
+def _loader_class(yaml: Any) -> type:
+    """SafeLoader with unique keys, on libyaml's C parser when present (5x faster; same safe constructors)."""
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    if base.__name__ not in _LOADERS:
+        _LOADERS[base.__name__] = type(f"Unique{base.__name__}", (_UniqueKeys, base), {})
+    return _LOADERS[base.__name__]
+
+
+def _safe_load(yaml: Any, text: str) -> Any:
+    """yaml.safe_load plus duplicate-key refusal."""
+    loader = _loader_class(yaml)(text)
     try:
         return loader.get_single_data()
     finally:
         loader.dispose()
+
+
+def _syntax_error(path: Path, exc: Any) -> InputError:
+    """Where the parser gave up, and where the construct it was reading opens (an unclosed [ or quote)."""
+    mark = exc.problem_mark or exc.context_mark
+    line = mark.line + 1 if mark else "?"
+    col = mark.column + 1 if mark else "?"
+    message = f"{path} line {line} column {col}: YAML syntax error: {exc.problem or exc.context}"
+    hint = "fix the YAML at that line (indentation, a missing ':' or quote)"
+    opened = exc.context_mark
+    if opened is not None and exc.problem and exc.context and (opened.line, opened.column) != (mark.line, mark.column):
+        what = str(exc.context).removeprefix("while parsing ").removeprefix("while scanning ")
+        message += f" (in {what} that starts at line {opened.line + 1} column {opened.column + 1})"
+        if "flow" in what or "quoted" in what:
+            hint = f"close the bracket or quote opened at line {opened.line + 1}, or fix the YAML at line {line}"
+        else:
+            hint = f"fix the YAML at line {line} (indentation, a missing ':' or quote), in {what} from line "
+            hint += str(opened.line + 1)
+    return InputError(message, hint)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -159,6 +224,11 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise InputError(f"cannot read preset {path}: {exc}", "check the file exists and is UTF-8 text") from None
     try:
         data = _safe_load(yaml, text)
+    except _DuplicateKey as dup:
+        raise InputError(
+            f"{path} line {dup.line}: duplicate key {_short(dup.key)} (already given at line {dup.first_line})",
+            "give each key once: YAML would silently keep only the last value",
+        ) from None
     except yaml.constructor.ConstructorError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else "?"
         if "unhashable" in str(exc.problem):
@@ -171,13 +241,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
             "presets are plain YAML: remove the !!tag; qvl loads YAML safely and never builds objects from it",
         ) from None
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else "?"
-        col = mark.column + 1 if mark else "?"
-        raise InputError(
-            f"{path} line {line} column {col}: YAML syntax error: {exc.problem or exc.context}",
-            "fix the YAML at that line (indentation, a missing ':' or quote)",
-        ) from None
+        raise _syntax_error(path, exc) from None
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: YAML error: {' '.join(str(exc).split())}", "fix the YAML syntax") from None
     except RecursionError:
@@ -221,13 +285,18 @@ def leaf_paths(data: dict[str, Any], prefix: str = "") -> list[str]:
     return paths
 
 
+EMPTY_VALUE_HINT = "give a value, e.g. --set batch_size=4 (null unsets a key, '\"\"' is an empty string)"
+
+
 def parse_set_value(raw: str) -> Any:
     """JSON first (numbers, lists, objects, true/false/null), then yes/no words, else the text."""
     text = raw.strip()
+    if not text:
+        raise InputError("--set value is empty", EMPTY_VALUE_HINT)
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
-        if text[:1] in '[{"':
+        if text[0] in '[{"':
             raise InputError(
                 f"--set value {_short(raw)} looks like JSON but does not parse",
                 "write lists as JSON, e.g. --set visual.max_seq_len=[1024,16384]",
@@ -254,6 +323,11 @@ def set_route(key: str) -> list[str]:
     parts = key.split(".")
     if any(not p.strip() or p != p.strip() for p in parts):
         raise InputError(f"--set key {_short(key)} has an empty or padded segment", "write it as dotted.key=value")
+    if parts[0] == "extends":
+        raise InputError(
+            f"--set {_clip(key)}: extends cannot be changed with --set (qvl would ignore it)",
+            "choose the base preset with --preset NAME, or write a YAML file with `extends: NAME` and pass its path",
+        )
     if parts[0] in TOP_KEYS:
         return parts
     return ["rbln_config", *parts]
@@ -269,7 +343,11 @@ def parse_set(item: str) -> tuple[list[str], Any]:
     key = key.strip()
     if not key:
         raise InputError(f"malformed --set {_short(item)}: the key is empty", "e.g. --set batch_size=4")
-    return set_route(key), parse_set_value(raw)
+    route = set_route(key)
+    if not raw.strip():
+        hint = EMPTY_VALUE_HINT.replace("batch_size=4", f"{_clip(key)}=VALUE")
+        raise InputError(f"--set {_clip(key)}= has no value", hint)
+    return route, parse_set_value(raw)
 
 
 def _assign(data: dict[str, Any], path: list[str], value: Any, origin: str) -> None:
@@ -310,7 +388,8 @@ class LoadedPreset:
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _load_chain(path: Path, stack: list[Path]) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+def _load_chain(path: Path, stack: list[Path], warnings: list[str]) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """Merge a file over its ``extends:`` parents; old spellings are rewritten per file, before the merge."""
     if path in stack:
         cycle = " -> ".join(p.name for p in [*stack, path])
         raise InputError(f"extends cycle: {cycle}", f"remove the `extends:` in {stack[-1]} that points back")
@@ -329,7 +408,8 @@ def _load_chain(path: Path, stack: list[Path]) -> tuple[dict[str, Any], dict[str
             parent_path = resolve_ref(parent, relative_to=path.parent)
         except InputError as exc:  # say which file's extends: points nowhere
             raise InputError(f"{display}: extends: {exc.message}", exc.hint) from None
-        base, sources, chain = _load_chain(parent_path, [*stack, path])
+        base, sources, chain = _load_chain(parent_path, [*stack, path], warnings)
+    rewrite_deprecated(data, display, warnings)
     check_keys(data, display)
     for leaf in leaf_paths(data):
         sources[leaf] = display
@@ -371,12 +451,21 @@ def check_keys(data: dict[str, Any], origin: str) -> None:
 def load_preset(ref: str, sets: list[str] | None = None) -> LoadedPreset:
     """Load a preset by name or path, apply ``extends:`` then ``--set`` overrides."""
     path = resolve_ref(ref)
-    data, sources, chain = _load_chain(path, [])
+    warnings: list[str] = []
+    data, sources, chain = _load_chain(path, [], warnings)
     name = path.stem if not _is_path_ref(ref) else ref
+    spelled: dict[str, bool] = {}  # dotted route -> set through a deprecated spelling
     for item in sets or []:
         route, value = parse_set(item)
-        _assign(data, route, value, "--set")
+        route, value, renamed = _rewrite_set(route, value, warnings)
         dotted = ".".join(route)
+        if spelled.get(dotted, renamed) != renamed:
+            raise InputError(
+                f"--set gives {dotted} twice, once through its deprecated spelling",
+                f"keep only --set {dotted.removeprefix('rbln_config.')}=...",
+            )
+        spelled[dotted] = renamed
+        _assign(data, route, value, "--set")
         for key in [k for k in sources if k == dotted or k.startswith(dotted + ".")]:
             del sources[key]
         if isinstance(value, dict):
@@ -384,36 +473,64 @@ def load_preset(ref: str, sets: list[str] | None = None) -> LoadedPreset:
                 sources[leaf] = "--set"
         sources[dotted] = "--set"
     check_keys(data, "--set" if sets else _display(path))
-    loaded = LoadedPreset(name=name, path=path, data=data, sources=sources, chain=chain)
-    _rewrite_deprecated(loaded)
-    return loaded
+    return LoadedPreset(name=name, path=path, data=data, sources=sources, chain=chain, warnings=warnings)
 
 
-# optimum-rbln 0.12 rejects these spellings; qvl rewrites them and says so.
-DEPRECATED_ALIASES = {
-    "rbln_config.visual.max_seq_lens": "max_seq_len",
-    "rbln_config.visual.tensor_parallel_size": "num_devices",
-    "rbln_config.tensor_parallel_size": "num_devices",
+_REMOVED = "the pre-0.12 spelling: optimum-rbln 0.11 deprecated it and 0.12 refuses it ('Unexpected arguments')"
+_DEPRECATED = "deprecated: optimum-rbln 0.12 still accepts it with a warning, and 0.13 removes it"
+
+# Old spellings -> (new key, why). Rewritten in each file and each --set before merging, so an old key in a
+# child preset or on the command line overrides the parent's new one, exactly as the new spelling would.
+DEPRECATED_ALIASES: dict[str, tuple[str, str]] = {
+    "rbln_config.visual.max_seq_lens": ("max_seq_len", _REMOVED),
+    "rbln_config.tensor_parallel_size": ("num_devices", _DEPRECATED),
+    "rbln_config.visual.tensor_parallel_size": ("num_devices", _DEPRECATED),
+    "rbln_config._torch_dtype": ("dtype", _DEPRECATED),
+    "rbln_config.visual._torch_dtype": ("dtype", _DEPRECATED),
 }
 
 
-def _rewrite_deprecated(loaded: LoadedPreset) -> None:
-    for dotted, new in DEPRECATED_ALIASES.items():
+def _node_at(data: dict[str, Any], parents: list[str]) -> dict[str, Any] | None:
+    node: Any = data
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else None
+
+
+def _rename_key(node: dict[str, Any], old: str, new: str) -> None:
+    """Rename in place, keeping the key's position (the compile dict follows the preset's order)."""
+    items = [(new if k == old else k, v) for k, v in node.items() if k != new]
+    node.clear()
+    node.update(items)
+
+
+def rewrite_deprecated(data: dict[str, Any], origin: str, warnings: list[str]) -> None:
+    """Rewrite old spellings within ONE source (a file, a --set); both spellings in that one source is an error."""
+    for dotted, (new, why) in DEPRECATED_ALIASES.items():
         *parents, old = dotted.split(".")
-        node: Any = loaded.data
-        for p in parents:
-            node = node.get(p) if isinstance(node, dict) else None
-        if not isinstance(node, dict) or old not in node:
+        node = _node_at(data, parents)
+        if node is None or old not in node:
             continue
-        where = loaded.source_of(dotted)
         new_dotted = ".".join([*parents, new])
         if node.get(new) is not None:
             raise InputError(
-                f"{where}: both {dotted} (deprecated) and {new_dotted} are set",
-                f"keep only {new_dotted}",
+                f"{origin}: both {dotted} (deprecated) and {new_dotted} are set", f"keep only {new_dotted}"
             )
-        node[new] = node.pop(old)
-        loaded.sources[new_dotted] = loaded.sources.pop(dotted, where)
-        loaded.warnings.append(
-            f"{where}: {dotted} is the pre-0.12 spelling that optimum-rbln 0.12 rejects; rewritten to {new_dotted}"
-        )
+        _rename_key(node, old, new)
+        warnings.append(f"{origin}: {dotted} is {why}; rewritten to {new_dotted}")
+
+
+def _rewrite_set(route: list[str], value: Any, warnings: list[str]) -> tuple[list[str], Any, bool]:
+    """One --set: an old key in the route is renamed; one inside a mapping value is rewritten there."""
+    for dotted, (new, why) in DEPRECATED_ALIASES.items():
+        old_path = dotted.split(".")
+        if route[: len(old_path)] == old_path:
+            new_route = [*old_path[:-1], new, *route[len(old_path) :]]
+            warnings.append(f"--set: {dotted} is {why}; rewritten to {'.'.join(new_route)}")
+            return new_route, value, True
+    if isinstance(value, dict):
+        holder: dict[str, Any] = {}
+        _assign(holder, route, copy.deepcopy(value), "--set")
+        rewrite_deprecated(holder, "--set", warnings)
+        value = _node_at(holder, route[:-1])[route[-1]]
+    return route, value, False

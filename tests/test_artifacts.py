@@ -187,8 +187,7 @@ def test_cache_key_ignores_runtime_keys_and_tracks_the_rest(tmp_path):
         "cpu-tiny",
         [
             "rbln_config.create_runtimes=true",
-            "rbln_config.visual.device=1",
-            "rbln_config.device=0",
+            "placement.visual_device=1",
             "placement.device=0",
         ],
         model=plan.model_id,

@@ -108,9 +108,27 @@ def test_deprecated_max_seq_lens_is_rewritten(tmp_path):
     assert any("max_seq_lens" in w for w in plan.warnings)
 
 
-def test_deprecated_and_new_both_set_is_an_error():
+def test_deprecated_and_new_both_set_is_an_error(tmp_path):
+    preset = tmp_path / "both.yaml"
+    preset.write_text(
+        "extends: rebel100-1npu\nrbln_config:\n  visual:\n    max_seq_len: 1024\n    max_seq_lens: [1024]\n"
+    )
     with pytest.raises(InputError, match="both"):
-        build_plan("rebel100-1npu", ["visual.max_seq_lens=[1024]"])
+        build_plan(str(preset))
+
+
+@pytest.mark.parametrize("preset", sorted(GOLDEN_NAMES := [n for n in GOLDEN if not n.startswith("_")]))
+def test_deprecated_spelling_works_on_every_shipped_preset(preset, tmp_path):
+    """The parent's max_seq_len is overridden by the old spelling in --set or in a child file, with a warning."""
+    plan = build_plan(preset, ["visual.max_seq_lens=[1024,4096]"])
+    assert plan.rbln_config["visual"]["max_seq_len"] == [1024, 4096]
+    assert "max_seq_lens" not in plan.rbln_config["visual"]
+    assert any("rewritten to rbln_config.visual.max_seq_len" in w for w in plan.warnings)
+    child = tmp_path / "child.yaml"
+    child.write_text(f"extends: {preset}\nrbln_config: {{visual: {{max_seq_lens: [1024, 4096]}}}}\n")
+    assert build_plan(str(child)).rbln_config["visual"]["max_seq_len"] == [1024, 4096]
+    tp = build_plan(preset, ["tensor_parallel_size=1"])
+    assert "tensor_parallel_size" not in tp.rbln_config and tp.rbln_config["num_devices"] == 1
 
 
 def test_decoder_batch_sizes_appended_like_optimum():
@@ -156,6 +174,29 @@ def test_decoder_batch_sizes_appended_like_optimum():
         (["visual.max_seq=4096"], "unknown rbln_config key 'rbln_config.visual.max_seq'"),
         (["batch_size=four"], "must be an integer"),
         (["processor.max_pixels=-3"], "below the minimum 1"),
+        (['device_map={"prefill": -1}'], r"rbln_config\.device_map\.prefill=-1 is not a device id"),
+        (['device_map={"prefill": "x"}'], r"rbln_config\.device_map\.prefill='x' is not a device id"),
+        (['device_map={"prefill": true}'], "is not a device id"),
+        (['device_map={"prefill": []}'], "is not a device id"),
+        (["device_map=[0]"], r"device_map=\[0\] must be a mapping"),
+        (['visual.device_map={"compiled_model": -2}'], r"visual\.device_map\.compiled_model=-2 is not a device id"),
+        (["device=3"], r"rbln_config\.device is not read from rbln_config.*set placement\.device instead"),
+        (["device=[0,1]"], r"rbln_config\.device is not read.*placement\.device"),
+        (["visual.device=2"], r"rbln_config\.visual\.device is not read.*set placement\.visual_device instead"),
+        (["num_devices=2", "placement.device=[0,1,2]"], r"placement\.device=\[0, 1, 2\] lists 3 device\(s\) but"),
+        (["placement.device=[0,1]"], r"placement\.device=\[0, 1\] lists 2 .* rbln_config\.num_devices is 1"),
+        (
+            ["num_devices=2", "placement.device=[2,3]", "placement.visual_device=null"],
+            r"placement\.visual_device \(defaults to placement\.device\)=\[2, 3\] lists 2",
+        ),
+        (['visual.npu="RBLN-CA25"'], r"rbln_config\.visual\.npu='RBLN-CA25' but the target npu is 'RBLN-CR13'"),
+        (['npu="RBLN-CA25"', 'visual.npu="RBLN-CR13"'], r"visual\.npu='RBLN-CR13' but the target npu is 'RBLN-CA25'"),
+        (["zzzz=1"], r"valid keys under rbln_config: .*max_seq_len.*kvcache_partition_len"),
+        (["visual.zzzz=1"], r"valid keys under rbln_config\.visual: .*max_seq_len"),
+        (['optimum_rbln_version="0.12.0"'], r"optimum_rbln_version' is not a setting: optimum-rbln records"),
+        (["cache_metas=[]"], r"cache_metas' is not a setting: optimum-rbln computes"),
+        (["kvcache_metas=[]"], r"kvcache_metas' is not a setting.*deprecated name of cache_metas"),
+        (['visual.cls_name="X"'], r"visual\.cls_name' is not a setting"),
     ],
 )
 def test_validation_messages(sets, match):
@@ -163,6 +204,7 @@ def test_validation_messages(sets, match):
         build_plan("rebel100-1npu", sets)
     text = info.value.one_line()
     assert re.search(match, text), text
+    assert "presets show" not in text  # it lists no keys
     assert "\n" not in text
     assert info.value.hint  # every error says the fix
 
@@ -190,3 +232,96 @@ def test_max_pixels_follows_the_largest_bucket():
     assert plan.processor.max_pixels == 4096 * 256
     plan = build_plan("rebel100-1npu", ["processor.max_pixels=16777216"])
     assert any("exceed the largest ViT bucket" in w for w in plan.warnings)
+
+
+def test_unknown_keys_say_optimum_refuses_only_truly_unknown_ones():
+    with pytest.raises(InputError) as info:
+        build_plan("rebel100-1npu", ["max_seq_length=4096"])
+    assert "optimum-rbln 0.12 refuses it" in info.value.message
+    for written in ('optimum_rbln_version="0.12.0"', "cache_metas=[]", "kvcache_metas=[]"):
+        with pytest.raises(InputError) as info:
+            build_plan("rebel100-1npu", [written])
+        assert "refuses" not in info.value.message and "rejects" not in info.value.message, info.value.message
+
+
+def test_torch_dtype_is_rewritten_to_dtype():
+    plan = build_plan("rebel100-1npu", ['_torch_dtype="bfloat16"'])
+    assert plan.rbln_config["dtype"] == "bfloat16" and "_torch_dtype" not in plan.rbln_config
+    assert any("_torch_dtype is deprecated" in w for w in plan.warnings)
+
+
+def test_device_map_with_valid_ids_is_kept():
+    plan = build_plan("rebel100-1npu", ['device_map={"prefill": 0, "decoder_batch_1": [0]}'])
+    assert plan.rbln_config["device_map"] == {"prefill": 0, "decoder_batch_1": [0]}
+    assert "device_map" not in plan.cache_config()
+
+
+def test_int_device_with_num_devices_expands_to_consecutive_ids():
+    from qwenvl_rbln.memory import estimate_plan
+
+    plan = build_plan("rebel100-1npu", ["num_devices=2", "placement.device=2", "placement.visual_device=null"])
+    assert plan.placement == {"device": [2, 3], "visual_device": 2}
+    assert plan.load_rbln_config == {"visual": {"device": 2}, "device": [2, 3]}
+    assert any(
+        "placement.device=2 with rbln_config.num_devices=2: placed on devices [2, 3]" in w for w in plan.warnings
+    )
+    assert sorted(d.device for d in estimate_plan(plan).devices) == [2, 3]  # the planner sees both shards
+
+    plan = build_plan("rebel100-1npu", ["visual.num_devices=2", "placement.visual_device=1"])
+    assert plan.placement == {"device": 0, "visual_device": [1, 2]}
+    assert plan.load_rbln_config["visual"] == {"device": [1, 2]}
+
+    plan = build_plan("rebel100-1npu", ["num_devices=2", "placement.device=[5,3]"])
+    assert plan.placement["device"] == [5, 3]  # an explicit list is kept as given
+    assert not any("placed on devices" in w for w in plan.warnings)
+
+
+def test_num_devices_1_keeps_an_int_device():
+    plan = build_plan("rebel100-2npu-batch4")
+    assert plan.placement == {"device": 0, "visual_device": 1}
+    assert not any("placed on devices" in w for w in plan.warnings)
+
+
+def test_too_small_vit_bucket_names_the_bucket_not_min_pixels():
+    with pytest.raises(InputError) as info:
+        build_plan("rebel100-1npu", ["visual.max_seq_len=128"])
+    err = info.value
+    assert err.message.startswith("--set: visual.max_seq_len=128")
+    assert "caps processor.max_pixels at 32768" in err.message and "min_pixels=65536" in err.message
+    assert "--set visual.max_seq_len=256" in err.hint and "lower min_pixels" not in err.hint
+    # min_pixels 70000 -> 274 patches -> 276, the next multiple of 4
+    with pytest.raises(InputError) as info:
+        build_plan("rebel100-1npu", ["visual.max_seq_len=[64,128]", "processor.min_pixels=70000"])
+    assert "at least 276 patches" in info.value.hint
+    assert "(from --set)" in info.value.message
+    # an explicit max_pixels below min_pixels is still about the processor keys
+    with pytest.raises(InputError, match="processor.min_pixels=65536 is above max_pixels=1000"):
+        build_plan("rebel100-1npu", ["processor.max_pixels=1000"])
+
+
+def test_empty_model_flag_is_refused():
+    with pytest.raises(InputError) as info:
+        build_plan("rebel100-1npu", model="")
+    assert "--model" in info.value.message and info.value.hint
+    with pytest.raises(InputError, match="--model"):
+        build_plan("rebel100-1npu", model="   ")
+
+
+@pytest.mark.parametrize(
+    "args, code, needle",
+    [
+        (["--set", "visual.max_seq_lens=[1024,16384]"], 0, "rewritten to rbln_config.visual.max_seq_len"),
+        (["--set", "device=3"], 2, "placement.device"),
+        (["--set", "extends=cpu-tiny"], 2, "--preset"),
+        (["--set", "model="], 2, "has no value"),
+        (["--model", ""], 2, "--model"),
+    ],
+)
+def test_repros_through_the_cli(args, code, needle):
+    from tests.helpers_cli import run_qvl
+
+    r = run_qvl("compile", "--preset", "rebel100-1npu", "--dry-run", *args, timeout=120)
+    assert r.exit_code == code, r.stderr[-800:]
+    assert needle in r.stderr, r.stderr[-800:]
+    if code == 2:
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith("qvl: error:"), r.stderr
