@@ -93,6 +93,7 @@ def test_presets_list_and_show():
         (["compile", "--dry-run", "--set", "max_seq_len"], "malformed --set"),
         (["compile", "--dry-run", "--set", "max_seq_len=1000"], "max_seq_len=1000"),
         (["compile", "--dry-run", "--set", "visual.max_seq_len=[1022]"], "not a multiple of 4"),
+        (["compile", "--dry-run", "-o", ""], "-o/--output is empty"),  # once read as '.', the working dir
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, needle):

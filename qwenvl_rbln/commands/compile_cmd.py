@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
         preset: str = PresetOpt,
         sets: list[str] = SetOpt,
         model: str = ModelOpt,
-        output: Path = typer.Option(None, "--output", "-o", help="Artifact directory (default: the preset's)."),
+        output: str = typer.Option(None, "--output", "-o", help="Artifact directory (default: the preset's)."),
         dry_run: bool = typer.Option(
             False, "--dry-run", help="Resolve, validate and estimate memory; compile nothing."
         ),
@@ -76,7 +76,11 @@ def register(app: typer.Typer) -> None:
         from qwenvl_rbln.memory_view import print_memory
         from qwenvl_rbln.plan import build_plan
 
-        plan = build_plan(preset, sets, model=model, output_dir=str(output) if output else None)
+        if output is not None and not output.strip():  # typer would read '' as '.', the working directory
+            from qwenvl_rbln.errors import InputError
+
+            raise InputError("-o/--output is empty", "pass the artifact directory, e.g. -o qvl-out/my-model")
+        plan = build_plan(preset, sets, model=model, output_dir=output)
         print_warnings(plan.warnings)
         memory = estimate_plan(plan, device_memory=device_memory)
         data = {**plan.to_dict(), "memory": memory.to_dict()}
