@@ -142,6 +142,10 @@ def run_compile(
 _UNWRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.ENAMETOOLONG}
 
 
+# errno values that only a write raises: never blamed on reading the model, whatever path the error names
+_WRITE_FAILED = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+
+
 def _is_output_path(path: Path, target: Path) -> bool:
     """The output directory, a directory above it (created with parents), or one of its .NAME.qvl-* siblings."""
     path = path.absolute()
@@ -160,9 +164,17 @@ def write_error(exc: OSError, target: Path) -> QvlError:
     existing artifact (if any) was left as it was. Unwritable paths are bad input (exit 2); a full disk or an
     I/O error is a failed write (exit 5)."""
     what = exc.strerror or type(exc).__name__
-    where = exc.filename or target
+    # shutil's copy names the source in filename and the destination in filename2 (also for a full disk)
+    written = exc.filename2 if exc.filename2 and _is_output_path(Path(str(exc.filename2)), target) else None
+    where = written or exc.filename or target
     state = "the existing artifact is untouched" if target.is_dir() else "no output directory was created"
-    if exc.filename and not _is_output_path(Path(str(exc.filename)), target):  # reading the model, not writing
+    reading = (
+        exc.filename
+        and written is None
+        and exc.errno not in _WRITE_FAILED
+        and not _is_output_path(Path(str(exc.filename)), target)
+    )
+    if reading:  # reading the model, not writing
         return InputError(
             f"cannot read {exc.filename}: {what}; nothing was written ({state}: {target})",
             "check that the model directory and its files are readable",

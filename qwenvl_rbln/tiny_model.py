@@ -540,6 +540,14 @@ def _writing(target: Path):
         if exc.errno in _WRITE_FAILED:
             raise BackendError(message, "free space on that filesystem, or pass another directory") from None
         raise InputError(message, "pass a directory you can write (qvl tiny-model DIR), or set QVL_HOME") from None
+    except Exception as exc:
+        if type(exc).__name__ != "SafetensorError":  # safetensors reports a full disk as its own error type
+            raise
+        detail = " ".join(str(exc).split())[:300]
+        raise BackendError(
+            f"cannot write the tiny model to {target}: {detail}; nothing half-written was left",
+            "free space on that filesystem, or pass another directory",
+        ) from None
 
 
 def _raced(out_dir: Path) -> InputError:

@@ -332,9 +332,9 @@ def _full_disk_in_copy(monkeypatch):
 
     def copy2(src, dst, *a, **k):
         calls.append(src)
-        if len(calls) == 2:
+        if len(calls) == 2:  # as the real copy reports it: source in filename, destination in filename2
             Path(dst).write_bytes(b"half")
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(src), None, str(dst))
         return real(src, dst, *a, **k)
 
     monkeypatch.setattr(torch_ref_compile.shutil, "copy2", copy2)

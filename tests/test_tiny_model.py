@@ -379,3 +379,20 @@ def test_full_disk_while_writing_is_exit_5_and_the_temp_dir_is_gone(tmp_path: Pa
         tm.create_tiny_model(tmp_path / "m")
     assert info.value.exit_code == 5 and "No space left" in info.value.one_line()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_safetensors_own_full_disk_error_is_exit_5(tmp_path: Path, monkeypatch) -> None:
+    """safetensors raises SafetensorError (not OSError) for 'No space left on device': once an internal error."""
+    from qwenvl_rbln.errors import BackendError
+
+    class SafetensorError(Exception):
+        pass
+
+    def full(tmp: Path, seed: int) -> None:
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, message: "No space left on device" })')
+
+    monkeypatch.setattr(tm, "_write_model", full)
+    with pytest.raises(BackendError) as info:
+        tm.create_tiny_model(tmp_path / "m")
+    assert info.value.exit_code == 5 and "No space left on device" in info.value.one_line()
+    assert list(tmp_path.iterdir()) == []
