@@ -1,4 +1,4 @@
-from qwenvl_rbln.cli import main
+from qwenvl_rbln.entry import main
 
 if __name__ == "__main__":
     main()

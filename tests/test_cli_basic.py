@@ -151,3 +151,21 @@ def test_a_bare_group_prints_its_help_and_no_empty_error(args):
     result = run_qvl(*args)
     assert result.exit_code == 0 and "Usage:" in result.stdout and "Commands" in result.stdout
     assert result.stderr.strip() == ""
+
+
+def test_ctrl_c_while_the_cli_is_still_importing_is_one_line_exit_130():
+    code = (
+        "import builtins, sys\n"
+        "real = builtins.__import__\n"
+        "def imp(name, *a, **k):\n"
+        "    if name == 'typer':\n"
+        "        raise KeyboardInterrupt\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = imp\n"
+        "sys.argv = ['qvl', '--help']\n"
+        "from qwenvl_rbln.entry import main\n"
+        "main()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == "qvl: interrupted before it started; nothing was done\n"
