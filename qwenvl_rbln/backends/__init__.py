@@ -159,9 +159,9 @@ def resolve_source(model_id: str, *, backend: str) -> tuple[str, Any]:
     if backend == "rbln":
         return model_id, None
     raise InputError(
-            f"model {model_id!r} is a hub id that is not in the local Hugging Face cache",
-            f"download it first (`hf download {model_id}`) and pass --model with its directory; qvl never downloads",
-        )
+        f"model {model_id!r} is a hub id that is not in the local Hugging Face cache",
+        f"download it first (`hf download {model_id}`) and pass --model with its directory; qvl never downloads",
+    )
 
 
 def _cached_snapshot(model_id: str) -> Any:
