@@ -400,6 +400,7 @@ def optimize_buckets(
         rounded[r] = rounded.get(r, 0) + n
     values = sorted(rounded)
     weights = [rounded[v] for v in values]
+    distinct = len(values)  # before a forced top bucket, which is no value of the workload
     if cap is not None and force_max and (not values or values[-1] < cap):
         values.append(cap)
         weights.append(0)
@@ -420,7 +421,7 @@ def optimize_buckets(
         covered_calls=ev.covered_calls,
         uncovered_calls=uncovered_calls,
         uncovered_max=uncovered_max,
-        distinct_values=len(values),
+        distinct_values=distinct,
     )
 
 

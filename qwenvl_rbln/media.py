@@ -8,15 +8,18 @@ report bad inputs one per line and carry on with the rest.
 
 from __future__ import annotations
 
+import math
 import mmap
+import os
 import re
 import struct
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from qwenvl_rbln.errors import DependencyMissing, InputError
+from qwenvl_rbln.geometry import IMAGE_MAX_PIXELS
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 VIDEO_EXTENSIONS = frozenset({".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v"})
@@ -88,31 +91,106 @@ def _check_file(path: Path, kind: str) -> None:
 _PNG_IEND = b"\x00\x00\x00\x00IEND\xaeB`\x82"
 
 
-def _png_problem(f, size: int) -> str | None:
-    """Walk PNG chunk headers (seek only, no inflate) up to IEND.
+class _PngDamage(Exception):
+    """A chunk header that cannot be right: the message says where."""
 
-    A file that ends with the IEND chunk was not cut short (the common case: no walk). Chunk types must be
-    four ASCII letters, so a preallocated file (a header, then zeros) stops at its first zero chunk.
+
+def _png_chunks(f, size: int) -> Iterator[tuple[int, int, bytes]]:
+    """``(position, data length, type)`` of each PNG chunk up to IEND, by seeking over the data (no inflate).
+
+    Chunk types must be four ASCII letters, so a preallocated file (a header, then zeros) stops at its first
+    zero chunk; the caller bounds the walk where it must stay cheap.
     """
-    if size >= 8 + len(_PNG_IEND):
-        f.seek(size - len(_PNG_IEND))
-        if f.read(len(_PNG_IEND)) == _PNG_IEND:
-            return None
     pos = 8
     while True:
         f.seek(pos)
         header = f.read(8)
         if len(header) < 8:
-            return "ends before its IEND chunk"
+            raise _PngDamage("ends before its IEND chunk")
         length, ctype = struct.unpack(">I4s", header)
         if not ctype.isalpha():
-            return f"has a damaged chunk header at byte {pos}"
+            raise _PngDamage(f"has a damaged chunk header at byte {pos}")
         end = pos + 8 + length + 4
         if end > size:
-            return f"chunk {ctype.decode('latin-1')!r} runs past the end of the file"
+            raise _PngDamage(f"chunk {ctype.decode('latin-1')!r} runs past the end of the file")
+        yield pos, length, ctype
         if ctype == b"IEND":
-            return None
+            return
         pos = end
+
+
+_EXIF_READ_LIMIT = 1 << 20  # IFD0 (where Orientation lives) comes first; Exif blocks are rarely over 64 KiB
+
+
+@dataclass
+class _PngWalk:
+    """What one walk of a PNG's chunk headers found."""
+
+    problem: str | None = None  # cut short or damaged
+    late_exif: bytes | None = None  # the last eXIf payload after IDAT
+
+
+def _png_walk(f, size: int) -> _PngWalk:
+    """Walk the chunk headers once: is the file cut short, and is there an eXIf after the image data?
+
+    Pillow's lazy open stops at the first IDAT, but transformers' ``load_image`` runs ``exif_transpose``,
+    which loads the image: Pillow then reads the chunks after IDAT, a later eXIf replaces an earlier
+    one, and the last one rotates the picture (Pillow stops at the next frame's fcTL in an APNG; so
+    does this walk). A file that ends with the IEND chunk was not cut short; its walk is bounded by
+    ``HEADER_READ_BUDGET`` chunks (seek + 8-byte read each). Any other file is walked to its damage.
+    """
+    complete = False
+    if size >= 8 + len(_PNG_IEND):
+        f.seek(size - len(_PNG_IEND))
+        complete = f.read(len(_PNG_IEND)) == _PNG_IEND
+    out = _PngWalk()
+    seen_idat = animated = False
+    try:
+        for i, (pos, length, ctype) in enumerate(_png_chunks(f, size)):
+            if complete and (i >= HEADER_READ_BUDGET or (animated and seen_idat and ctype == b"fcTL")):
+                break
+            animated = animated or ctype == b"acTL"
+            seen_idat = seen_idat or ctype == b"IDAT"
+            if ctype == b"eXIf" and seen_idat:
+                f.seek(pos + 8)
+                out.late_exif = f.read(min(length, _EXIF_READ_LIMIT))
+    except _PngDamage as e:
+        if not complete:
+            out.problem = str(e)
+    return out
+
+
+def _png_problem(f, size: int) -> str | None:
+    return _png_walk(f, size).problem
+
+
+def _orientation(img) -> int:
+    """EXIF orientation from header data only (base-class getexif: PNG's override would decode)."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():  # "Corrupt EXIF data" would be a second stderr line
+            warnings.simplefilter("ignore")
+            return int(Image.Image.getexif(img).get(_EXIF_ORIENTATION, 1))
+    except Exception:
+        return 1
+
+
+def _exif_orientation(data: bytes | None) -> int | None:
+    """Orientation in an eXIf chunk's payload (a TIFF block); None when there is none or it has no tag."""
+    from PIL import Image
+
+    if not data:
+        return None
+    exif = Image.Exif()
+    try:
+        with warnings.catch_warnings():  # "Corrupt EXIF data" would be a second stderr line
+            warnings.simplefilter("ignore")
+            exif.load(b"Exif\x00\x00" + data)
+            value = exif.get(_EXIF_ORIENTATION)
+        return None if value is None else int(value)
+    except Exception:
+        return None
 
 
 def _jpeg_problem(f, size: int) -> str | None:
@@ -167,17 +245,21 @@ def _webp_problem(f, size: int) -> str | None:
 _COMPLETENESS_CHECKS = {"PNG": _png_problem, "JPEG": _jpeg_problem, "MPO": _jpeg_problem, "WEBP": _webp_problem}
 
 
-def _completeness_problem(path: Path, fmt: str) -> str | None:
-    """Cheap structural check for a cut-short file (PIL's lazy open does not notice one).
+def _structure(path: Path, fmt: str) -> tuple[str | None, bytes | None]:
+    """Cheap structural check for a cut-short file (PIL's lazy open does not notice one), and for a PNG the
+    eXIf chunk after its image data, from the same walk.
 
     Only PNG, JPEG/MPO and WebP are checked; other formats fail later, at decode time.
     """
     check = _COMPLETENESS_CHECKS.get(fmt)
     if check is None:
-        return None
+        return None, None
     with path.open("rb") as f:
-        size = path.stat().st_size
-        return check(f, size)
+        size = os.fstat(f.fileno()).st_size
+        if fmt == "PNG":
+            walk = _png_walk(f, size)
+            return walk.problem, walk.late_exif
+        return check(f, size), None
 
 
 _FF_RUN = re.compile(rb"\xff+")
@@ -248,7 +330,22 @@ def _declared_size(path: Path) -> tuple[int, int] | None:
     return None
 
 
+def _downscale_target(size: tuple[int, int] | None) -> str:
+    """A size with the same aspect ratio that the processor would not shrink further: nothing the model sees is lost."""
+    if size is None:
+        return f"at most {IMAGE_MAX_PIXELS:,} pixels"
+    w, h = size
+    scale = math.sqrt(IMAGE_MAX_PIXELS / (w * h))
+    return f"{max(1, math.floor(w * scale))}x{max(1, math.floor(h * scale))} or smaller"
+
+
 def _bomb_error(path: Path, exc: BaseException) -> InputError:
+    """Refused above Pillow's MAX_IMAGE_PIXELS, also in the 1x-2x range where Pillow only warns.
+
+    Deliberate: ``qvl infer`` would decode the whole image (3 bytes a pixel, 256-512 MiB in that
+    range) only for the processor to shrink it to at most ``IMAGE_MAX_PIXELS``; qvl has no flag to
+    lift the limit, so the hint asks for the downscale the model would do anyway.
+    """
     from PIL import Image
 
     limit = Image.MAX_IMAGE_PIXELS
@@ -259,9 +356,10 @@ def _bomb_error(path: Path, exc: BaseException) -> InputError:
         m = re.search(r"\((\d+) pixels\)", str(exc))
         what = f"{m.group(1)} pixels" if m else "too many pixels"
     return InputError(
-        f"{path}: image is {what}, over Pillow's decompression-bomb limit of {limit} pixels",
-        "if the file is trusted, raise PIL.Image.MAX_IMAGE_PIXELS (or set it to None) before loading, "
-        "or downscale the image",
+        f"{path}: image is {what}, over Pillow's decompression-bomb limit of {limit} pixels "
+        f"(qvl refuses everything above it, including up to 2x where Pillow only warns)",
+        f"downscale it to {_downscale_target(size)} (e.g. with ImageMagick or an image editor): the Qwen3-VL "
+        f"processor resizes every image to at most {IMAGE_MAX_PIXELS:,} pixels anyway, so the model sees the same",
     )
 
 
@@ -269,9 +367,8 @@ def probe_image(path: str | Path) -> ImageInfo:
     """Read an image's size, format and EXIF orientation without decoding its pixels.
 
     Orientations 5-8 swap width and height, as transformers' ``load_image`` (``exif_transpose``)
-    does. Pillow's decompression-bomb warning (> MAX_IMAGE_PIXELS) is an error here too: the
-    model run would decode it. EXIF is read from the header only, so a PNG whose eXIf chunk sits
-    after the image data reports orientation 1 (transformers would load the pixels and find it).
+    does; a PNG whose eXIf chunk sits after the image data is found by walking its chunk headers.
+    Pillow's decompression-bomb warning (> MAX_IMAGE_PIXELS) is an error here too (see ``_bomb_error``).
     """
     p = Path(path)
     _check_file(p, "image")
@@ -283,11 +380,7 @@ def probe_image(path: str | Path) -> ImageInfo:
             with p.open("rb") as raw, Image.open(_BudgetedFile(raw)) as img:
                 width, height = img.size
                 fmt = img.format or "unknown"
-                try:
-                    # Base-class getexif reads header data only (PNG's override would decode).
-                    orientation = int(Image.Image.getexif(img).get(_EXIF_ORIENTATION, 1))
-                except Exception:
-                    orientation = 1
+                orientation = _orientation(img)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise _bomb_error(p, e) from e
     except _HeaderTooLong as e:
@@ -299,11 +392,13 @@ def probe_image(path: str | Path) -> ImageInfo:
         ) from e
     except Exception as e:
         raise InputError(f"{p}: damaged image header ({_one_line(e)})", "re-export or re-download the image") from e
-    if orientation not in range(1, 9):
-        orientation = 1
-    problem = _completeness_problem(p, fmt)
+    problem, late_exif = _structure(p, fmt)
     if problem:
         raise InputError(f"{p}: {fmt} file {problem} (truncated or damaged)", "re-export or re-download the image")
+    late = _exif_orientation(late_exif)
+    orientation = orientation if late is None else late
+    if orientation not in range(1, 9):
+        orientation = 1
     if orientation in _SWAPPING_ORIENTATIONS:
         width, height = height, width
     return ImageInfo(path=p, width=width, height=height, format=fmt, orientation=orientation)
@@ -393,23 +488,43 @@ def _is_hidden(path: Path, root: Path) -> bool:
     return any(part.startswith(".") for part in path.relative_to(root).parts)
 
 
-def expand_inputs(paths: Iterable[str | Path]) -> list[Path]:
+@dataclass(frozen=True)
+class Expansion:
+    """What the input paths expand to, and what directories held that qvl does not read (to report it)."""
+
+    files: list[Path]
+    skipped: list[Path]  # visible files in the directories without an image/video extension (.heic, no extension)
+    empty_dirs: list[Path]  # directories given that held no image or video file at all
+
+
+def expand_inputs_report(paths: Iterable[str | Path]) -> Expansion:
     """Expand directories into their image/video files (recursive, sorted, hidden entries skipped).
 
-    Files are kept whatever their extension and missing paths are kept as given, so the caller
-    reports each bad item by name instead of silently dropping it.
+    Files given by name are kept whatever their extension and missing paths are kept as given, so
+    the caller reports each bad item by name; files a directory holds with another extension are
+    returned as ``skipped`` so the caller can say so instead of planning nothing in silence.
     """
-    out: list[Path] = []
+    files: list[Path] = []
+    skipped: list[Path] = []
+    empty: list[Path] = []
     known = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS
     for raw in paths:
         p = Path(raw)
-        if p.is_dir():
-            out.extend(
-                sorted(f for f in p.rglob("*") if f.suffix.lower() in known and f.is_file() and not _is_hidden(f, p))
-            )
-        else:
-            out.append(p)
-    return out
+        if not p.is_dir():
+            files.append(p)
+            continue
+        found = sorted(f for f in p.rglob("*") if not _is_hidden(f, p) and f.is_file())
+        media_files = [f for f in found if f.suffix.lower() in known]
+        skipped.extend(f for f in found if f.suffix.lower() not in known)
+        files.extend(media_files)
+        if not media_files:
+            empty.append(p)
+    return Expansion(files=files, skipped=skipped, empty_dirs=empty)
+
+
+def expand_inputs(paths: Iterable[str | Path]) -> list[Path]:
+    """The files of ``expand_inputs_report`` (directories expanded, other paths kept as given)."""
+    return expand_inputs_report(paths).files
 
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*[xX×]\s*(\d+)\s*$")

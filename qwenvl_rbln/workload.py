@@ -5,9 +5,15 @@ Formats (streamed line by line, so millions of lines cost memory per *distinct* 
 * JSONL: one object per line, ``{"width": W, "height": H, "count": N}`` (``count`` optional,
   default 1). A video adds ``"frames"`` (total frames in the file) and optionally ``"fps"`` (the
   file's frame rate; missing means 24, as transformers assumes). ``"kind": "image"|"video"`` is
-  optional. Other keys (request ids, timestamps) are ignored unless they look like a misspelt one.
-* CSV: a header with ``width,height`` and optionally ``count``, ``frames``, ``fps``; empty
-  ``frames`` cells are images.
+  optional. Numbers must be JSON numbers (``"640"`` is refused: a quoted number usually means a
+  log field that is not what it seems).
+* CSV: a header with ``width,height`` and optionally ``count``, ``frames``, ``fps``, ``kind``
+  (case and spaces ignored); empty ``frames`` cells are images.
+
+Both treat other keys or columns the same way: one that looks like a misspelling of those six
+(``widht``, ``Width``) is an error naming ``file:line`` and the key, so it never silently turns into
+"no width"; any other (request ids, timestamps: logs carry them) is ignored and listed once in
+``Workload.ignored``, which ``bucket-plan`` reports.
 * Batch trace: a JSON list of running batch sizes, or one integer per line (``#`` comments and
   blank lines skipped).
 
@@ -34,6 +40,7 @@ SizeKey = tuple[int, int, int | None, float | None]
 
 _LINE_CACHE_LIMIT = 200_000  # distinct raw lines remembered for the fast path
 _FORMAT_HINT = 'each line is a JSON object like {"width": 1920, "height": 1080, "count": 12}'
+_NUMERIC_KEYS = ("width", "height", "count", "frames", "fps")
 _CSV_HINT = "the first line is a header such as width,height,count (frames,fps for videos)"
 
 
@@ -46,6 +53,7 @@ class Workload:
     sizes: dict[SizeKey, int] = field(default_factory=dict)
     lines: int = 0  # data lines read
     requests: int = 0  # sum of counts
+    ignored: set[str] = field(default_factory=set)  # keys/columns other than the known ones (ids, timestamps)
 
     def add(self, key: SizeKey, count: int) -> None:
         self.sizes[key] = self.sizes.get(key, 0) + count
@@ -123,13 +131,47 @@ def _int_value(where: str, key: str, value: Any, *, minimum: int, hint: str) -> 
     return parsed
 
 
-def _entry(where: str, obj: dict[str, Any], hint: str) -> tuple[SizeKey, int]:
+def _check_keys(where: str, obj: dict[str, Any], hint: str, ignored: set[str], *, what: str = "key") -> None:
+    """A key that looks like a misspelt known one is an error (in JSONL and CSV alike); any other extra key
+    (a request id, a timestamp) is added to ``ignored`` for one report."""
     for key in obj:
         if key in _KNOWN_SET:
             continue
         near = _near(str(key))
         if near:
-            raise InputError(f"{where}: unknown key {key!r}", f"did you mean {near!r}? {hint}")
+            raise InputError(f"{where}: unknown {what} {key!r}", f"did you mean {near!r}? {hint}")
+        ignored.add(str(key))
+
+
+def _check_json_numbers(where: str, obj: dict[str, Any]) -> None:
+    """JSON workloads carry numbers as numbers: a quoted one is refused, not guessed."""
+    for key in _NUMERIC_KEYS:
+        value = obj.get(key)
+        if isinstance(value, str):
+            raise InputError(
+                f"{where}: {key}={value!r} is a string, not a number",
+                f'write it without quotes, e.g. "{key}": {_unquoted(key, value)}',
+            )
+
+
+_EXAMPLE = {"width": 1920, "height": 1080, "count": 12, "frames": 300, "fps": 30}
+
+
+def _unquoted(key: str, value: str) -> str:
+    """The value as the JSON number it should have been, when it is one."""
+    text = value.strip()
+    try:
+        return text if math.isfinite(float(text)) else str(_EXAMPLE[key])
+    except ValueError:
+        return str(_EXAMPLE[key])
+
+
+def _entry(
+    where: str, obj: dict[str, Any], hint: str, ignored: set[str], *, json_values: bool = True
+) -> tuple[SizeKey, int]:
+    _check_keys(where, obj, hint, ignored)
+    if json_values:
+        _check_json_numbers(where, obj)
     for key in ("width", "height"):
         if key not in obj or obj[key] in (None, ""):
             raise InputError(f"{where}: missing {key!r}", hint)
@@ -214,7 +256,7 @@ def _read_jsonl(p: Path, wl: Workload) -> None:
                 raise InputError(f"{where}: not valid JSON ({e.msg}): {shown}", _FORMAT_HINT) from None
             if not isinstance(obj, dict):
                 raise InputError(f"{where}: expected a JSON object, got {type(obj).__name__} {text[:40]}", _FORMAT_HINT)
-            key, count = _entry(where, obj, _FORMAT_HINT)
+            key, count = _entry(where, obj, _FORMAT_HINT, wl.ignored)
             if len(cache) < _LINE_CACHE_LIMIT:
                 cache[line] = (key, count)
             wl.lines += 1
@@ -235,7 +277,7 @@ def _read_json_array(p: Path, wl: Workload) -> None:
         where = f"{p}: item {i}"
         if not isinstance(obj, dict):
             raise InputError(f"{where}: expected a JSON object, got {type(obj).__name__}", _FORMAT_HINT)
-        key, count = _entry(where, obj, _FORMAT_HINT)
+        key, count = _entry(where, obj, _FORMAT_HINT, wl.ignored)
         wl.lines += 1
         if count:
             wl.add(key, count)
@@ -252,15 +294,10 @@ def _read_csv(p: Path, wl: Workload) -> None:
             if header is None:
                 header = [c.strip().lower() for c in row]
                 where = f"{p}:{reader.line_num}"
-                for col in header:
-                    if col not in KNOWN_KEYS:
-                        near = _near(col)
-                        if near or col.isdigit() or not col:
-                            raise InputError(
-                                f"{where}: header column {col!r} is not a workload column"
-                                + (f" (did you mean {near!r}?)" if near else ""),
-                                _CSV_HINT,
-                            )
+                for col in header:  # a number or nothing: the file has no header line at all
+                    if col.isdigit() or not col:
+                        raise InputError(f"{where}: header column {col!r} is not a workload column", _CSV_HINT)
+                _check_keys(where, dict.fromkeys(header), _CSV_HINT, wl.ignored, what="column")
                 missing = [c for c in ("width", "height") if c not in header]
                 if missing:
                     raise InputError(
@@ -278,8 +315,8 @@ def _read_csv(p: Path, wl: Workload) -> None:
                     raise InputError(
                         f"{where}: {len(row)} fields but the header has {len(header)} ({','.join(header)})", _CSV_HINT
                     )
-                obj = {col: cell.strip() for col, cell in zip(header, row, strict=True) if col in KNOWN_KEYS}
-                hit = _entry(where, obj, _CSV_HINT)
+                obj = {col: cell.strip() for col, cell in zip(header, row, strict=True) if col in _KNOWN_SET}
+                hit = _entry(where, obj, _CSV_HINT, wl.ignored, json_values=False)
                 if len(cache) < _LINE_CACHE_LIMIT:
                     cache[t] = hit
             wl.lines += 1

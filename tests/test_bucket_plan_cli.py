@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 import zlib
 from pathlib import Path
@@ -36,9 +37,10 @@ ITEM_KEYS = {
 }
 
 
-def _invoke(*args: str):
+def _invoke(*args: str, columns: str | None = "200"):
+    """``columns=None``: no COLUMNS at all, as when a user pipes the output (CliRunner's stdout is no terminal)."""
     render.reset_consoles()
-    result = CliRunner().invoke(app, ["bucket-plan", *args], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    result = CliRunner().invoke(app, ["bucket-plan", *args], env={"COLUMNS": columns, "NO_COLOR": "1"})
     render.reset_consoles()
     return result
 
@@ -218,8 +220,85 @@ def test_optimize_with_max_bucket(tmp_path: Path) -> None:
     code, data = _json("--workload", str(_workload(tmp_path)), "--optimize", "2", "--max-bucket", "4096")
     assert code == 0
     opt = data["optimized"]
-    assert opt["buckets"][-1] <= 4096
-    assert opt["uncovered_calls"] == 120 and opt["uncovered_max"] == 8160
+    assert opt["buckets"][-1] == 4096  # the cap is the top bucket: the re-planned inputs resize into it
+    assert opt["uncovered_calls"] == 0 and opt["covered_calls"] == data["summary"]["vit_calls"] == 1070
+    rep = opt["replanned"]
+    assert rep["inputs"] == 120 and rep["vit_calls"] == 120 and rep["max_patches_before"] == 8160
+    assert rep["processor"] == {"max_pixels": 4096 * 256}
+    assert opt["set"] == "--set visual.max_seq_len=[" + ",".join(map(str, opt["buckets"])) + "] " + rep["set"]
+
+
+def _max_bucket_workload(tmp_path: Path) -> Path:
+    """The audit's workload: 100 full-HD images above a 4096 cap, 360 below it, one video."""
+    p = tmp_path / "w1.jsonl"
+    lines = [
+        {"width": 1920, "height": 1080, "count": 100},
+        {"width": 640, "height": 480, "count": 300},
+        {"width": 224, "height": 224, "count": 50},
+        {"width": 1280, "height": 720, "count": 10, "frames": 64, "fps": 30},
+    ]
+    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return p
+
+
+def test_max_bucket_costs_every_list_on_the_same_calls(tmp_path: Path) -> None:
+    """Audit: the preset row counted 470 calls, the others 370 (the 100 above the cap left out): 44x 'speedup'."""
+    from qwenvl_rbln.geometry import image_geometry
+
+    wl = str(_max_bucket_workload(tmp_path))
+    code, data = _json("--preset", "rebel100-1npu", "--workload", wl, "--optimize", "2", "--max-bucket", "4096")
+    assert code == 0
+    opt = data["optimized"]
+    lists = [opt, *opt["baselines"].values()]
+    assert {(b["covered_calls"], b["uncovered_calls"]) for b in lists} == {(470, 0)}
+    resized = image_geometry(1920, 1080, max_pixels=4096 * 256).patches  # what --set processor.max_pixels does
+    assert resized <= 4096
+    cost = bk.vit_cost_fn(QWEN3_VL_2B.vision)
+    counts = {resized: 100, 1200: 300, 256: 50, 3520: 20}
+    assert opt["useful"] == sum(n * cost(v) for v, n in counts.items())
+    for name, b in opt["baselines"].items():
+        assert b["useful"] == opt["useful"], name  # the same calls at the same patch counts
+        assert b["executed"] == bk.evaluate_buckets(counts, b["buckets"], cost).executed, name
+    assert opt["speedup_vs_preset"] == pytest.approx(opt["baselines"]["preset"]["executed"] / opt["executed"], 1e-3)
+    assert opt["speedup_vs_preset"] < 44  # the audit's figure compared 470 calls with 370
+    assert "--set processor.max_pixels=1048576" in opt["set"]
+    assert "470 ViT calls" in opt["compared_on"] and "100 of them re-planned" in opt["compared_on"]
+    human = _invoke("--preset", "rebel100-1npu", "--workload", wl, "--optimize", "2", "--max-bucket", "4096")
+    assert human.exit_code == 0
+    assert "every list on the same 470 ViT calls" in human.stdout
+    assert "above --max-bucket 4,096" in human.stdout and "processor.max_pixels=1048576" in human.stdout
+
+
+def test_max_bucket_replans_a_video_with_the_video_budget(tmp_path: Path) -> None:
+    p = tmp_path / "v.jsonl"
+    p.write_text(json.dumps({"width": 3840, "height": 2160, "frames": 8, "fps": 2, "count": 3}) + "\n")
+    code, data = _json("--workload", str(p), "--optimize", "1", "--max-bucket", "4096")
+    assert code == 0
+    opt = data["optimized"]
+    (item,) = data["items"]
+    assert item["patches"] > 4096 and item["sampled_frames"] == 8
+    assert opt["replanned"]["processor"] == {"video_max_pixels": 4096 * 256 * 8}
+    assert "--set processor.video_max_pixels=8388608" in opt["set"]
+    assert opt["buckets"] == [4096] and opt["uncovered_calls"] == 0
+    assert opt["covered_calls"] == item["vit_calls"] * 3
+
+
+def test_max_bucket_below_min_pixels_is_an_input_error() -> None:
+    r = _invoke("--size", "1920x1080", "--optimize", "1", "--max-bucket", "128")
+    assert isinstance(r.exception, InputError), r.output
+    text = r.exception.one_line()
+    assert "processor.max_pixels=32768" in text and "processor.min_pixels=65536" in text
+
+
+def test_no_speedup_against_a_preset_that_cannot_run_every_call() -> None:
+    code, data = _json(
+        "--set", "processor.max_pixels=16777216", "--size", "4000x3000", "--size", "640x480", "--optimize", "2"
+    )
+    assert code == 2  # the 4000x3000 item has no bucket in the preset
+    opt = data["optimized"]
+    assert opt["baselines"]["preset"]["uncovered_calls"] == 1 and opt["uncovered_calls"] == 0
+    assert opt["speedup_vs_preset"] is None
+    assert "cannot run 1 of these ViT calls" in opt["speedup_note"]
 
 
 def test_batch_trace_and_decoder_optimiser(tmp_path: Path) -> None:
@@ -258,6 +337,8 @@ def test_batch_trace_above_the_largest_graph(tmp_path: Path) -> None:
         (["--size", "640x480", "--max-bucket", "4096"], "--max-bucket only applies"),
         (["--size", "640x480", "--optimize", "2", "--max-bucket", "1001"], "multiple of 4"),
         (["--size", "640x480", "--optimize-decoder", "2"], "--batch-trace"),
+        (["--optimize-decoder", "2"], "--optimize-decoder needs --batch-trace FILE"),
+        (["--optimize", "2"], "--optimize needs inputs"),
         (["--workload", "/nonexistent/w.jsonl"], "no such workload file"),
     ],
 )
@@ -276,3 +357,101 @@ def test_exit_code_and_one_line_error_through_the_real_entry_point(tmp_path: Pat
     assert r.stderr.strip().startswith("qvl: error:") and len(r.stderr.strip().splitlines()) == 1
     bad = run_qvl("bucket-plan", "--size", "nope")
     assert bad.exit_code == 2 and "Traceback" not in bad.stderr and "'nope'" in bad.stderr
+
+
+# --- human tables: never a cut number -------------------------------------------------------------
+
+
+def _table_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(("│", "┃"))]
+
+
+def test_piped_tables_keep_every_cell_whole() -> None:
+    """Audit: `bucket-plan --size 1920x1080 | cat` printed `1920x1…` and `773… GFL…` (80 columns)."""
+    r = _invoke("--preset", "rebel100-1npu-vit-buckets", "--size", "1920x1080", columns=None)
+    assert r.exit_code == 0, r.output
+    assert "…" not in r.stdout
+    for cell in ("1920x1080", "1920x1088", "8,160", "16,384", "37.11 TFLOP", "512.00 MiB", "LM tokens"):
+        assert cell in r.stdout, cell
+    assert "left out" not in r.stdout
+
+
+@pytest.mark.parametrize("columns", ["80", "60"])
+def test_narrow_terminal_leaves_columns_out_instead_of_cutting_numbers(tmp_path: Path, columns: str) -> None:
+    wl = str(_max_bucket_workload(tmp_path))
+    args = ("--preset", "rebel100-1npu", "--workload", wl, "--optimize", "2", "--max-bucket", "4096")
+    r = _invoke(*args, columns=columns)
+    assert r.exit_code == 0, r.output
+    assert "…" not in r.stdout
+    if columns == "80":
+        assert all(len(line) <= 80 for line in r.stdout.splitlines())
+        assert "1920x1088" in r.stdout and "11.28x" in r.stdout
+    for number in ("1,200", "8,160", "16,384", "17.44 PFLOP", "843.88 TFLOP", "1200, 4096"):
+        assert number in r.stdout, number
+    assert "left out at" in r.stdout and "LM tokens" in r.stdout.split("left out at", 1)[1]
+
+
+def test_render_print_table_drops_by_priority_and_never_truncates() -> None:
+    from rich.console import Console
+
+    console = Console(width=40, record=True, file=open(os.devnull, "w"), color_system=None)  # noqa: SIM115
+    cols = [render.Col("name", "left", fold=True), render.Col("a", drop=2), render.Col("big"), render.Col("b", drop=1)]
+    rows = [["some long file name.png", "123,456", "98,765,432,100", "777,777,777"]]
+    dropped = render.print_table(console, cols, rows)
+    text = console.export_text()
+    assert dropped == ["a", "b"] and "98,765,432,100" in text and "…" not in text
+    wide = Console(width=30, record=True, file=open(os.devnull, "w"), color_system=None)  # noqa: SIM115
+    render.print_table(wide, [render.Col("x"), render.Col("y")], [["1" * 20, "2" * 20]])  # cannot fit: wraps
+    text = wide.export_text()
+    assert "1" * 20 in text and "2" * 20 in text
+
+
+# --- the closing error line and empty inputs ------------------------------------------------------------
+
+
+def test_json_mode_final_error_points_into_the_json(tmp_path: Path) -> None:
+    """Audit: --json said '(listed above)' on stderr, where nothing was listed."""
+    trace = tmp_path / "t.txt"
+    trace.write_text("1\n2\n")
+    r = run_qvl("bucket-plan", "--size", "640x480", str(tmp_path / "nope.png"), "--batch-trace", str(trace), "--json")
+    assert r.exit_code == 2
+    json.loads(r.stdout)
+    (line,) = r.stderr.strip().splitlines()
+    assert "listed above" not in line
+    assert "items[].error" in line and "decoder.per_batch[].error" in line and "in the JSON" in line
+    human = run_qvl("bucket-plan", "--size", "640x480", str(tmp_path / "nope.png"))
+    assert "(listed above)" in human.stderr and "cannot run" in human.stdout
+
+
+@pytest.mark.parametrize("files", [[], ["c.heic", "noext"], ["notes.txt"]])
+def test_nothing_to_plan_is_an_error_naming_the_inputs(tmp_path: Path, files: list[str]) -> None:
+    """Audit: an empty directory, or one with only .heic / extension-less files, exited 0 with items: []."""
+    d = tmp_path / "photos"
+    d.mkdir()
+    for name in files:
+        (d / name).write_bytes(b"x")
+    r = run_qvl("bucket-plan", str(d), "--json")
+    assert r.exit_code == 2 and r.stdout == ""
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("qvl: error: nothing to plan:") and str(d) in line and "; fix: " in line
+    for name in files:
+        assert name in line
+
+
+def test_skipped_files_are_reported_with_count_and_names(tmp_path: Path) -> None:
+    d = tmp_path / "photos"
+    d.mkdir()
+    Image.new("RGB", (64, 48)).save(d / "a.png")
+    for name in ("b.heic", "c.HEIC", "README"):
+        (d / name).write_bytes(b"x")
+    (d / ".DS_Store").write_bytes(b"x")  # hidden: not worth a warning
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = run_qvl("bucket-plan", str(d), str(empty), "--json")
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert [Path(it["input"]).name for it in data["items"]] == ["a.png"]
+    assert data["skipped_files"]["count"] == 3
+    assert "skipped 3 file(s)" in r.stderr and "b.heic" in r.stderr and "README" in r.stderr
+    assert ".DS_Store" not in r.stderr
+    assert f"{empty}: no image or video files" in r.stderr

@@ -239,6 +239,7 @@ def test_optimizer_cap_reports_uncovered() -> None:
     assert res.covered_calls == 15
     forced = bk.optimize_buckets(counts, 3, cost, max_bucket=16384, force_max=True)
     assert forced.buckets[-1] == 16384 and 4096 in forced.buckets
+    assert forced.distinct_values == 2  # the forced top bucket is no patch count of the workload
     with pytest.raises(InputError):
         bk.optimize_buckets(counts, 0, cost)
 

@@ -186,6 +186,33 @@ def test_junk_floods_answer_within_the_bound(prober, workdir, name):
     _probe(prober, _write(workdir, name, FLOODS[name]()), name)
 
 
+_IDAT = _png_chunk(b"IDAT", zlib.compress((b"\x00" + b"\x80" * 192) * 64))  # 64 rows of 64 RGB pixels
+LATE_EXIF = {  # the eXIf chunk after IDAT is found by a bounded chunk walk: hostile ones cost no more than that
+    "late_exif_huge.png": lambda: _IHDR + _IDAT + _png_chunk(b"eXIf", b"MM\x00*" + b"\xff" * (64 << 20)),
+    "late_exif_garbage.png": lambda: _IHDR + _IDAT + _png_chunk(b"eXIf", os.urandom(4096)),
+    "late_exif_after_a_flood.png": lambda: (
+        _IHDR
+        + _IDAT
+        + _png_chunk(b"tEXt", b"") * (FLOOD // 12)
+        + _png_chunk(b"eXIf", b"MM\x00*\x00\x00\x00\x08\x00\x01\x01\x12\x00\x03\x00\x00\x00\x01\x00\x06\x00\x00")
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LATE_EXIF))
+def test_hostile_late_exif_chunks_answer_within_the_bound(prober, workdir, name):
+    result = _probe(prober, _write(workdir, name, LATE_EXIF[name]() + _png_chunk(b"IEND", b"")), name)
+    assert result["status"] == "ok", result
+
+
+def test_garbage_late_exif_prints_nothing_through_the_cli(tmp_path):
+    path = tmp_path / "garbage_exif.png"
+    exif = b"MM\x00*" + b"\xff" * 64  # IFD0 offset far past the end: Pillow warns "Corrupt EXIF data"
+    path.write_bytes(_IHDR + _IDAT + _png_chunk(b"eXIf", exif) + _png_chunk(b"IEND", b""))
+    r = run_qvl("bucket-plan", str(path), "--json")
+    assert r.exit_code == 0 and r.stderr == "", r.stderr
+
+
 def test_preallocated_download_is_refused_fast(prober, workdir):
     """A download manager preallocates the file: a real header, then a sparse 1 GiB of zeros."""
     for name, head in (

@@ -66,6 +66,56 @@ def test_exif_orientation(tmp_path: Path, orientation: int, size: tuple[int, int
         assert ImageOps.exif_transpose(im).size == size
 
 
+def _png_with_exif_after_idat(width: int, height: int, orientation: int, *, early: int | None = None) -> bytes:
+    """A PNG whose eXIf chunk comes after IDAT (Pillow's lazy open stops at IDAT; its load() reads on)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    def exif(value: int) -> bytes:
+        e = Image.Exif()
+        e[0x0112] = value
+        return e.tobytes()  # TIFF header + IFD0, what an eXIf chunk holds
+
+    raw = b"".join(b"\x00" + b"\x80" * (width * 3) for _ in range(height))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    body = chunk(b"IHDR", ihdr)
+    if early is not None:
+        body += chunk(b"eXIf", exif(early))
+    body += chunk(b"IDAT", zlib.compress(raw)) + chunk(b"eXIf", exif(orientation)) + chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + body
+
+
+@pytest.mark.parametrize(("orientation", "size"), [(5, (20, 50)), (6, (20, 50)), (8, (20, 50)), (3, (50, 20))])
+def test_png_exif_after_the_image_data(tmp_path: Path, orientation: int, size: tuple[int, int]) -> None:
+    """Audit: an eXIf chunk after IDAT was missed (orientation 5 read as 1, width/height not swapped)."""
+    from PIL import ImageOps
+
+    p = tmp_path / "late.png"
+    p.write_bytes(_png_with_exif_after_idat(50, 20, orientation))
+    info = media.probe_image(p)
+    assert info.orientation == orientation and (info.width, info.height) == size
+    with Image.open(p) as im:  # what transformers.image_utils.load_image does
+        assert ImageOps.exif_transpose(im).size == size
+
+
+def test_png_late_exif_replaces_an_early_one_as_in_pillow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """exif_transpose loads the image first, so Pillow's last eXIf chunk (after IDAT) is the one that counts."""
+    from PIL import ImageOps
+
+    p = tmp_path / "both.png"
+    p.write_bytes(_png_with_exif_after_idat(50, 20, 6, early=1))
+    with Image.open(p) as im:
+        assert ImageOps.exif_transpose(im).size == (20, 50)
+
+    def boom(self):  # noqa: ANN001
+        raise AssertionError("pixel data was decoded")
+
+    monkeypatch.setattr("PIL.ImageFile.ImageFile.load", boom)
+    info = media.probe_image(p)  # found by the chunk walk, nothing decoded
+    assert info.orientation == 6 and (info.width, info.height) == (20, 50)
+
+
 def test_probe_image_does_not_decode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     p = tmp_path / "a.png"
     Image.new("RGB", (64, 64)).save(p)
@@ -119,7 +169,10 @@ def test_decompression_bomb(tmp_path: Path, side: int) -> None:
     err = _input_error(media.probe_image, p)
     assert f"{side}x{side}" in err.message
     assert str(Image.MAX_IMAGE_PIXELS) in err.message
-    assert "MAX_IMAGE_PIXELS" in (err.hint or "")
+    assert "including up to 2x where Pillow only warns" in err.message  # refused deliberately: see media._bomb_error
+    hint = err.hint or ""
+    assert "MAX_IMAGE_PIXELS" not in hint  # qvl has no flag for it: the hint must be something a user can do
+    assert "downscale it to 4096x4096 or smaller" in hint and "16,777,216" in hint
 
 
 def test_bomb_limit_is_read_at_call_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -241,6 +294,23 @@ def test_expand_inputs(tmp_path: Path) -> None:
     missing = tmp_path / "missing.jpg"
     out = media.expand_inputs([loose, d, missing])
     assert out == [loose, d / "a.PNG", d / "b.jpg", d / "sub" / "c.mp4", missing]
+
+
+def test_expand_inputs_report_names_what_it_skips(tmp_path: Path) -> None:
+    d = tmp_path / "dir"
+    (d / "sub").mkdir(parents=True)
+    (d / ".git").mkdir()
+    for rel in ["a.jpg", "b.heic", "sub/noext", ".git/config", ".DS_Store"]:
+        (d / rel).write_bytes(b"x")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    only_heic = tmp_path / "heic"
+    only_heic.mkdir()
+    (only_heic / "x.HEIC").write_bytes(b"x")
+    report = media.expand_inputs_report([d, empty, only_heic])
+    assert report.files == [d / "a.jpg"]
+    assert report.skipped == [d / "b.heic", d / "sub" / "noext", only_heic / "x.HEIC"]
+    assert report.empty_dirs == [empty, only_heic]
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,7 @@ def test_jsonl_images_and_videos(tmp_path: Path) -> None:
         '{"width": 640, "height": 480, "count": 0}\n'
         '{"width": 1280, "height": 720, "frames": 300, "fps": 30, "count": 2, "request_id": "r1", "ts": 5}\n'
         '{"width": 1280, "height": 720, "frames": 300, "kind": "video"}\n'
-        '{"width": 800.0, "height": "600"}\n',
+        '{"width": 800.0, "height": 600}\n',
     )
     wl = read_workload(p)
     assert wl.format == "jsonl"
@@ -66,6 +66,10 @@ def test_jsonl_repeated_lines_use_the_fast_path(tmp_path: Path) -> None:
         ('{"width": 0, "height": 10}', "width=0"),
         ('{"width": -5, "height": 10}', "width=-5"),
         ('{"width": "big", "height": 10}', "width='big'"),
+        ('{"width": "640", "height": 10}', "width='640' is a string, not a number"),
+        ('{"width": 64, "height": 10, "count": "3"}', "count='3' is a string"),
+        ('{"width": 64, "height": 10, "frames": 9, "fps": "30"}', "fps='30' is a string"),
+        ('{"Width": 64, "height": 10}', "unknown key 'Width'"),
         ('{"width": 10.5, "height": 10}', "width=10.5"),
         ('{"width": true, "height": 10}', "width=True"),
         ('{"height": 10}', "missing 'width'"),
@@ -114,7 +118,36 @@ def test_csv(tmp_path: Path) -> None:
 
 def test_csv_minimal_header_and_extra_columns(tmp_path: Path) -> None:
     p = _write(tmp_path, "w.csv", "width,height,source\n100,200,cam1\n100,200,cam2\n")
-    assert read_workload(p).sizes == {(100, 200, None, None): 2}
+    wl = read_workload(p)
+    assert wl.sizes == {(100, 200, None, None): 2} and wl.ignored == {"source"}
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("w.csv", "width,height,source\n100,200,cam1\n"),
+        ("w.jsonl", '{"width": 100, "height": 200, "source": "cam1"}\n'),
+        ("w.json", '[{"width": 100, "height": 200, "source": "cam1"}]'),
+    ],
+)
+def test_extra_keys_are_ignored_and_listed_alike_in_every_format(tmp_path: Path, name: str, text: str) -> None:
+    """Logs carry ids and timestamps: every format reads past them the same way and lists them once."""
+    wl = read_workload(_write(tmp_path, name, text))
+    assert wl.sizes == {(100, 200, None, None): 1} and wl.ignored == {"source"}
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "needle"),
+    [
+        ("w.csv", "widht,height\n100,200\n", ":1: unknown column 'widht'"),
+        ("w.jsonl", '{"widht": 100, "height": 200}\n', ":1: unknown key 'widht'"),
+        ("w.json", '[{"width": 100, "height": 200, "cout": 3}]', "item 0: unknown key 'cout'"),
+    ],
+)
+def test_misspelt_keys_are_errors_in_every_format(tmp_path: Path, name: str, text: str, needle: str) -> None:
+    p = _write(tmp_path, name, text)
+    e = _error(read_workload, p)
+    assert str(p) in e.message and needle in e.message and "did you mean" in (e.hint or "")
 
 
 @pytest.mark.parametrize(

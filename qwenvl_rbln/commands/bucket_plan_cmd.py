@@ -6,14 +6,19 @@ Everything here is header reads and arithmetic: no torch, no model, no NPU.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 
+from qwenvl_rbln.buckets import fmt_flops
 from qwenvl_rbln.commands.common import JsonOpt, ModelOpt, PresetOpt, SetOpt
+from qwenvl_rbln.render import Col, fmt_bytes, print_table
 
 DECODER_NOTE = (
     "per-step decoder graph selection is what vllm-rbln does (smallest compiled batch >= running requests); "
@@ -188,6 +193,19 @@ class ItemPlanner:
     def size(self, text: str, width: int, height: int) -> dict[str, Any]:
         return self.image(_blank_item(text, "size", "size"), width, height)
 
+    def with_caps(self, caps: Any) -> ItemPlanner:
+        """The same planner under other processor caps (to show what a suggested --set processor.* does)."""
+        other = copy.copy(self)
+        other.caps = caps
+        return other
+
+    def again(self, item: dict[str, Any]) -> dict[str, Any]:
+        """A planned item planned again under this planner's caps, from its known size (no file is re-read)."""
+        new = _blank_item(item["input"], item["kind"], item["source"], item["count"])
+        if item["kind"] == "video":
+            return self.video(new, item["width"], item["height"], item["total_frames"], item["fps"])
+        return self.image(new, item["width"], item["height"])
+
     def workload_entry(self, key: tuple, count: int) -> dict[str, Any]:
         width, height, frames, fps = key
         if frames is None:
@@ -304,46 +322,140 @@ def summarize(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], 
     }
 
 
-def optimize_section(
-    items: list[dict[str, Any]], plan: Any, k: int, max_bucket: int | None, cost: Callable[[int], int]
-) -> dict[str, Any]:
-    from qwenvl_rbln.buckets import baselines, evaluate_buckets, optimize_buckets
-
+def _call_counts(items: Iterable[dict[str, Any]]) -> dict[int, int]:
+    """ViT calls per patch count over the planned items (each weighted by count x ViT calls)."""
     counts: dict[int, int] = {}
     for it in items:
         if it["patches"] is not None:
             counts[it["patches"]] = counts.get(it["patches"], 0) + it["count"] * it["vit_calls"]
+    return counts
+
+
+def _calls(items: Iterable[dict[str, Any]]) -> int:
+    return sum(it["count"] * it["vit_calls"] for it in items)
+
+
+def replan_caps(over: list[dict[str, Any]], caps: Any, cap: int, vision: Any) -> tuple[Any, dict[str, int]]:
+    """Processor caps that resize every input in ``over`` into ``cap`` patches, and the keys they change.
+
+    Images: ``max_pixels = cap * patch_size**2``. Videos share one budget over all frames, so it is
+    sized for the fewest sampled frames among them (the others then fit with room to spare).
+    """
+    from qwenvl_rbln.errors import InputError
+    from qwenvl_rbln.geometry import max_pixels_for_bucket, video_max_pixels_for_bucket
+
+    changes: dict[str, int] = {}
+    if any(it.get("kind") != "video" for it in over):
+        changes["max_pixels"] = min(caps.max_pixels, max_pixels_for_bucket(cap, vision.patch_size))
+    videos = [it for it in over if it.get("kind") == "video"]
+    if videos:
+        frames = min(it["sampled_frames"] for it in videos)
+        budget = video_max_pixels_for_bucket(cap, frames, vision.patch_size, vision.temporal_patch_size)
+        changes["video_max_pixels"] = min(caps.video_max_pixels, budget)
+    for key, floor in (("max_pixels", "min_pixels"), ("video_max_pixels", "video_min_pixels")):
+        if key in changes and changes[key] < getattr(caps, floor):
+            raise InputError(
+                f"--max-bucket {cap}: resizing the inputs above it needs processor.{key}={changes[key]}, "
+                f"below processor.{floor}={getattr(caps, floor)}",
+                f"raise --max-bucket, or add --set processor.{floor}={changes[key]}",
+            )
+    return dataclasses.replace(caps, **changes), changes
+
+
+def _replan_over_cap(
+    items: list[dict[str, Any]], planner: ItemPlanner, cap: int
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The workload as it runs with the suggested processor cap: every item re-planned (None: nothing is over)."""
+    from qwenvl_rbln.buckets import round_up
+
+    over = [it for it in items if it["patches"] is not None and it.get("width") and round_up(it["patches"]) > cap]
+    if not over:
+        return items, None
+    caps, changes = replan_caps(over, planner.caps, cap, planner.vision)
+    again = planner.with_caps(caps)
+    work = [again.again(it) if it["patches"] is not None and it.get("width") else it for it in items]
+    sets = " ".join(f"--set processor.{k}={v}" for k, v in changes.items())
+    info = {
+        "max_bucket": cap,
+        "inputs": sum(it["count"] for it in over),
+        "vit_calls": _calls(over),
+        "max_patches_before": max(it["patches"] for it in over),
+        "processor": changes,
+        "set": sets,
+        "note": f"inputs above --max-bucket are costed in every list resized as {sets} does",
+    }
+    return work, info
+
+
+def _nothing_to_optimise(counts: dict[int, int], res: Any, max_bucket: int | None) -> None:
+    from qwenvl_rbln.errors import InputError
+
     if not counts:
-        from qwenvl_rbln.errors import InputError
-
-        raise InputError("--optimize has nothing to optimise: every input failed", "fix the inputs listed above")
-    res = optimize_buckets(counts, k, cost, max_bucket=max_bucket)
-    if not res.buckets:  # every input is above --max-bucket
-        from qwenvl_rbln.errors import InputError
-
+        raise InputError(
+            "--optimize has nothing to optimise: every input failed", "fix the inputs (each item's error says how)"
+        )
+    if not res.buckets:  # every input is still above --max-bucket
         need = -(-min(counts) // 4) * 4
         raise InputError(
             f"--max-bucket {max_bucket} is below every input: the smallest needs {need} patches "
             f"({res.uncovered_calls} ViT calls would have no bucket)",
             f"raise --max-bucket to at least {need}, or drop it",
         )
+
+
+def _speedup(optimised: Any, preset: Any) -> tuple[float | None, str | None]:
+    """Executed-compute ratio, only between lists that run the same calls (else there is no like-for-like one)."""
+    if preset.covered_calls != optimised.covered_calls:
+        missing = preset.uncovered_calls - optimised.uncovered_calls
+        who = "the preset's list" if missing > 0 else "the optimised list"
+        return None, f"{who} cannot run {abs(missing):,} of these ViT calls: no like-for-like speedup"
+    if not (optimised.executed and preset.executed):
+        return None, None
+    return round(preset.executed / optimised.executed, 4), None
+
+
+def optimize_section(
+    items: list[dict[str, Any]],
+    plan: Any,
+    k: int,
+    max_bucket: int | None,
+    cost: Callable[[int], int],
+    planner: ItemPlanner | None = None,
+) -> dict[str, Any]:
+    """The optimised bucket list and the baselines, every one costed on the same ViT calls.
+
+    With ``--max-bucket``, inputs above it are re-planned under the processor cap the output suggests
+    (``--set processor.max_pixels=...``), so no list is credited for leaving calls out. Items without
+    a known size cannot be re-planned and stay above the cap, uncovered in every list alike.
+    """
+    from qwenvl_rbln.buckets import baselines, optimize_buckets
+
+    planner = planner or ItemPlanner(plan)
+    work, replanned = (items, None) if max_bucket is None else _replan_over_cap(items, planner, max_bucket)
+    counts = _call_counts(work)
+    res = optimize_buckets(counts, k, cost, max_bucket=max_bucket, force_max=replanned is not None) if counts else None
+    _nothing_to_optimise(counts, res, max_bucket)
     top = res.buckets[-1]
-    covered = counts if res.uncovered_calls == 0 else {p: n for p, n in counts.items() if -(-p // 4) * 4 <= top}
-    base = baselines(covered, cost, current=plan.vit_buckets, top=top)
-    base["preset"] = evaluate_buckets(counts, plan.vit_buckets, cost)  # all calls: shows what it cannot run
+    base = baselines(counts, cost, current=plan.vit_buckets, top=top)
     ps = plan.geometry.vision.patch_size
-    out = {
+    total = sum(counts.values())
+    speedup, speedup_note = _speedup(res, base["preset"])
+    vit_set = "--set visual.max_seq_len=[" + ",".join(str(b) for b in res.buckets) + "]"
+    return {
         **res.to_dict(),
         "executed_flops": res.executed,
         "useful_flops": res.useful,
         "max_bucket": max_bucket,
-        "set": "--set visual.max_seq_len=[" + ",".join(str(b) for b in res.buckets) + "]",
+        "vit_calls": total,
+        "compared_on": f"the same {total:,} ViT calls for every list"
+        + (f", {replanned['vit_calls']:,} of them re-planned with {replanned['set']}" if replanned else ""),
+        "replanned": replanned,
+        "set": vit_set + (f" {replanned['set']}" if replanned else ""),
         "processor_max_pixels": top * ps * ps,
-        "baselines": {name: ev.to_dict() for name, ev in base.items()},
+        "baselines": {name: e.to_dict() for name, e in base.items()},
+        "speedup_vs_preset": speedup,
+        "speedup_note": speedup_note,
     }
-    pe = base["preset"]
-    out["speedup_vs_preset"] = round(pe.executed / res.executed, 4) if res.executed and pe.executed else None
-    return out
 
 
 def decoder_section(trace: dict[int, int], plan: Any, k: int | None) -> tuple[dict[str, Any], list[str]]:
@@ -435,12 +547,16 @@ def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
-def print_human(console: Any, data: dict[str, Any], rows_limit: int) -> None:
-    from rich.table import Table
+def _left_out(console: Any, dropped: list[str]) -> None:
+    """Say which columns a narrow console left out, so a missing one is not mistaken for missing data."""
+    if dropped:
+        console.print(
+            f"[dim]left out at {console.width} columns: {', '.join(dropped)} (a wider terminal or --json shows them)"
+            "[/dim]"
+        )
 
-    from qwenvl_rbln.buckets import fmt_flops
-    from qwenvl_rbln.render import fmt_bytes
 
+def _print_header(console: Any, data: dict[str, Any]) -> None:
     s = data["summary"]
     p = s["processor"]
     console.print(
@@ -452,7 +568,6 @@ def print_human(console: Any, data: dict[str, Any], rows_limit: int) -> None:
         f"{p['video_max_pixels']:,} px over all frames, {p['fps']:g} fps",
         markup=False,
     )
-    items = data["items"]
     if data.get("workload"):
         w = data["workload"]
         console.print(
@@ -460,78 +575,90 @@ def print_human(console: Any, data: dict[str, Any], rows_limit: int) -> None:
             f"{w['distinct']:,} distinct sizes",
             markup=False,
         )
-    if items:
-        shown = items if rows_limit <= 0 else items[:rows_limit]
-        has_count = any(it["count"] != 1 for it in items)
-        t = Table(title="inputs", title_justify="left", header_style="bold")
-        t.add_column("input", overflow="fold", max_width=48)
-        t.add_column("size", justify="right")
-        t.add_column("resized", justify="right")
-        t.add_column("patches", justify="right")
-        t.add_column("bucket", justify="right")
-        t.add_column("pad %", justify="right")
-        t.add_column("LM tokens", justify="right")
-        t.add_column("ViT calls", justify="right")
-        if has_count:
-            t.add_column("count", justify="right")
-        for it in shown:
-            size = f"{it['width']}x{it['height']}" if it["width"] else "-"
-            resized = f"{it['resized_width']}x{it['resized_height']}" if it["resized_width"] else "-"
-            if it.get("capped"):
-                resized += "*"
-            bucket = str(it["bucket"]) if it["bucket"] else ("[red]none[/red]" if it["patches"] else "[red]error[/red]")
-            row = [
-                it["input"],
-                size,
-                resized,
-                _fmt_int(it["patches"]),
-                bucket,
-                "-" if it["padding_pct"] is None else f"{it['padding_pct']:.1f}",
-                _fmt_int(it["lm_tokens"]),
-                _fmt_int(it["vit_calls"]),
-            ]
-            if has_count:
-                row.append(_fmt_int(it["count"]))
-            t.add_row(*row)
-        console.print(t)
-        if len(shown) < len(items):
-            what = "distinct sizes" if data.get("workload") else "items"
-            console.print(
-                f"[dim]{len(items) - len(shown):,} more {what} not shown (--rows 0 shows all; --json has every item)"
-                "[/dim]"
-            )
-        if s["capped_inputs"]:
-            console.print(
-                f"[dim]* downscaled by processor.max_pixels={p['max_pixels']:,} (qvl caps it at the largest bucket x "
-                f"256 so nothing overflows); {s['capped_inputs']:,} input(s) affected[/dim]"
-            )
-    errors = [it["error"] for it in items if it["error"]]
-    if errors:
-        console.print(f"[bold red]{len(errors):,} input(s) cannot run:[/bold red]")
-        limit = len(errors) if rows_limit <= 0 else max(rows_limit, 20)
-        for e in errors[:limit]:
-            console.print(f"  {e}", markup=False)
-        if len(errors) > limit:
-            console.print(f"  ... {len(errors) - limit:,} more (see --json)", markup=False)
 
-    if s["vit_calls"]:
-        t = Table(title="per bucket", title_justify="left", header_style="bold")
-        for col in (
-            "bucket",
-            "~square",
-            "inputs",
-            "ViT calls",
-            "share",
-            "mean pad %",
-            "executed",
-            "useful",
-            "exec/useful",
-            "attn mask",
-            "workspace",
-        ):
-            t.add_column(col, justify="right")
-        for r in s["buckets"]:
-            t.add_row(
+
+def _item_row(it: dict[str, Any]) -> list[str]:
+    size = f"{it['width']}x{it['height']}" if it["width"] else "-"
+    resized = f"{it['resized_width']}x{it['resized_height']}" if it["resized_width"] else "-"
+    if it.get("capped"):
+        resized += "*"
+    bucket = str(it["bucket"]) if it["bucket"] else ("[red]none[/red]" if it["patches"] else "[red]error[/red]")
+    return [
+        escape(it["input"]),
+        size,
+        resized,
+        _fmt_int(it["patches"]),
+        bucket,
+        "-" if it["padding_pct"] is None else f"{it['padding_pct']:.1f}",
+        _fmt_int(it["lm_tokens"]),
+        _fmt_int(it["vit_calls"]),
+        _fmt_int(it["count"]),
+    ]
+
+
+def _print_inputs(console: Any, data: dict[str, Any], rows_limit: int) -> None:
+    items = data["items"]
+    s = data["summary"]
+    shown = items if rows_limit <= 0 else items[:rows_limit]
+    cols = [
+        Col("input", "left", fold=True, max_width=48),
+        Col("size", drop=2),
+        Col("resized", drop=4),
+        Col("patches"),
+        Col("bucket"),
+        Col("pad %"),
+        Col("LM tokens", drop=1),
+        Col("ViT calls", drop=3),
+        Col("count"),
+    ]
+    rows = [_item_row(it) for it in shown]
+    if not any(it["count"] != 1 for it in items):
+        cols, rows = cols[:-1], [r[:-1] for r in rows]
+    _left_out(console, print_table(console, cols, rows, title="inputs"))
+    if len(shown) < len(items):
+        what = "distinct sizes" if data.get("workload") else "items"
+        console.print(
+            f"[dim]{len(items) - len(shown):,} more {what} not shown (--rows 0 shows all; --json has every item)[/dim]"
+        )
+    if s["capped_inputs"]:
+        console.print(
+            f"[dim]* downscaled by processor.max_pixels={s['processor']['max_pixels']:,} (qvl caps it at the largest "
+            f"bucket x 256 so nothing overflows); {s['capped_inputs']:,} input(s) affected[/dim]"
+        )
+
+
+def _print_errors(console: Any, items: list[dict[str, Any]], rows_limit: int) -> None:
+    errors = [it["error"] for it in items if it["error"]]
+    if not errors:
+        return
+    console.print(f"[bold red]{len(errors):,} input(s) cannot run:[/bold red]")
+    limit = len(errors) if rows_limit <= 0 else max(rows_limit, 20)
+    for e in errors[:limit]:
+        console.print(f"  {e}", markup=False)
+    if len(errors) > limit:
+        console.print(f"  ... {len(errors) - limit:,} more (see --json)", markup=False)
+
+
+BUCKET_COLS = (
+    Col("bucket"),
+    Col("~square", drop=3),
+    Col("inputs", drop=5),
+    Col("ViT calls"),
+    Col("share", drop=6),
+    Col("mean pad %"),
+    Col("executed"),
+    Col("useful", drop=4),
+    Col("exec/useful"),
+    Col("attn mask", drop=1),
+    Col("workspace", drop=2),
+)
+
+
+def _bucket_rows(s: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for r in s["buckets"]:
+        rows.append(
+            [
                 f"{r['bucket']:,}",
                 f"{r['square_px']}²",
                 _fmt_int(r["inputs"]),
@@ -543,140 +670,151 @@ def print_human(console: Any, data: dict[str, Any], rows_limit: int) -> None:
                 _ratio(r["executed_over_useful"]),
                 fmt_bytes(r["attn_mask_bytes"]),
                 fmt_bytes(r["workspace_bytes"]) if r["workspace_bytes"] is not None else "-",
-            )
-        u = s["uncovered"]
-        if u["calls"]:
-            t.add_row(
-                "[red]> largest[/red]",
-                "-",
-                _fmt_int(u["inputs"]),
-                _fmt_int(u["calls"]),
-                f"{100 * u['calls'] / s['vit_calls']:.1f}%",
-                "-",
-                "fails",
-                "-",
-                "-",
-                "-",
-                "-",
-            )
-        t.add_row(
-            "[bold]total[/bold]",
-            "",
-            _fmt_int(sum(r["inputs"] for r in s["buckets"]) + u["inputs"]),
-            _fmt_int(s["vit_calls"]),
-            "",
-            "",
-            fmt_flops(s["executed_flops"]),
-            fmt_flops(s["useful_flops"]),
-            _ratio(s["executed_over_useful"]),
-            "",
-            "",
+            ]
         )
-        console.print(t)
-        console.print(
-            f"[dim]compute = ViT FLOPs per call at the bucket (executed) vs at the real patch count (useful); "
-            f"LM tokens in total {s['lm_tokens']:,}[/dim]"
-        )
-        if s.get("workspace_note"):
-            console.print(f"[dim]{s['workspace_note']}[/dim]")
+    u = s["uncovered"]
+    if u["calls"]:
+        share = f"{100 * u['calls'] / s['vit_calls']:.1f}%"
+        rows.append(["[red]> largest[/red]", "-", _fmt_int(u["inputs"]), _fmt_int(u["calls"]), share, "-", "fails"])
+        rows[-1] += ["-"] * 4
+    total_inputs = sum(r["inputs"] for r in s["buckets"]) + u["inputs"]
+    executed, useful = fmt_flops(s["executed_flops"]), fmt_flops(s["useful_flops"])
+    ratio = _ratio(s["executed_over_useful"])
+    rows.append(["[bold]total[/bold]", "", _fmt_int(total_inputs), _fmt_int(s["vit_calls"]), "", "", executed, useful])
+    rows[-1] += [ratio, "", ""]
+    return rows
 
-    opt = data.get("optimized")
-    if opt:
+
+def _print_buckets(console: Any, s: dict[str, Any]) -> None:
+    if not s["vit_calls"]:
+        return
+    _left_out(console, print_table(console, BUCKET_COLS, _bucket_rows(s), title="per bucket"))
+    console.print(
+        f"[dim]compute = ViT FLOPs per call at the bucket (executed) vs at the real patch count (useful); "
+        f"LM tokens in total {s['lm_tokens']:,}[/dim]"
+    )
+    if s.get("workspace_note"):
+        console.print(f"[dim]{s['workspace_note']}[/dim]")
+
+
+def _print_optimized(console: Any, opt: dict[str, Any], preset: str) -> None:
+    console.print(
+        f"[bold]optimised ViT buckets[/bold] (K={opt['k']}, {opt['distinct_values']:,} distinct patch counts; "
+        f"cost = ViT FLOPs; every list on the same {opt['vit_calls']:,} ViT calls)"
+    )
+    rep = opt.get("replanned")
+    if rep:
         console.print(
-            f"[bold]optimised ViT buckets[/bold] (K={opt['k']}, {opt['covered_calls']:,} ViT calls, "
-            f"{opt['distinct_values']:,} distinct patch counts; cost = ViT FLOPs)"
+            f"{rep['inputs']:,} input(s) ({rep['vit_calls']:,} ViT calls, up to {rep['max_patches_before']:,} patches) "
+            f"are above --max-bucket {rep['max_bucket']:,}; every list below costs them resized as {rep['set']} "
+            f"does (part of the suggested --set)",
+            markup=False,
         )
-        t = Table(header_style="bold")
-        t.add_column("list")
-        t.add_column("n", justify="right")
-        t.add_column("buckets", overflow="fold")
-        t.add_column("executed", justify="right")
-        t.add_column("exec/useful", justify="right")
-        t.add_column("uncovered calls", justify="right")
-        names = {
-            "preset": f"preset ({s['preset']})",
-            "single_largest": "single largest",
-            "powers_of_two": "powers of two",
-        }
-        rows_ = [("[bold]optimised[/bold]", opt)] + [(label, opt["baselines"][key]) for key, label in names.items()]
-        for label, b in rows_:
-            t.add_row(
-                label,
-                str(len(b["buckets"])),
-                ", ".join(map(str, b["buckets"])),
-                fmt_flops(b["executed"]),
-                _ratio(b["executed_over_useful"]),
-                _fmt_int(b["uncovered_calls"]),
-            )
-        console.print(t)
-        if opt["uncovered_calls"]:
-            console.print(
-                f"{opt['uncovered_calls']:,} ViT call(s) are above --max-bucket "
-                f"(up to {opt['uncovered_max']:,} patches): "
-                f"add --set processor.max_pixels={opt['processor_max_pixels']} to resize them into the top bucket",
-                markup=False,
-            )
-        console.print(f"use: {opt['set']}", markup=False)
+    names = {"preset": "preset", "single_largest": "single largest", "powers_of_two": "powers of two"}
+    lists = [("[bold]optimised[/bold]", opt)] + [(label, opt["baselines"][key]) for key, label in names.items()]
+    cols = [
+        Col("list", "left", fold=True, fold_min=10),
+        Col("n", drop=1),
+        Col("buckets", "left", fold=True, fold_min=14),
+        Col("executed"),
+        Col("exec/useful", drop=3),
+        Col("uncovered", drop=2 if not any(b["uncovered_calls"] for _, b in lists) else 0),
+    ]
+    rows = [
+        [
+            label,
+            str(len(b["buckets"])),
+            ", ".join(map(str, b["buckets"])),
+            fmt_flops(b["executed"]),
+            _ratio(b["executed_over_useful"]),
+            _fmt_int(b["uncovered_calls"]),
+        ]
+        for label, b in lists
+    ]
+    _left_out(console, print_table(console, cols, rows))
+    if opt["speedup_vs_preset"] is not None:
+        console.print(f"{opt['speedup_vs_preset']:.2f}x less ViT compute executed than the preset's list", markup=False)
+    elif opt.get("speedup_note"):
+        console.print(opt["speedup_note"], markup=False)
+    if opt["uncovered_calls"]:
+        console.print(
+            f"{opt['uncovered_calls']:,} ViT call(s) are still above --max-bucket "
+            f"(up to {opt['uncovered_max']:,} patches) and have no bucket in any list",
+            markup=False,
+        )
+    console.print(f"use: {opt['set']}", markup=False)
+    if not rep:
         console.print(
             f"[dim]with this list qvl caps processor.max_pixels at {opt['processor_max_pixels']:,} px "
             f"(top bucket x 256) unless the preset sets it[/dim]"
         )
 
-    dec = data.get("decoder")
-    if dec:
-        console.print(
-            f"[bold]decoder graphs[/bold] {dec['decoder_batch_sizes']} (batch_size {dec['batch_size']}): "
-            f"{dec['steps']:,} decode steps, {dec['rows']:,} real rows, {dec['padded_rows']:,} padded rows "
-            f"({dec['padded_pct'] if dec['padded_pct'] is not None else 0:.1f}% of computed)"
-        )
-        t = Table(header_style="bold")
-        for col in ("running batch", "steps", "graph", "padded rows"):
-            t.add_column(col, justify="right")
-        per = dec["per_batch"]
-        for e in per if rows_limit <= 0 else per[:rows_limit]:
-            t.add_row(
-                str(e["batch"]),
-                _fmt_int(e["steps"]),
-                str(e["graph"]) if e["graph"] else "[red]none[/red]",
-                _fmt_int(e["padded_rows"]),
-            )
-        console.print(t)
-        if dec["uncovered_steps"]:
-            for e in per:
-                if e["error"]:
-                    console.print(f"  {e['error']}", markup=False)
-        do = dec.get("optimized")
-        if do:
-            console.print(f"[bold]optimised decoder_batch_sizes[/bold] (K={do['k']}; cost = rows computed per step)")
-            t = Table(header_style="bold")
-            t.add_column("list")
-            t.add_column("decoder_batch_sizes")
-            for col in ("computed rows", "padded rows", "computed/real"):
-                t.add_column(col, justify="right")
-            t.add_row(
-                "[bold]optimised[/bold]",
-                str(do["decoder_batch_sizes"]),
-                _fmt_int(do["computed_rows"]),
-                _fmt_int(do["padded_rows"]),
-                _ratio(do["computed_over_rows"]),
-            )
-            for key, label in (
-                ("preset", "preset"),
-                ("single_largest", "batch_size only"),
-                ("powers_of_two", "powers of two"),
-            ):
-                b = do["baselines"][key]
-                extra = f" ({b['uncovered_steps']:,} steps do not fit)" if b["uncovered_steps"] else ""
-                t.add_row(
-                    label + extra,
-                    str(b["decoder_batch_sizes"]),
-                    _fmt_int(b["computed_rows"]),
-                    _fmt_int(b["padded_rows"]),
-                    _ratio(b["computed_over_rows"]),
-                )
-            console.print(t)
-            console.print(f"use: {do['set']}", markup=False)
-        console.print(f"[dim]note: {dec['note']}[/dim]")
+
+def _print_decoder_optimized(console: Any, do: dict[str, Any]) -> None:
+    console.print(f"[bold]optimised decoder_batch_sizes[/bold] (K={do['k']}; cost = rows computed per step)")
+    cols = [
+        Col("list", "left", fold=True),
+        Col("decoder_batch_sizes", "left", fold=True),
+        Col("computed rows"),
+        Col("padded rows"),
+        Col("computed/real"),
+    ]
+
+    def row(label: str, b: dict[str, Any]) -> list[str]:
+        return [
+            label,
+            str(b["decoder_batch_sizes"]),
+            _fmt_int(b["computed_rows"]),
+            _fmt_int(b["padded_rows"]),
+            _ratio(b["computed_over_rows"]),
+        ]
+
+    rows = [row("[bold]optimised[/bold]", do)]
+    for key, label in (("preset", "preset"), ("single_largest", "batch_size only"), ("powers_of_two", "powers of two")):
+        b = do["baselines"][key]
+        extra = f" ({b['uncovered_steps']:,} steps do not fit)" if b["uncovered_steps"] else ""
+        rows.append(row(label + extra, b))
+    print_table(console, cols, rows)
+    console.print(f"use: {do['set']}", markup=False)
+
+
+def _print_decoder(console: Any, dec: dict[str, Any], rows_limit: int) -> None:
+    console.print(
+        f"[bold]decoder graphs[/bold] {dec['decoder_batch_sizes']} (batch_size {dec['batch_size']}): "
+        f"{dec['steps']:,} decode steps, {dec['rows']:,} real rows, {dec['padded_rows']:,} padded rows "
+        f"({dec['padded_pct'] if dec['padded_pct'] is not None else 0:.1f}% of computed)"
+    )
+    per = dec["per_batch"]
+    rows = [
+        [
+            str(e["batch"]),
+            _fmt_int(e["steps"]),
+            str(e["graph"]) if e["graph"] else "[red]none[/red]",
+            _fmt_int(e["padded_rows"]),
+        ]
+        for e in (per if rows_limit <= 0 else per[:rows_limit])
+    ]
+    print_table(console, [Col("running batch"), Col("steps"), Col("graph"), Col("padded rows")], rows)
+    if dec["uncovered_steps"]:
+        for e in per:
+            if e["error"]:
+                console.print(f"  {e['error']}", markup=False)
+    if dec.get("optimized"):
+        _print_decoder_optimized(console, dec["optimized"])
+    console.print(f"[dim]note: {dec['note']}[/dim]")
+
+
+def print_human(console: Any, data: dict[str, Any], rows_limit: int) -> None:
+    """Tables that stay readable at 80 columns: columns are left out (and said so) before a number is cut."""
+    _print_header(console, data)
+    if data["items"]:
+        _print_inputs(console, data, rows_limit)
+    _print_errors(console, data["items"], rows_limit)
+    _print_buckets(console, data["summary"])
+    if data.get("optimized"):
+        _print_optimized(console, data["optimized"], data["summary"]["preset"])
+    if data.get("decoder"):
+        _print_decoder(console, data["decoder"], rows_limit)
 
 
 # --- command ---------------------------------------------------------------------------------------
@@ -687,6 +825,109 @@ def _check_k(flag: str, k: int | None) -> None:
 
     if k is not None and k < 1:
         raise InputError(f"{flag} {k}: the number of buckets must be at least 1", f"e.g. {flag} 3")
+
+
+def _check_flags(
+    *,
+    has_inputs: bool,
+    optimize: int | None,
+    max_bucket: int | None,
+    batch_trace: Path | None,
+    optimize_decoder: int | None,
+) -> None:
+    """Flag combinations, the specific complaint first (so a lone --optimize-decoder names what it needs)."""
+    from qwenvl_rbln.errors import InputError
+
+    _check_k("--optimize", optimize)
+    _check_k("--optimize-decoder", optimize_decoder)
+    if max_bucket is not None and optimize is None:
+        raise InputError("--max-bucket only applies to --optimize", "add --optimize K, or drop --max-bucket")
+    if max_bucket is not None and (max_bucket < 4 or max_bucket % 4):
+        raise InputError(
+            f"--max-bucket {max_bucket} is not a positive multiple of 4 (spatial_merge_size**2)",
+            f"use {max(4, max_bucket - max_bucket % 4)}",
+        )
+    if optimize_decoder is not None and batch_trace is None:
+        raise InputError(
+            "--optimize-decoder needs --batch-trace FILE",
+            "pass the observed running-batch sizes: a JSON list or one integer per line",
+        )
+    if optimize is not None and not has_inputs:
+        raise InputError("--optimize needs inputs to optimise for", "pass files, --size or --workload")
+    if not (has_inputs or batch_trace):
+        raise InputError(
+            "bucket-plan needs something to plan",
+            "pass image/video files or directories, --size WIDTHxHEIGHT, --workload FILE or --batch-trace FILE",
+        )
+
+
+SKIPPED_SHOWN = 5
+
+
+def _names(paths: list[Path], shown: int = SKIPPED_SHOWN) -> str:
+    text = ", ".join(str(p) for p in paths[:shown])
+    return text + (f", ... ({len(paths) - shown:,} more)" if len(paths) > shown else "")
+
+
+def _supported() -> str:
+    from qwenvl_rbln.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
+
+    return f"images {' '.join(sorted(IMAGE_EXTENSIONS))}; videos {' '.join(sorted(VIDEO_EXTENSIONS))}"
+
+
+def _skip_warnings(expansion: Any) -> list[str]:
+    """Say what directories held that is not planned: a silent skip looks like an empty workload."""
+    out = []
+    if expansion.skipped:
+        out.append(
+            f"skipped {len(expansion.skipped):,} file(s) without an image or video extension: "
+            f"{_names(expansion.skipped)} (qvl reads {_supported()}; convert others, e.g. HEIC, to JPEG or PNG)"
+        )
+    out += [f"{d}: no image or video files in this directory" for d in expansion.empty_dirs]
+    return out
+
+
+def _nothing_to_plan(inputs: list[str], expansion: Any) -> Exception:
+    from qwenvl_rbln.errors import InputError
+
+    skipped = f"; {len(expansion.skipped):,} other file(s) skipped: {_names(expansion.skipped)}"
+    verb = "holds" if len(inputs) == 1 else "hold"
+    return InputError(
+        f"nothing to plan: {_names([Path(i) for i in inputs])} {verb} no image or video files"
+        + (skipped if expansion.skipped else ""),
+        f"pass image or video files ({_supported()}), convert other formats (e.g. HEIC) to JPEG or PNG, "
+        "or use --size/--workload",
+    )
+
+
+def _skipped_json(expansion: Any) -> dict[str, Any]:
+    return {"count": len(expansion.skipped), "examples": [str(p) for p in expansion.skipped[:20]]}
+
+
+def _plan_workload(planner: ItemPlanner, workload: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    from qwenvl_rbln.workload import read_workload
+
+    wl = read_workload(workload)
+    items = [planner.workload_entry(key, n) for key, n in wl.sizes.items()]
+    items.sort(key=lambda it: (-it["count"], it["input"]))
+    info = {
+        "path": wl.path,
+        "format": wl.format,
+        "lines": wl.lines,
+        "requests": wl.requests,
+        "distinct": wl.distinct,
+        "ignored_keys": sorted(wl.ignored),
+    }
+    if wl.ignored:
+        from qwenvl_rbln import render
+
+        render.warn(
+            escape(
+                f"{wl.path}: ignored {'keys' if wl.format != 'csv' else 'columns'} {', '.join(sorted(wl.ignored))} "
+                "(only width, height, count, frames, fps and kind are read)"
+            )
+        )
+    return items, info
 
 
 def run_bucket_plan(
@@ -702,66 +943,65 @@ def run_bucket_plan(
     batch_trace: Path | None,
     optimize_decoder: int | None,
 ) -> tuple[dict[str, Any], list[str]]:
-    """The whole command without printing: (JSON document, plan warnings)."""
+    """The whole command without printing: (JSON document, warnings)."""
     from qwenvl_rbln.buckets import vit_cost_fn
-    from qwenvl_rbln.errors import InputError
-    from qwenvl_rbln.media import expand_inputs, parse_size
+    from qwenvl_rbln.media import expand_inputs_report, parse_size
     from qwenvl_rbln.plan import build_plan
 
-    if not (inputs or sizes or workload or batch_trace):
-        raise InputError(
-            "bucket-plan needs something to plan",
-            "pass image/video files or directories, --size WIDTHxHEIGHT, --workload FILE or --batch-trace FILE",
-        )
-    _check_k("--optimize", optimize)
-    _check_k("--optimize-decoder", optimize_decoder)
-    if max_bucket is not None and optimize is None:
-        raise InputError("--max-bucket only applies to --optimize", "add --optimize K, or drop --max-bucket")
-    if max_bucket is not None and (max_bucket < 4 or max_bucket % 4):
-        raise InputError(
-            f"--max-bucket {max_bucket} is not a positive multiple of 4 (spatial_merge_size**2)",
-            f"use {max(4, max_bucket - max_bucket % 4)}",
-        )
-    if optimize_decoder is not None and batch_trace is None:
-        raise InputError("--optimize-decoder needs --batch-trace FILE", "pass the observed running-batch sizes")
-    if optimize is not None and not (inputs or sizes or workload):
-        raise InputError("--optimize needs inputs to optimise for", "pass files, --size or --workload")
+    _check_flags(
+        has_inputs=bool(inputs or sizes or workload),
+        optimize=optimize,
+        max_bucket=max_bucket,
+        batch_trace=batch_trace,
+        optimize_decoder=optimize_decoder,
+    )
     parsed_sizes = [(s, *parse_size(s)) for s in (sizes or [])]  # bad --size fails before any work
+    expansion = expand_inputs_report(inputs or [])
+    if inputs and not (expansion.files or sizes or workload or batch_trace):
+        raise _nothing_to_plan(inputs, expansion)
 
     plan = build_plan(preset, sets, model=model)
     planner = ItemPlanner(plan)
-    items: list[dict[str, Any]] = []
-    for path in expand_inputs(inputs or []):
-        items.append(planner.file(path))
-    for text, w, h in parsed_sizes:
-        items.append(planner.size(text, w, h))
+    items = [planner.file(path) for path in expansion.files]
+    items += [planner.size(text, w, h) for text, w, h in parsed_sizes]
     wl_info = None
     if workload is not None:
-        from qwenvl_rbln.workload import read_workload
-
-        wl = read_workload(workload)
-        wl_items = [planner.workload_entry(key, n) for key, n in wl.sizes.items()]
-        wl_items.sort(key=lambda it: (-it["count"], it["input"]))
+        wl_items, wl_info = _plan_workload(planner, workload)
         items.extend(wl_items)
-        wl_info = {
-            "path": wl.path,
-            "format": wl.format,
-            "lines": wl.lines,
-            "requests": wl.requests,
-            "distinct": wl.distinct,
-        }
+    if optimize is not None and not items:
+        raise _nothing_to_plan(inputs or [], expansion)
     cost = vit_cost_fn(plan.geometry.vision)
     data: dict[str, Any] = {"items": items, "summary": summarize(items, plan, cost)}
+    if inputs:
+        data["skipped_files"] = _skipped_json(expansion)
     if wl_info:
         data["workload"] = wl_info
     if optimize is not None:
-        data["optimized"] = optimize_section(items, plan, optimize, max_bucket, cost)
+        data["optimized"] = optimize_section(items, plan, optimize, max_bucket, cost, planner)
     if batch_trace is not None:
         from qwenvl_rbln.workload import read_batch_trace
 
         dec, _ = decoder_section(read_batch_trace(batch_trace), plan, optimize_decoder)
         data["decoder"] = dec
-    return data, plan.warnings
+    return data, [*plan.warnings, *_skip_warnings(expansion)]
+
+
+def _final_error(data: dict[str, Any], as_json: bool) -> str | None:
+    """The closing stderr line when something could not be planned; it points where the details are."""
+    failed = sum(1 for it in data["items"] if it["error"])
+    dec_failed = data.get("decoder", {}).get("uncovered_steps", 0)
+    if not (failed or dec_failed):
+        return None
+    parts, where = [], []
+    if failed:
+        parts.append(f"{failed:,} of {len(data['items']):,} inputs cannot run with preset {data['summary']['preset']}")
+        where.append("items[].error")
+    if dec_failed:
+        parts.append(f"{dec_failed:,} decode steps are above the largest decoder graph")
+        where.append("decoder.per_batch[].error")
+    if as_json:
+        return f"qvl: error: {'; '.join(parts)}; fix: see {' and '.join(where)} in the JSON for each one's fix"
+    return f"qvl: error: {'; '.join(parts)} (listed above); fix: see the fix on each line above, or remove the inputs"
 
 
 def register(app: typer.Typer) -> None:
@@ -777,7 +1017,7 @@ def register(app: typer.Typer) -> None:
             "--workload",
             "-w",
             help='Sizes from logs: JSONL {"width","height","count"} (+ "frames","fps" for videos) or CSV '
-            "width,height[,count].",
+            "width,height[,count]; other keys or columns are refused.",
         ),
         optimize: int = typer.Option(
             None, "--optimize", "-k", help="Find the K ViT buckets minimising the ViT compute executed."
@@ -811,19 +1051,7 @@ def register(app: typer.Typer) -> None:
         )
         print_warnings(warnings)
         render.emit(data, as_json=as_json, human=lambda console, d: print_human(console, d, rows))
-        failed = sum(1 for it in data["items"] if it["error"])
-        dec_failed = data.get("decoder", {}).get("uncovered_steps", 0)
-        if failed or dec_failed:
-            parts = []
-            if failed:
-                parts.append(
-                    f"{failed:,} of {len(data['items']):,} inputs cannot run with preset {data['summary']['preset']}"
-                )
-            if dec_failed:
-                parts.append(f"{dec_failed:,} decode steps are above the largest decoder graph")
-            render.err().print(
-                "qvl: error: " + "; ".join(parts) + " (listed above); fix: see each item's fix, or remove the inputs",
-                markup=False,
-                highlight=False,
-            )
+        line = _final_error(data, as_json)
+        if line:
+            render.err().print(line, markup=False, highlight=False)
             raise SystemExit(2)
