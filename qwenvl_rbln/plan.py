@@ -368,7 +368,11 @@ def plan_from_loaded(loaded: LoadedPreset, *, model: str | None = None, output_d
         # A preset file is data someone else may have written: it may only name a directory below the working
         # directory. Anywhere else is chosen on the command line (-o, or --set output_dir=...).
         parts = Path(out).parts
-        if Path(out).is_absolute() or out.startswith("~") or ".." in parts:
+        escapes = Path(out).is_absolute() or out.startswith("~") or ".." in parts
+        if not escapes:  # a symlink on the way (``link/x`` with ``link -> /elsewhere``) leaves it as well
+            cwd = Path.cwd().resolve()
+            escapes = not (cwd / out).resolve().is_relative_to(cwd)
+        if escapes:
             chk.fail(
                 "output_dir",
                 f"output_dir={out!r} points outside the working directory; a preset file may only name a "

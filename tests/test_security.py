@@ -538,3 +538,20 @@ def test_request_files_with_outside_paths_write_nothing(tmp_path, capsys):
     line = [ln for ln in err.splitlines() if ln.startswith("qvl: error")][0]
     assert "nope-outside.png" in line and "r.jsonl:1" in line, line
     assert _snapshot(tmp_path, Path(os.environ["QVL_HOME"])) == before
+
+
+def test_a_preset_output_dir_through_a_symlink_cannot_leave_the_working_directory(tmp_path, monkeypatch):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "link").symlink_to(outside)
+    (work / "qvl-out").mkdir()
+    preset = work / "p.yaml"
+    preset.write_text("extends: cpu-tiny\noutput_dir: link/x\n")
+    monkeypatch.chdir(work)
+    with pytest.raises(InputError) as info:
+        build_plan(str(preset))
+    assert "outside the working directory" in info.value.one_line()
+    preset.write_text("extends: cpu-tiny\noutput_dir: qvl-out/x\n")  # a real directory below: fine
+    assert build_plan(str(preset)).output_dir == "qvl-out/x"
