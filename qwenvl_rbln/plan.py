@@ -682,6 +682,12 @@ def _memory_budget(chk: _Checker, budget: Any, spec: NpuSpec) -> float | int | N
         chk.fail(key, exc.message, exc.hint or "")
     if nbytes <= 0:
         chk.fail(key, f"memory_budget={budget!r} must be positive", "e.g. '100GiB'")
+    if isinstance(budget, int) and nbytes < 1 << 20:  # `memory_budget: 1` means 1 byte to optimum-rbln
+        chk.fail(
+            key,
+            f"memory_budget={budget} is {nbytes} byte(s): optimum-rbln reads an integer as bytes",
+            f"write {float(budget)} for a fraction (1.0 = all of it), '80%', or a size such as '100GiB'",
+        )
     if nbytes > spec.usable_bytes:
         chk.fail(
             key,

@@ -164,6 +164,7 @@ def test_decoder_batch_sizes_appended_like_optimum():
         (["kvcache_num_blocks=40", "memory_budget=0.5"], "mutually exclusive"),
         (["memory_budget=1.5"], r"fraction must be in \(0, 1\]"),
         (["memory_budget=200GiB"], "exceeds the target NPU's available DRAM"),
+        (["memory_budget=1"], "memory_budget=1 is 1 byte"),
         (["placement.device=-1"], "not a device id"),
         (["placement.visual_device=[0,0]"], "repeats a device id"),
         (["placement.device=gpu0"], "not a device id"),
