@@ -685,18 +685,29 @@ def _estimate(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryRepo
 
 
 def estimate_plan(
-    plan: Any, device_memory: int | str | None = None, calibration: dict[str, Any] | None = None
+    plan: Any,
+    device_memory: int | str | None = None,
+    calibration: dict[str, Any] | None = None,
+    *,
+    largest_vit_bucket: int | None = None,
+    suggest: bool = True,
 ) -> MemoryReport:
-    """estimate() for a Plan (bf16 for the rbln backend, the model's dtype for the torch reference)."""
+    """estimate() for a Plan (bf16 for the rbln backend, the model's dtype for the torch reference);
+    ``largest_vit_bucket`` answers "would it fit if this were the largest ViT bucket" for bucket-plan."""
     dtype = RBLN_DTYPE_BYTES if plan.backend == "rbln" else plan.geometry.dtype_bytes
+    resolved = plan.resolved
+    if largest_vit_bucket is not None:
+        kept = [b for b in resolved.vit_buckets if b < largest_vit_bucket]
+        resolved = replace(resolved, vit_buckets=[*kept, largest_vit_bucket])
     return estimate(
         plan.geometry,
-        plan.resolved,
+        resolved,
         plan.npu_spec,
         plan.placement,
         device_memory=device_memory,
         calibration=calibration,
         dtype_bytes=dtype,
+        suggest=suggest,
     )
 
 

@@ -455,3 +455,20 @@ def test_skipped_files_are_reported_with_count_and_names(tmp_path: Path) -> None
     assert "skipped 3 file(s)" in r.stderr and "b.heic" in r.stderr and "README" in r.stderr
     assert ".DS_Store" not in r.stderr
     assert f"{empty}: no image or video files" in r.stderr
+
+
+def test_each_bucket_says_whether_the_whole_plan_fits_with_it_as_the_largest():
+    """Issue: memory per bucket in bucket-plan. Batch 4 at 262144 does not fit beside a 16384 ViT bucket; the
+    summary carries the plan's verdict and the planner's first fix, as `compile --dry-run` does."""
+    sets = ["--set", "max_seq_len=262144", "--set", "visual.max_seq_len=[1024,4096,16384]"]
+    code, data = _json("--preset", "rebel100-1npu-batch4", *sets, "--size", "1920x1080")
+    assert code == 0
+    verdicts = {r["bucket"]: r["plan_fits_with_this_as_largest"] for r in data["summary"]["buckets"]}
+    assert verdicts == {1024: True, 4096: True, 16384: False}
+    mem = data["summary"]["memory"]
+    assert mem["fits"] is False and mem["devices"][0]["device"] == 0 and not mem["devices"][0]["fits"]
+    assert mem["suggestions"][0] == "--set max_seq_len=253952"
+    code, data = _json("--preset", "rebel100-1npu", "--size", "1920x1080")
+    assert data["summary"]["memory"]["fits"] is True and data["summary"]["memory"]["suggestions"] == []
+    result = _invoke("--preset", "rebel100-1npu-batch4", *sets, "--size", "1920x1080")
+    assert "memory (whole plan): does not fit" in result.stdout and "try --set max_seq_len=253952" in result.stdout

@@ -244,6 +244,31 @@ def _workspace_fn() -> Callable[[Any, int], int | None] | None:
     return bytes_for
 
 
+def _bucket_verdicts(plan: Any, buckets: list[int]) -> dict[int, bool | None]:
+    """Per bucket: would the whole plan (LM, KV, ViT) fit on its devices if that bucket were the largest?"""
+    from qwenvl_rbln.memory import estimate_plan
+
+    out: dict[int, bool | None] = {}
+    for b in buckets:
+        try:
+            out[b] = estimate_plan(plan, largest_vit_bucket=b, suggest=False).fits
+        except Exception:  # a verdict column must never stop the plan of the inputs
+            out[b] = None
+    return out
+
+
+def _memory_summary(plan: Any) -> dict[str, Any]:
+    """The plan's memory verdict, as `compile --dry-run` gives it, in short."""
+    from qwenvl_rbln.memory import estimate_plan
+
+    report = estimate_plan(plan).to_dict()
+    return {
+        "fits": report["fits"],
+        "devices": [{k: d[k] for k in ("device", "total_bytes", "usable_bytes", "fits")} for d in report["devices"]],
+        "suggestions": [s["cli"] for s in report.get("suggestions") or []],
+    }
+
+
 def summarize(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], int]) -> dict[str, Any]:
     """Per-bucket totals over the planned items (each weighted by count x ViT calls)."""
     buckets = list(plan.vit_buckets)
@@ -277,6 +302,7 @@ def summarize(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], 
         row["executed"] += calls * cost(b)
         row["useful"] += calls * cost(it["patches"])
     total_calls = sum(r["calls"] for r in per.values()) + uncovered["calls"]
+    verdicts = _bucket_verdicts(plan, buckets)
     workspace = _workspace_fn()
     dtype = plan.geometry.dtype_bytes
     rows = []
@@ -296,6 +322,7 @@ def summarize(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], 
                 "flops_per_call": cost(b),
                 "attn_mask_bytes": b * b * dtype,
                 "workspace_bytes": workspace(plan.geometry, b) if workspace else None,
+                "plan_fits_with_this_as_largest": verdicts.get(b),
             }
         )
     executed = sum(r["executed"] for r in per.values())
@@ -315,6 +342,7 @@ def summarize(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], 
         "useful_flops": useful,
         "executed_over_useful": round(executed / useful, 4) if useful else None,
         "buckets": rows,
+        "memory": _memory_summary(plan),
         "uncovered": uncovered,
         "workspace_note": None
         if workspace
@@ -651,6 +679,7 @@ BUCKET_COLS = (
     Col("exec/useful"),
     Col("attn mask", drop=1),
     Col("workspace", drop=2),
+    Col("fits as largest", drop=3),
 )
 
 
@@ -670,19 +699,24 @@ def _bucket_rows(s: dict[str, Any]) -> list[list[str]]:
                 _ratio(r["executed_over_useful"]),
                 fmt_bytes(r["attn_mask_bytes"]),
                 fmt_bytes(r["workspace_bytes"]) if r["workspace_bytes"] is not None else "-",
+                _yes_no(r.get("plan_fits_with_this_as_largest")),
             ]
         )
     u = s["uncovered"]
     if u["calls"]:
         share = f"{100 * u['calls'] / s['vit_calls']:.1f}%"
         rows.append(["[red]> largest[/red]", "-", _fmt_int(u["inputs"]), _fmt_int(u["calls"]), share, "-", "fails"])
-        rows[-1] += ["-"] * 4
+        rows[-1] += ["-"] * 5
     total_inputs = sum(r["inputs"] for r in s["buckets"]) + u["inputs"]
     executed, useful = fmt_flops(s["executed_flops"]), fmt_flops(s["useful_flops"])
     ratio = _ratio(s["executed_over_useful"])
     rows.append(["[bold]total[/bold]", "", _fmt_int(total_inputs), _fmt_int(s["vit_calls"]), "", "", executed, useful])
-    rows[-1] += [ratio, "", ""]
+    rows[-1] += [ratio, "", "", ""]
     return rows
+
+
+def _yes_no(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "[red]no[/red]")
 
 
 def _print_buckets(console: Any, s: dict[str, Any]) -> None:
@@ -695,6 +729,21 @@ def _print_buckets(console: Any, s: dict[str, Any]) -> None:
     )
     if s.get("workspace_note"):
         console.print(f"[dim]{s['workspace_note']}[/dim]")
+    _print_memory_line(console, s.get("memory"))
+
+
+def _print_memory_line(console: Any, mem: dict[str, Any] | None) -> None:
+    """The whole plan's verdict (LM + KV + ViT per device), so a bucket list that cannot load is seen here."""
+    if not mem:
+        return
+    devices = ", ".join(
+        f"device {d['device']} {fmt_bytes(d['total_bytes'])} of {fmt_bytes(d['usable_bytes'])}" for d in mem["devices"]
+    )
+    if mem["fits"]:
+        console.print(f"[dim]memory (whole plan, as compile --dry-run): fits: {devices}[/dim]")
+        return
+    fix = f"; try {mem['suggestions'][0]}" if mem["suggestions"] else "; see `qvl compile --dry-run`"
+    console.print(f"[red]memory (whole plan): does not fit: {devices}{fix}[/red]")
 
 
 def _print_optimized(console: Any, opt: dict[str, Any], preset: str) -> None:
