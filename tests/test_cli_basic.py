@@ -169,3 +169,21 @@ def test_ctrl_c_while_the_cli_is_still_importing_is_one_line_exit_130():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr == "qvl: interrupted before it started; nothing was done\n"
+
+
+def test_a_ctrl_c_after_the_command_finished_cannot_change_its_exit_code():
+    """The console script ignores SIGINT once the command has run and reported (a late Ctrl-C once made a
+    completed compile exit 130 with no line)."""
+    code = (
+        "import signal, sys\n"
+        "sys.argv = ['qvl', '--version']\n"
+        "from qwenvl_rbln.entry import main\n"
+        "assert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    print(exc.code, signal.getsignal(signal.SIGINT) == signal.SIG_IGN)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "0 True"
