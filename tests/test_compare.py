@@ -12,15 +12,40 @@ from qwenvl_rbln.inference.compare import EXIT_DIVERGED, compare_runs, compare_t
 from tests.fakes_rbln import run_main
 
 
-def _run(path: Path, backend: str, requests: dict[str, list[int]], *, do_sample: bool = False) -> Path:
+def _run(
+    path: Path,
+    backend: str,
+    requests: dict[str, list[int]],
+    *,
+    do_sample: bool = False,
+    inputs: dict[str, dict] | None = None,
+) -> Path:
+    """An `infer --json` document; ``inputs[id]`` adds that request's input fields (prompt, vision, ...)."""
     data = {
         "backend": backend,
         "preset": "cpu-tiny",
         "generation": {"max_new_tokens": 8, "do_sample": do_sample},
-        "requests": [{"id": rid, "text": f"text {rid}", "token_ids": ids} for rid, ids in requests.items()],
+        "requests": [
+            {"id": rid, "text": f"text {rid}", "token_ids": ids, **(inputs or {}).get(rid, {})}
+            for rid, ids in requests.items()
+        ],
     }
     path.write_text(json.dumps(data))
     return path
+
+
+def _vision(name: str, width: int = 640, height: int = 480, patches: int = 1200) -> dict:
+    return {
+        "input": name,
+        "kind": "image",
+        "width": width,
+        "height": height,
+        "resized_width": 640,
+        "resized_height": 480,
+        "patches": patches,
+        "calls": 1,
+        "frames": None,
+    }
 
 
 def test_compare_tokens():
@@ -53,6 +78,7 @@ def test_identical_runs_exit_0(tmp_path, capsys):
         "identical_requests": 2,
         "diverged_requests": 0,
         "missing_requests": 0,
+        "inputs_differ_requests": 0,
         "tokens_compared": 5,
         "agreement_pct": 100.0,
         "identical": True,
@@ -105,3 +131,43 @@ def test_bad_files_exit_2(tmp_path, capsys, content, message):
     code, out, err = run_main(["compare", str(good), str(bad)], capsys)
     assert code == 2 and out == "" and err.startswith("qvl: error: ") and message in err
     assert err.count("\n") == 1
+
+
+def _inputs(prompt: str = "Describe.", image: str = "/npu-host/cat.jpg", **vision: int) -> dict:
+    return {"prompt": prompt, "system": None, "vision": [_vision(image, **vision)], "prefill": {"tokens": 1230}}
+
+
+@pytest.mark.parametrize(
+    ("b_inputs", "field"),
+    [
+        (_inputs(prompt="What happens?"), "prompt 'Describe.' in A and 'What happens?' in B"),
+        (_inputs(image="/ref-host/dog.jpg"), "vision[0].input 'cat.jpg' in A and 'dog.jpg' in B"),
+        (_inputs(width=1280), "vision[0].width 640 in A and 1280 in B"),
+        (_inputs(patches=1024), "vision[0].patches 1200 in A and 1024 in B"),
+        ({**_inputs(), "vision": []}, "vision '1 images/videos' in A and '0 images/videos' in B"),
+        ({**_inputs(), "system": "Be brief."}, "system None in A and 'Be brief.' in B"),
+        ({**_inputs(), "prefill": {"tokens": 99}}, "prefill.tokens 1230 in A and 99 in B"),
+    ],
+)
+def test_different_inputs_are_refused_naming_request_and_field(tmp_path, capsys, b_inputs, field):
+    """Same ids, same tokens, different requests: not 'identical' but exit 2 naming the first difference."""
+    a = _run(tmp_path / "a.json", "rbln", {"0": [1], "cat": [5, 6]}, inputs={"0": _inputs(), "cat": _inputs()})
+    b = _run(tmp_path / "b.json", "torch", {"0": [1], "cat": [5, 6]}, inputs={"0": _inputs(), "cat": b_inputs})
+    code, out, err = run_main(["compare", str(a), str(b), "--json"], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("qvl: error: ") and f"request 'cat' has {field}" in err and "--ignore-inputs" in err
+
+    code, out, err = run_main(["compare", str(a), str(b), "--json", "--ignore-inputs"], capsys)
+    assert code == 0, err  # the tokens agree; the report says the inputs did not
+    data = json.loads(out)
+    assert data["requests"][1]["inputs_differ"] and data["summary"]["inputs_differ_requests"] == 1
+    assert any("ran different inputs" in n for n in data["notes"])
+
+
+def test_same_inputs_on_different_hosts_compare(tmp_path, capsys):
+    """Paths differ between the NPU host and the reference host: the file name, size and patches decide."""
+    a = _run(tmp_path / "a.json", "rbln", {"1": [1, 2]}, inputs={"1": _inputs(image="/npu/data/cat.jpg")})
+    b = _run(tmp_path / "b.json", "torch", {"1": [1, 2]}, inputs={"1": _inputs(image="/home/me/cat.jpg")})
+    code, out, err = run_main(["compare", str(a), str(b), "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["summary"]["identical"] is True

@@ -278,13 +278,18 @@ def test_oversize_inputs_are_resized_to_the_largest_bucket(artifact, media, caps
     assert code == 2 and out == ""
     assert "big.png: 12288 patches exceed the largest ViT bucket 4096" in err
     assert "visual.max_seq_len=[256,1024,4096,12288]" in err and "processor.max_pixels=1048576" in err
+    # infer cannot change compiled buckets: the bucket fix is a recompile, the other one a resize
+    assert "recompile with a bucket that fits: `qvl compile --preset cpu-tiny --set " in err
+    assert f"visual.max_seq_len=[256,1024,4096,12288] -o {artifact} --force`" in err
+    assert "--on-oversize resize" in err
     code, data, _, err = infer(
         capsys, str(artifact), "--image", str(big), "--prompt", "x", *over, "--max-new-tokens", "2"
     )
     assert code == 0, err
     (v,) = data["requests"][0]["vision"]
     assert v["capped"] is True and v["patches_before_cap"] == 12288 and v["patches"] <= 4096 and v["bucket"] == 4096
-    assert data["processor"]["max_pixels"] == 1048576 and data["oversize"]["capped"][0]["patches_before"] == 12288
+    assert data["requests"][0]["processor"]["max_pixels"] == 1048576
+    assert data["oversize"]["capped"][0]["patches_before"] == 12288
     assert "capped" in err
 
 
@@ -377,6 +382,11 @@ def test_artifacts_compiled_for_another_batch_size(tiny, tmp_path, capsys, no_mo
     line = _refused(capsys, str(tmp_path / "b1"), "--preset", "cpu-tiny", "--prompt", "hi")
     assert "compiled for batch_size 1" in line and "preset cpu-tiny says batch_size 2" in line
     assert "--force" in line
+    # the fix names the exact --set, and dropping --preset (the artifact's own values) works
+    assert "drop --preset cpu-tiny" in line and "--set batch_size=1 --set decoder_batch_sizes=[1]" in line
+    line = _refused(capsys, str(tmp_path / "b1"), "--set", "batch_size=2", "--prompt", "hi")
+    assert "preset cpu-tiny with your --set says batch_size 2" in line
+    assert "`qvl compile --preset cpu-tiny --set batch_size=2 -o " in line
 
 
 def test_flag_errors(artifact, media, capsys, no_model_load):
@@ -522,7 +532,7 @@ def test_vision_report_buckets_padding_and_video_calls():
     assert (vid.frames, vid.calls, vid.kind) == (32, 16, "video")
     # the video budget covers all frames: 25165824 / 32 per frame -> 1152x640 = 2880 patches per call
     assert (vid.resized_width, vid.resized_height, vid.patches, vid.bucket) == (1152, 640, 2880, 4096)
-    assert vp.capped == [] and vp.notes == [] and vp.caps == vp.plan_caps
+    assert vp.capped == [] and vp.notes == [] and vp.request_caps == {"a": vp.caps}
 
 
 def test_vision_report_oversize_resize_caps_images_and_videos():
@@ -536,10 +546,11 @@ def test_vision_report_oversize_resize_caps_images_and_videos():
     assert big.capped and big.patches_before_cap == 47000 and big.patches <= 4096 and big.bucket == 4096
     assert not small.capped and small.patches == 1200  # below the cap: unchanged
     assert vid.capped and vid.patches_before_cap > 4096 and vid.patches <= 4096
-    assert vp.caps.max_pixels == 4096 * 256
-    assert vp.caps.video_max_pixels == video_max_pixels_for_bucket(4096, 4) == 4096 * 256 * 4
+    assert vp.request_caps["a"].max_pixels == 4096 * 256 and vp.request_caps["a"].video_max_pixels == 25165824
+    assert vp.request_caps["b"].video_max_pixels == video_max_pixels_for_bucket(4096, 4) == 4096 * 256 * 4
+    assert vp.caps == _caps()  # the plan's caps are untouched: each request got its own
     assert [c["input"] for c in vp.capped] == ["a-0.jpg", "b-0.mp4"]
-    assert len(vp.notes) == 2 and "max_pixels capped 16777216 -> 1048576" in vp.notes[0]
+    assert len(vp.notes) == 2 and "max_pixels capped 16777216 -> 1048576 for request a" in vp.notes[0]
 
 
 def test_vision_report_oversize_error_names_the_input_and_both_fixes():
@@ -550,6 +561,17 @@ def test_vision_report_oversize_error_names_the_input_and_both_fixes():
     assert e.value.message.startswith("a-1.jpg: 47000 patches exceed the largest ViT bucket 4096")
     assert "--set visual.max_seq_len=[1024,4096,47000]" in e.value.hint
     assert "--set processor.max_pixels=1048576" in e.value.hint
+    # compiled buckets: the bucket fix is the recompile command it is given
+    with pytest.raises(InputError) as e:
+        plan_vision(
+            [_req("a", images=[(4000, 3000)])],
+            _caps(),
+            [1024, 4096],
+            on_oversize="error",
+            recompile=lambda extra: f"qvl compile --preset P --set {extra} -o DIR --force",
+        )
+    assert "`qvl compile --preset P --set visual.max_seq_len=[1024,4096,47000] -o DIR --force`" in e.value.hint
+    assert "--on-oversize resize" in e.value.hint and "--set processor.max_pixels=1048576" in e.value.hint
     with pytest.raises(InputError) as e:
         plan_vision([_req("v", videos=[(3840, 2160, 4, 2.0)])], _caps(), [4096], on_oversize="error")
     assert "v-0.mp4" in e.value.message and "processor.video_max_pixels=4194304" in e.value.hint
@@ -583,3 +605,88 @@ def test_compile_then_infer_and_load_check_without_dir_or_preset(tmp_path, monke
     r = run_qvl("load-check", "--no-runtime", "--json", cwd=tmp_path, env=env)
     assert r.exit_code == 0, r.stderr
     assert Path(json.loads(r.stdout)["artifact_dir"]) == out.absolute()
+
+
+def test_vision_report_video_cap_is_per_request():
+    """A video's cap comes from its own request: a 2-frame video elsewhere in the run does not shrink it."""
+    from qwenvl_rbln.inference.vision_report import plan_vision
+
+    big = _req("big", videos=[(1920, 1080, 20, 10.0)])  # 4 sampled frames: over bucket 4096 at the shipped caps
+    short = _req("short", videos=[(1920, 1080, 2, 10.0)])  # 2 sampled frames: a smaller total budget
+    alone = plan_vision([big], _caps(), [256, 1024, 4096])
+    both = plan_vision([big, short], _caps(), [256, 1024, 4096])
+    assert both.items["big"] == alone.items["big"] and both.request_caps["big"] == alone.request_caps["big"]
+    (v,) = alone.items["big"]
+    assert v.capped and v.patches == 4032 and v.bucket == 4096
+    assert both.request_caps["short"].video_max_pixels < both.request_caps["big"].video_max_pixels
+
+
+def test_video_result_does_not_depend_on_the_other_requests(artifact, media, capsys):
+    """End to end: the same request alone and next to a short video gets the same patches and tokens."""
+    import numpy as np
+
+    def video(path: Path, frames: int) -> Path:
+        with av.open(str(path), "w") as container:
+            stream = container.add_stream("mpeg4", rate=10)
+            stream.width, stream.height, stream.pix_fmt = 1920, 1080, "yuv420p"
+            for i in range(frames):
+                frame = np.full((1080, 1920, 3), 12 * i, dtype=np.uint8)
+                for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                    container.mux(packet)
+            for packet in stream.encode():
+                container.mux(packet)
+        return path
+
+    big, short = video(media["dir"] / "big.mp4", 20), video(media["dir"] / "short.mp4", 2)
+    batch = media["dir"] / "two-videos.jsonl"
+    batch.write_text(
+        json.dumps({"id": "big", "prompt": "a", "video": str(big)})
+        + "\n"
+        + json.dumps({"id": "short", "prompt": "b", "video": str(short)})
+        + "\n"
+    )
+    code, alone, _, err = infer(capsys, str(artifact), "--video", str(big), "--prompt", "a", "--max-new-tokens", "3")
+    assert code == 0, err
+    code, both, _, err = infer(capsys, str(artifact), "--batch-file", str(batch), "--max-new-tokens", "3")
+    assert code == 0, err
+    a, b = alone["requests"][0], both["requests"][0]
+    assert b["vision"] == a["vision"] and a["vision"][0]["patches"] == 4032
+    assert b["token_ids"] == a["token_ids"] and b["processor"] == a["processor"]
+    assert not [w for w in both["warnings"] if "qvl predicted" in w]  # the processor did what the report says
+
+
+def test_infer_help_says_where_dir_defaults_to():
+    from typer.testing import CliRunner
+
+    from qwenvl_rbln.cli import app
+
+    r = CliRunner().invoke(app, ["infer", "--help"], env={"COLUMNS": "300"})
+    text = " ".join(r.output.replace("│", " ").split())
+    assert "the last `qvl compile` wrote" in text and "with --preset P: P's output_dir" in text
+    assert "cpu, cuda or cuda:N" in text
+
+
+def test_compile_with_sets_then_infer_without_repeating_them(tmp_path):
+    """`qvl compile --preset P --set batch_size=1 ...` then `qvl infer --image x.jpg` (and `infer DIR`) just work;
+    with the directory deleted, infer looks for the recorded preset's output_dir, not rebel100-1npu's."""
+    import shutil
+
+    from tests.helpers_cli import REPO, run_qvl
+
+    env = {"QVL_HOME": str(tmp_path / "home")}
+    out = tmp_path / "art_b1"
+    sets = ["--set", "batch_size=1", "--set", "decoder_batch_sizes=[1]"]
+    r = run_qvl("compile", "--preset", "cpu-tiny", *sets, "-o", str(out), cwd=tmp_path, env=env)
+    assert r.exit_code == 0, r.stderr
+    args = ["--image", str(REPO / "assets" / "demo.jpg"), "--prompt", "hi", "--max-new-tokens", "2", "--json"]
+    for where in ([], [str(out)]):
+        r = run_qvl("infer", *where, *args, cwd=tmp_path, env=env)
+        assert r.exit_code == 0, r.stderr
+        data = json.loads(r.stdout)
+        assert (data["batch_size"], data["decoder_batch_sizes"], data["preset"]) == (1, [1], "cpu-tiny")
+        assert Path(data["artifact_dir"]) == out.absolute()
+    shutil.rmtree(out)
+    r = run_qvl("infer", *args, cwd=tmp_path, env=env)
+    assert r.exit_code == 2 and r.stdout == ""
+    assert f"the last `qvl compile` wrote {out.absolute()} (preset cpu-tiny), which no longer exists" in r.stderr
+    assert "qvl-out/cpu-tiny" in r.stderr and "rebel100-1npu" not in r.stderr

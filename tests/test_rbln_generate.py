@@ -210,7 +210,8 @@ def test_max_pixels_capped_to_the_largest_bucket_and_reported(rbln_artifact, fak
     assert v["capped"] is True and v["patches_before_cap"] == 1200 and v["bucket"] == 1024
     grid, copy_of_it = fake.generates[0]["image_grid_thw"]  # the padding row is a copy of the request
     assert grid == copy_of_it and grid[1] * grid[2] == v["patches"] <= 1024  # what optimum-rbln gets fits the bucket
-    assert data["processor"]["max_pixels"] == 1024 * 256
+    assert data["requests"][0]["processor"]["max_pixels"] == 1024 * 256  # this request's caps
+    assert data["processor"]["max_pixels"] == 16777216  # the plan's: other requests keep them
     assert data["oversize"] == {
         "policy": "resize",
         "capped": [
@@ -255,6 +256,10 @@ def test_on_oversize_error_names_input_patches_bucket_and_both_fixes(rbln_artifa
     assert line.startswith("qvl: error: ") and str(DEMO) in line
     assert "1200 patches exceed the largest ViT bucket 1024" in line
     assert "--set visual.max_seq_len=[256,1024,1200]" in line and "--set processor.max_pixels=262144" in line
+    # on compiled artifacts the bucket fix is a recompile (a --set on infer cannot change compiled buckets)
+    assert f"recompile with a bucket that fits: `qvl compile --preset {art.parent / 'tiny-rbln.yaml'} " in line
+    assert f"--set visual.max_seq_len=[256,1024,1200] -o {art} --force`" in line
+    assert "--on-oversize resize" in line
     assert fake.loads == [] and fake.generates == []  # refused before loading anything
 
 
@@ -263,6 +268,32 @@ def test_too_long_for_max_seq_len_is_refused_before_generate(rbln_artifact, fake
     code, out, err = run_main(["infer", str(art), "--prompt", "hi", "--max-new-tokens", "5000"], capsys)
     assert code == 2 and out == ""
     assert "exceeds the compiled max_seq_len 4096" in err and fake.generates == []
+    assert fake.loads == []  # more new tokens than the whole sequence: refused before the load
+    code, out, err = run_main(["infer", str(art), "--prompt", "hi", "--max-new-tokens", "4090"], capsys)
+    assert code == 2 and out == ""
+    assert "prompt of 12 tokens + --max-new-tokens 4090 = 4102 exceeds the compiled max_seq_len 4096" in err
+    assert "at most 4084" in err and fake.generates == []
+
+
+def test_artifact_compiled_with_sets_runs_without_repeating_them(rbln_artifact, fake, tiny, capsys, tmp_path):
+    """An rbln artifact compiled with --set batch_size=1 runs with its own batch, no --preset or --set needed."""
+    art, _ = rbln_artifact
+    preset = art.parent / "tiny-rbln.yaml"
+    b1_plan = build_plan(str(preset), ["batch_size=1", "decoder_batch_sizes=[1]"])
+    b1 = write_artifact(tmp_path / "b1", b1_plan, config=json.loads((tiny / "config.json").read_text()))
+    for name in PROCESSOR_FILES:
+        shutil.copy2(tiny / name, b1 / name)
+    manifest = artifacts.manifest_for_plan(
+        b1_plan, model={"id": "qvl:tiny", "local_path": str(tiny)}, versions={}, cache_key=None
+    )
+    artifacts.write_manifest(b1, manifest)
+    code, data, _, err = _json(capsys, str(b1), "--prompt", "hi", "--max-new-tokens", "2")
+    assert code == 0, err
+    assert data["batch_size"] == 1 and data["decoder_batch_sizes"] == [1] and data["preset"] == str(preset)
+    assert [g["rows"] for g in fake.generates] == [1]  # generate got the compiled batch, not the preset's 2
+    code, out, err = run_main(["infer", str(b1), "--preset", str(preset), "--prompt", "hi"], capsys)
+    assert code == 2 and out == ""
+    assert "add" not in err and "--set batch_size=1 --set decoder_batch_sizes=[1]" in err
 
 
 def test_without_optimum_rbln_exit_3_after_validating_inputs(rbln_artifact, capsys, monkeypatch):

@@ -106,24 +106,31 @@ def register(app: typer.Typer) -> None:
         directory: Path = typer.Argument(
             None,
             metavar="[DIR]",
-            help="Artifacts from `qvl compile` (or a Hugging Face Qwen3-VL directory); default: the preset's "
-            "output_dir.",
+            help="Artifacts from `qvl compile` (or a Hugging Face Qwen3-VL directory); default: the directory the "
+            "last `qvl compile` wrote (if deleted: its preset's output_dir); with --preset P: P's output_dir.",
             show_default=False,
         ),
         preset: str = typer.Option(
             None,
             "--preset",
             "-p",
-            help="Preset (default: the one recorded in DIR's manifest, else rebel100-1npu).",
+            help="Preset (default: the one recorded in DIR's manifest, else rebel100-1npu). Without --preset and "
+            "--set, a compiled DIR runs with its own batch size, decoder graphs, ViT buckets and pixel caps.",
         ),
         sets: list[str] = SetOpt,
         images: list[str] = typer.Option(None, "--image", "-i", help="Image file. Repeatable."),
         videos: list[str] = typer.Option(None, "--video", help="Video file (mp4, webm, ...). Repeatable."),
         prompt: str = typer.Option(None, "--prompt", help="The user prompt."),
         system: str = typer.Option(None, "--system", help="A system prompt (also the default for --batch-file)."),
-        max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens to generate at most."),
-        temperature: float = typer.Option(None, "--temperature", help="Sample at this temperature (default: greedy)."),
-        top_p: float = typer.Option(None, "--top-p", help="Nucleus sampling threshold (with --temperature)."),
+        max_new_tokens: int = typer.Option(
+            64,
+            "--max-new-tokens",
+            help="Tokens to generate at most; prompt + this must fit the compiled max_seq_len (refused otherwise).",
+        ),
+        temperature: float = typer.Option(
+            None, "--temperature", help="Sample at this finite temperature >= 0 (default: greedy)."
+        ),
+        top_p: float = typer.Option(None, "--top-p", help="Nucleus sampling threshold in (0, 1] (with --temperature)."),
         seed: int = typer.Option(None, "--seed", help="Random seed for sampling (default 0)."),
         batch_file: Path = typer.Option(
             None,
@@ -138,10 +145,13 @@ def register(app: typer.Typer) -> None:
         on_oversize: str = typer.Option(
             "resize",
             "--on-oversize",
-            help="An input above the largest ViT bucket: resize (cap the processor's max_pixels) or error.",
+            help="An input above the largest ViT bucket: resize (cap the processor's max_pixels for that request "
+            "only) or error.",
         ),
         torch_device: str = typer.Option(
-            None, "--torch-device", help="torch backend: cpu or cuda (default: cuda when available)."
+            None,
+            "--torch-device",
+            help="torch backend: cpu, cuda or cuda:N (default: $QVL_TORCH_DEVICE, else cuda when available, else cpu).",
         ),
         as_json: bool = JsonOpt,
     ) -> None:

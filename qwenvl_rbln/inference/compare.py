@@ -9,8 +9,16 @@ Per request id present in either file:
 * ``matching_prefix``: tokens equal before the first divergence (greedy decoding makes everything after
   it a consequence, so this is the number that matters).
 
+Token agreement only means something when both runs saw the same inputs, so a request's inputs are
+compared first: ``prompt``, ``system``, each vision input (file name, kind, size, resized size, patches,
+ViT calls, frames) and the prompt token count. A difference is refused (InputError, exit 2) naming the
+first differing request and field, unless ``ignore_inputs`` (``--ignore-inputs``): then the tokens are
+compared anyway and each such request lists ``inputs_differ``. A field missing from either file is not
+compared (older outputs).
+
 Exit codes (``qvl compare``): 0 all requests identical; 7 (``EXIT_DIVERGED``) at least one request differs
-or is missing from one file; 2 a file is missing, not JSON, or not ``qvl infer --json`` output.
+or is missing from one file; 2 a file is missing, not JSON, or not ``qvl infer --json`` output, or the two
+runs had different inputs (without ``--ignore-inputs``).
 """
 
 from __future__ import annotations
@@ -74,6 +82,53 @@ def compare_tokens(a: list[int], b: list[int]) -> dict[str, Any]:
     }
 
 
+VISION_FIELDS = ("input", "kind", "width", "height", "resized_width", "resized_height", "patches", "calls", "frames")
+
+
+def _vision_value(item: Any, key: str) -> Any:
+    """A vision input's field; the file by name only (the NPU host and the reference host differ in paths)."""
+    value = item.get(key) if isinstance(item, dict) else None
+    return Path(value).name if key == "input" and isinstance(value, str) else value
+
+
+def _vision_differences(va: list[Any], vb: list[Any]) -> list[tuple[str, Any, Any]]:
+    if len(va) != len(vb):
+        return [("vision", f"{len(va)} images/videos", f"{len(vb)} images/videos")]
+    for n, (x, y) in enumerate(zip(va, vb, strict=True)):
+        for key in VISION_FIELDS:
+            a, b = _vision_value(x, key), _vision_value(y, key)
+            if a != b:
+                return [(f"vision[{n}].{key}", a, b)]
+    return []
+
+
+def input_differences(ra: dict[str, Any], rb: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(field, value in A, value in B) for every input two runs of one request disagree on."""
+    out = [(key, ra[key], rb[key]) for key in ("prompt", "system") if key in ra and key in rb and ra[key] != rb[key]]
+    va, vb = ra.get("vision"), rb.get("vision")
+    if isinstance(va, list) and isinstance(vb, list):
+        out += _vision_differences(va, vb)
+    pa, pb = (ra.get("prefill") or {}).get("tokens"), (rb.get("prefill") or {}).get("tokens")
+    if isinstance(pa, int) and isinstance(pb, int) and pa != pb:
+        out.append(("prefill.tokens", pa, pb))
+    return out
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _inputs_error(path_a: Any, path_b: Any, rid: str, diff: tuple[str, Any, Any]) -> InputError:
+    field, a, b = diff
+    return InputError(
+        f"{path_a} and {path_b} ran different inputs: request '{rid}' has {field} {_short(a)} in A and "
+        f"{_short(b)} in B, so its tokens cannot be compared",
+        "compare two runs of the same requests (same --prompt/--image/--video/--batch-file and pixel caps), "
+        "or pass --ignore-inputs to compare the tokens anyway",
+    )
+
+
 def _describe(data: dict[str, Any], path: str | Path) -> dict[str, Any]:
     return {
         "path": str(path),
@@ -85,8 +140,8 @@ def _describe(data: dict[str, Any], path: str | Path) -> dict[str, Any]:
     }
 
 
-def compare_runs(path_a: str | Path, path_b: str | Path) -> dict[str, Any]:
-    """The comparison report (see the module docstring)."""
+def compare_runs(path_a: str | Path, path_b: str | Path, *, ignore_inputs: bool = False) -> dict[str, Any]:
+    """The comparison report (see the module docstring); InputError when the inputs differ, unless ignored."""
     a = load_infer_json(path_a)
     b = load_infer_json(path_b)
     by_a = {str(r["id"]): r for r in a["requests"]}
@@ -99,10 +154,21 @@ def compare_runs(path_a: str | Path, path_b: str | Path) -> dict[str, Any]:
         if ra is None or rb is None:
             rows.append({"id": rid, "missing_in": "a" if ra is None else "b", "identical": False})
             continue
+        diffs = input_differences(ra, rb)
+        if diffs and not ignore_inputs:
+            raise _inputs_error(path_a, path_b, rid, diffs[0])
         row = {"id": rid, **compare_tokens(ra["token_ids"], rb["token_ids"])}
+        if diffs:
+            row["inputs_differ"] = [field for field, _, _ in diffs]
         if row["first_divergence"] is not None:
             row["text_a"], row["text_b"] = ra.get("text"), rb.get("text")
         rows.append(row)
+    differ = [r["id"] for r in rows if r.get("inputs_differ")]
+    if differ:
+        notes.append(
+            f"{len(differ)} request(s) ran different inputs in A and B ({', '.join(differ[:5])}"
+            f"{' ...' if len(differ) > 5 else ''}): their token agreement says nothing (--ignore-inputs)"
+        )
     ga, gb = a.get("generation") or {}, b.get("generation") or {}
     if ga.get("do_sample") or gb.get("do_sample"):
         notes.append("at least one run sampled (--temperature): token agreement is only meaningful for greedy runs")
@@ -121,6 +187,7 @@ def compare_runs(path_a: str | Path, path_b: str | Path) -> dict[str, Any]:
             "identical_requests": sum(1 for r in rows if r["identical"]),
             "diverged_requests": sum(1 for r in common if not r["identical"]),
             "missing_requests": len(rows) - len(common),
+            "inputs_differ_requests": len(differ),
             "tokens_compared": total,
             "agreement_pct": 100.0 if total == 0 else round(100.0 * equal / total, 2),
             "identical": identical,

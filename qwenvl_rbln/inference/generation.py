@@ -16,6 +16,7 @@ Timings of one batch (seconds; ``time.perf_counter``):
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -40,6 +41,8 @@ class GenerationOptions:
             raise InputError(
                 f"--max-new-tokens {self.max_new_tokens!r} must be a positive integer", "e.g. --max-new-tokens 64"
             )
+        _finite("--temperature", self.temperature, "use 0 (greedy, the default) or a positive value such as 0.7")
+        _finite("--top-p", self.top_p, "e.g. --top-p 0.8")
         if self.temperature is not None and self.temperature < 0:
             raise InputError(
                 f"--temperature {self.temperature} is negative",
@@ -76,6 +79,12 @@ class GenerationOptions:
         if self.do_sample and self.seed is None:
             d["seed"] = 0
         return d
+
+
+def _finite(flag: str, value: float | None, hint: str) -> None:
+    """nan would silently mean greedy and inf uniform sampling (and neither is valid JSON): refuse both."""
+    if value is not None and not math.isfinite(value):
+        raise InputError(f"{flag} {value} is not a finite number", hint)
 
 
 def seed_everything(seed: int) -> None:
@@ -117,6 +126,7 @@ class TimingStreamer:
         self._tokens: list[int] = []
         self._printed = 0  # tokens already written
         self._started = False
+        self._closed = False
         self.streamed = False
 
     def put(self, value: Any) -> None:
@@ -163,7 +173,12 @@ class TimingStreamer:
         if self.sink is None or self.stream_row is None:
             return
         self._write(final=True)
-        if self._started:
+        self.close_line()
+
+    def close_line(self) -> None:
+        """End the streamed line, once: also on Ctrl-C or an error, so what is printed next starts a line."""
+        if self._started and not self._closed:
+            self._closed = True
             self.sink.write("\n")
             self.sink.flush()
 
@@ -289,6 +304,56 @@ class BatchResult:
     warnings: list[str]
 
 
+def check_lengths(
+    requests: list[Any], prompt_tokens: list[int], gen: GenerationOptions, max_seq_len: int | None, strict: bool
+) -> list[str]:
+    """Prompt + ``max_new_tokens`` against the compiled ``max_seq_len``: InputError when ``strict``, else warnings.
+
+    Checked before ``generate``: on the NPU such a request cannot run, and on the reference it would run for
+    minutes past what the compiled model can hold.
+    """
+    warnings: list[str] = []
+    if max_seq_len is None:
+        return warnings
+    for req, n in zip(requests, prompt_tokens, strict=False):
+        need = n + gen.max_new_tokens
+        if need <= max_seq_len:
+            continue
+        msg = (
+            f"request {req.id}: prompt of {n} tokens + --max-new-tokens {gen.max_new_tokens} = {need} "
+            f"exceeds the compiled max_seq_len {max_seq_len}"
+        )
+        if strict:
+            raise InputError(
+                msg,
+                f"lower --max-new-tokens to at most {max(max_seq_len - n, 0)}, shorten the prompt or shrink the "
+                "media, or recompile with a larger rbln_config.max_seq_len",
+            )
+        warnings.append(msg + " (the NPU would refuse it)")
+    return warnings
+
+
+def _run_generate(model: Any, inputs: Any, streamer: TimingStreamer, kwargs: dict[str, Any], ids: str) -> Any:
+    """``model.generate``; any failure ends the streamed line first, and backend failures become BackendError."""
+    import torch
+
+    try:
+        with torch.inference_mode():
+            return model.generate(**inputs, streamer=streamer, **kwargs)
+    except (KeyboardInterrupt, SystemExit, QvlError):
+        streamer.close_line()
+        raise
+    except Exception as exc:
+        streamer.close_line()
+        if os.environ.get("QVL_DEBUG"):
+            traceback.print_exc(file=sys.stderr)
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise BackendError(
+            f"{type(model).__name__}.generate failed for request(s) {ids}: {type(exc).__name__}: {first}",
+            "rerun with QVL_DEBUG=1 for the traceback; `qvl load-check DIR` checks the artifact and the NPUs",
+        ) from exc
+
+
 def generate_batch(
     model: Any,
     processor: Any,
@@ -300,18 +365,18 @@ def generate_batch(
     sink: IO[str] | None = None,
     device: Any = None,
     max_seq_len: int | None = None,
-    strict_length: bool = False,
+    strict_length: bool = True,
     stream_prefix: str = "",
+    caps: Any = None,
 ) -> BatchResult:
     """Preprocess ``requests``, optionally pad the batch to ``pad_to`` rows with copies of the cheapest real
     request, run ``model.generate`` with a timing streamer, and return the real rows only.
 
     ``sink`` receives the streamed text when the batch has exactly one real request. ``max_seq_len``: a
-    request whose prompt + ``max_new_tokens`` exceeds it raises InputError when ``strict_length`` (the NPU
-    cannot run it), else adds a warning.
+    request whose prompt + ``max_new_tokens`` exceeds it raises InputError before generate when
+    ``strict_length`` (both backends), else adds a warning. ``caps``: the processor caps of requests that
+    carry none of their own (``Request.caps``).
     """
-    import torch
-
     from qwenvl_rbln.inference.inputs import build_inputs
 
     timer = timer or VisionTimer()
@@ -322,23 +387,8 @@ def generate_batch(
         cheapest = min(requests, key=lambda r: (len(r.videos), len(r.images), len(r.prompt)))
         rows += [cheapest] * (pad_to - real)
     t0 = time.perf_counter()
-    inputs, info = build_inputs(processor, rows)
-    warnings: list[str] = []
-    if max_seq_len is not None:
-        for req, n in zip(requests, info["prompt_tokens"][:real], strict=True):
-            need = n + gen.max_new_tokens
-            if need > max_seq_len:
-                msg = (
-                    f"request {req.id}: prompt of {n} tokens + --max-new-tokens {gen.max_new_tokens} = {need} "
-                    f"exceeds the compiled max_seq_len {max_seq_len}"
-                )
-                if strict_length:
-                    raise InputError(
-                        msg,
-                        "lower --max-new-tokens, shorten the prompt or shrink the media, or "
-                        "recompile with a larger rbln_config.max_seq_len",
-                    )
-                warnings.append(msg + " (the NPU would refuse it)")
+    inputs, info = build_inputs(processor, rows, caps)
+    warnings = check_lengths(requests, info["prompt_tokens"][:real], gen, max_seq_len, strict_length)
     if device is not None:
         inputs = inputs.to(device)
     t_pre = time.perf_counter() - t0
@@ -353,20 +403,7 @@ def generate_batch(
     if pad_id is not None:
         kwargs["pad_token_id"] = pad_id
     t_gen0 = time.perf_counter()
-    try:
-        with torch.inference_mode():
-            sequences = model.generate(**inputs, streamer=streamer, **kwargs)
-    except (KeyboardInterrupt, SystemExit, QvlError):
-        raise
-    except Exception as exc:
-        if os.environ.get("QVL_DEBUG"):
-            traceback.print_exc(file=sys.stderr)
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        ids = ", ".join(r.id for r in requests)
-        raise BackendError(
-            f"{type(model).__name__}.generate failed for request(s) {ids}: {type(exc).__name__}: {first}",
-            "rerun with QVL_DEBUG=1 for the traceback; `qvl load-check DIR` checks the artifact and the NPUs",
-        ) from exc
+    sequences = _run_generate(model, inputs, streamer, kwargs, ", ".join(r.id for r in requests))
     t_gen1 = time.perf_counter()
     streamer.end()
     if not hasattr(sequences, "shape"):  # GenerateOutput when return_dict_in_generate is set in the config

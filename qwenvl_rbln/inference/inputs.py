@@ -11,13 +11,20 @@ see identical ``input_ids`` / ``pixel_values`` for the same requests:
   holding every frame of a long video in memory (torchvision 0.29 has no ``read_video``, so
   transformers' own path-based loading does not work here anyway);
 * text: ``processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)`` per
-  request, then one ``processor(text=..., images=..., videos=..., padding=True)`` call, left padded.
+  request, then one ``processor(text=..., images=..., videos=...)`` call per request under that request's
+  own pixel caps (``Request.caps``: an oversize input is capped for its request only, so no request's
+  result depends on the others in its batch), merged into one batch left padded as the tokenizer pads.
+
+Before any model loads, ``check_media`` decodes every image fully and every video's sampled frames
+(the same frames ``load_video`` will decode), so damaged pixel data fails in milliseconds, naming the
+file and the request's ``file:line``, instead of after the model load and the earlier batches' output.
 
 Heavy imports (torch, transformers, av, numpy) happen inside the functions.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +88,43 @@ def load_processor(model_dir: Path, caps: Any) -> Any:
             f"{model_dir}: AutoProcessor gave {type(processor).__name__}, not a Qwen3-VL processor",
             "point at a Qwen3-VL model directory (processor_config.json with Qwen3VLProcessor)",
         )
+    check_processor(processor, model_dir)
     apply_caps(processor, caps)
     processor.tokenizer.padding_side = "left"
     return processor
+
+
+VISION_TOKENS = ("image_token", "video_token", "vision_start_token", "vision_end_token")
+TOKENIZER_HINT = (
+    "copy the tokenizer and processor files (tokenizer.json, tokenizer_config.json, chat_template.jinja or "
+    "chat_template.json, processor_config.json) from the original Qwen3-VL model directory"
+)
+
+
+def check_processor(processor: Any, model_dir: Path) -> None:
+    """InputError unless the tokenizer encodes Qwen3-VL's vision tokens as single ids and a chat template exists.
+
+    Without tokenizer files transformers still builds a one-token vocabulary, and the failure surfaces
+    only at the first image as a 'Mismatch in image token count' ValueError.
+    """
+    tokenizer = processor.tokenizer
+    for attr in VISION_TOKENS:
+        token = getattr(processor, attr, None)
+        token_id = getattr(processor, f"{attr}_id", None)
+        if not token:
+            continue
+        try:
+            ids = tokenizer.encode(token, add_special_tokens=False)
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot encode is the same problem
+            ids = []
+        if ids != [token_id]:
+            raise InputError(
+                f"{model_dir}: the tokenizer has no {token} token (vocabulary of {len(tokenizer)}): its "
+                "tokenizer files are missing or not Qwen3-VL's",
+                TOKENIZER_HINT,
+            )
+    if not getattr(processor, "chat_template", None) and not getattr(tokenizer, "chat_template", None):
+        raise InputError(f"{model_dir}: no chat template (chat_template.jinja or chat_template.json)", TOKENIZER_HINT)
 
 
 def load_image(path: Path) -> Any:
@@ -112,11 +153,36 @@ def sample_indices(
     return np.linspace(0, total - 1, num_frames).round().astype(int).tolist()
 
 
-def load_video(path: Path, video_processor: Any) -> tuple[Any, Any]:
-    """(frames ``[T, H, W, 3]`` uint8, ``VideoMetadata``) for the frames the processor would sample."""
+VIDEO_FIX = "re-encode it with ffmpeg (e.g. ffmpeg -i in -c:v libx264 out.mp4)"
+
+
+@dataclass
+class DecodedVideo:
+    """The sampled frames of one video (``frames`` empty when only checking) and what the metadata needs."""
+
+    indices: list[int]
+    frames: dict[int, Any]
+    decoded: set[int]
+    total: int
+    fps: float
+    height: int
+    width: int
+
+
+def _frame_count(container: Any, stream: Any) -> int:
+    total = int(stream.frames or 0)
+    if total <= 0:  # webm/mkv store no frame count: count the packets (no decoding)
+        total = sum(1 for p in container.demux(stream) if p.size)
+        container.seek(0)
+    return total
+
+
+def decode_video(path: Path, sampling: Any, *, keep: bool = True) -> DecodedVideo:
+    """Decode ``path`` up to its last sampled frame (``sampling``: fps, min_frames, max_frames, num_frames).
+
+    ``keep``: hold the sampled frames as RGB arrays (False: only prove they decode). Errors name the file.
+    """
     import av
-    import numpy as np
-    from transformers.video_utils import VideoMetadata
 
     try:
         container = av.open(str(path))
@@ -124,82 +190,176 @@ def load_video(path: Path, video_processor: Any) -> tuple[Any, Any]:
         raise InputError(f"{path}: not a readable video ({exc})", "re-encode it with ffmpeg") from None
     try:
         stream = container.streams.video[0]
-        total = int(stream.frames or 0)
+        total = _frame_count(container, stream)
         rate = stream.average_rate
-        notes = []
-        if total <= 0:  # webm/mkv store no frame count: count the packets (no decoding)
-            total = sum(1 for p in container.demux(stream) if p.size)
-            container.seek(0)
-        video_fps = float(rate) if rate else None
-        if not video_fps:
-            video_fps = 24.0
-            notes.append("no fps metadata: assumed 24")
+        video_fps = float(rate) if rate else 24.0  # no fps metadata: assumed 24
         indices = sample_indices(
             total,
             video_fps,
-            video_processor.fps,
-            video_processor.min_frames,
-            video_processor.max_frames,
-            getattr(video_processor, "num_frames", None),
+            sampling.fps,
+            sampling.min_frames,
+            sampling.max_frames,
+            getattr(sampling, "num_frames", None),
         )
-        wanted = set(indices)
-        last = indices[-1]
+        wanted, last = set(indices), indices[-1]
         frames: dict[int, Any] = {}
+        decoded: set[int] = set()
         for i, frame in enumerate(container.decode(video=0)):
             if i > last:
                 break
             if i in wanted:
-                frames[i] = frame.to_ndarray(format="rgb24")
+                decoded.add(i)
+                if keep:
+                    frames[i] = frame.to_ndarray(format="rgb24")
         height, width = stream.height, stream.width
     except InputError:
         raise
     except Exception as exc:
-        raise InputError(
-            f"{path}: cannot decode the video ({type(exc).__name__}: {exc})",
-            "re-encode it with ffmpeg (e.g. ffmpeg -i in -c:v libx264 out.mp4)",
-        ) from None
+        raise InputError(f"{path}: cannot decode the video ({type(exc).__name__}: {exc})", VIDEO_FIX) from None
     finally:
         container.close()
-    if not frames:
+    if not decoded:
         raise InputError(f"{path}: no frame could be decoded", "re-encode it with ffmpeg")
+    _check_cut_short(path, indices, decoded, total)
+    return DecodedVideo(indices, frames, decoded, total, video_fps, height, width)
+
+
+def _check_cut_short(path: Path, indices: list[int], decoded: set[int], total: int) -> None:
+    """InputError when sampled frames well before the end do not decode: the file is cut short (a faststart
+    mp4 keeps its index, so the header still promises every frame). A container that over-reports its count
+    by a frame or two (a slack of 2 % of the frames) is tolerated; the last decoded frame stands in."""
+    missing = [i for i in indices if i not in decoded]
+    if missing and missing[0] < total - max(2, total // 50):
+        raise InputError(
+            f"{path}: frame {missing[0]} of {total} does not decode (only {len(decoded)} of the {len(indices)} "
+            "sampled frames do): the file is cut short or damaged",
+            VIDEO_FIX,
+        )
+
+
+def load_video(path: Path, video_processor: Any) -> tuple[Any, Any]:
+    """(frames ``[T, H, W, 3]`` uint8, ``VideoMetadata``) for the frames the processor would sample."""
+    import numpy as np
+    from transformers.video_utils import VideoMetadata
+
+    v = decode_video(path, video_processor, keep=True)
     # a container that over-reports its frame count: repeat the last decoded frame, as a short read would
-    got = [frames[i] if i in frames else frames[max(frames)] for i in indices]
-    video = np.stack(got)
+    got = [v.frames[i] if i in v.frames else v.frames[max(v.frames)] for i in v.indices]
     meta = VideoMetadata(
-        total_num_frames=total,
-        fps=video_fps,
-        duration=total / video_fps,
+        total_num_frames=v.total,
+        fps=v.fps,
+        duration=v.total / v.fps,
         video_backend="pyav",
-        height=height,
-        width=width,
-        frames_indices=np.asarray(indices),
+        height=v.height,
+        width=v.width,
+        frames_indices=np.asarray(v.indices),
     )
-    return video, meta
+    return np.stack(got), meta
+
+
+def check_image(path: Path) -> None:
+    """Decode every pixel of ``path`` (Pillow), so damaged image data fails before a model loads."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            img.load()
+    except Exception as exc:  # noqa: BLE001 - any decode failure is the file's fault
+        raise InputError(
+            f"{path}: cannot decode the image ({type(exc).__name__}: {exc})", "re-export or re-download the image"
+        ) from None
+
+
+def check_media(requests: list[Any], sampling: Any) -> None:
+    """Decode every request's images and the sampled frames of its videos, each file once, before any load.
+
+    ``sampling``: the caps' fps / min_frames / max_frames (the processor's frame sampling). Errors name the
+    file and, for a batch file, the request's ``file:line``.
+    """
+    from qwenvl_rbln.inference.requests import FLAGS_SOURCE
+
+    done: set[Path] = set()
+    for req in requests:
+        prefix = "" if req.source == FLAGS_SOURCE else f"{req.source}: "
+        for kind, paths in (("image", req.images), ("video", req.videos)):
+            for path in paths:
+                key = Path(path).absolute()
+                if key in done:
+                    continue
+                try:
+                    if kind == "image":
+                        check_image(path)
+                    else:
+                        decode_video(path, sampling, keep=False)
+                except InputError as exc:
+                    raise InputError(prefix + exc.message, exc.hint) from None
+                done.add(key)
 
 
 def render_prompt(processor: Any, request: Any) -> str:
     return processor.apply_chat_template(request.messages(), tokenize=False, add_generation_prompt=True)
 
 
-def build_inputs(processor: Any, requests: list[Any]) -> tuple[Any, dict[str, Any]]:
-    """One processor call for a batch of requests; returns (BatchFeature, info with grids and lengths)."""
-    texts = [render_prompt(processor, r) for r in requests]
-    images = [load_image(p) for r in requests for p in r.images]
-    videos: list[Any] = []
-    metas: list[Any] = []
-    for r in requests:
-        for p in r.videos:
-            frames, meta = load_video(p, processor.video_processor)
-            videos.append(frames)
-            metas.append(meta)
-    kwargs: dict[str, Any] = {"text": texts, "padding": True, "return_tensors": "pt"}
+def _request_inputs(processor: Any, request: Any) -> Any:
+    """One request through the processor, under whatever caps the processor holds now."""
+    kwargs: dict[str, Any] = {"text": [render_prompt(processor, request)], "return_tensors": "pt"}
+    images = [load_image(p) for p in request.images]
     if images:
         kwargs["images"] = images
-    if videos:
-        kwargs["videos"] = videos
-        kwargs["video_metadata"] = metas
+    if request.videos:
+        loaded = [load_video(p, processor.video_processor) for p in request.videos]
+        kwargs["videos"] = [frames for frames, _ in loaded]
+        kwargs["video_metadata"] = [meta for _, meta in loaded]
         kwargs["do_sample_frames"] = False
-    inputs = processor(**kwargs)
+    return processor(**kwargs)
+
+
+SEQUENCE_PAD = {"input_ids": None, "attention_mask": 0, "mm_token_type_ids": 0, "token_type_ids": 0}
+
+
+def merge_inputs(parts: list[Any], pad_id: int) -> Any:
+    """Single-request processor outputs as one left-padded batch, as ``processor(..., padding=True)`` builds it.
+
+    Per-token tensors (``SEQUENCE_PAD``) are left padded (input_ids with ``pad_id``); everything else
+    (pixel values, grids) is concatenated in request order, as the processor flattens them.
+    """
+    import torch
+    from transformers.feature_extraction_utils import BatchFeature
+
+    width = max(int(p["input_ids"].shape[1]) for p in parts)
+    merged: dict[str, Any] = {}
+    for key in parts[0]:
+        tensors = [p[key] for p in parts if key in p]
+        if key in SEQUENCE_PAD:
+            fill = pad_id if SEQUENCE_PAD[key] is None else SEQUENCE_PAD[key]
+            tensors = [
+                torch.nn.functional.pad(t, (width - t.shape[1], 0), value=fill) if t.shape[1] < width else t
+                for t in tensors
+            ]
+        merged[key] = torch.cat(tensors, dim=0)
+    for key in {k for p in parts for k in p} - set(merged):  # a modality only later requests have
+        merged[key] = torch.cat([p[key] for p in parts if key in p], dim=0)
+    return BatchFeature(data=merged)
+
+
+def build_inputs(processor: Any, requests: list[Any], caps: Any = None) -> tuple[Any, dict[str, Any]]:
+    """The batch of ``requests``; returns (BatchFeature, info with grids and lengths).
+
+    Each request is processed under its own caps (``Request.caps``, else ``caps``, else the processor's
+    current ones); the processor is left holding ``caps`` when given.
+    """
+    parts = []
+    try:
+        for r in requests:
+            own = getattr(r, "caps", None) or caps
+            if own is not None:
+                apply_caps(processor, own)
+            parts.append(_request_inputs(processor, r))
+    finally:
+        if caps is not None:
+            apply_caps(processor, caps)
+    pad_id = getattr(processor.tokenizer, "pad_token_id", None)
+    inputs = merge_inputs(parts, 0 if pad_id is None else int(pad_id))
     mask = inputs["attention_mask"]
     info = {
         "prompt_tokens": [int(x) for x in mask.sum(dim=1).tolist()],

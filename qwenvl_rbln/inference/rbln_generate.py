@@ -63,6 +63,7 @@ class RblnBackend:
         self.placement = {"device": device, "visual_device": visual_device}
         self.load_rbln_config = rbln_backend.load_rbln_config(device, visual_device, True)
         # the processor first: a broken processor must not cost an NPU load
+        self.caps = caps
         self.processor = load_processor(self.artifact_dir, caps)
         self.model = rbln_backend.load_model(
             self.artifact_dir, device, visual_device, create_runtimes=True, model_cls=model_cls
@@ -107,6 +108,7 @@ class RblnBackend:
             max_seq_len=max_seq_len,
             strict_length=True,
             stream_prefix=stream_prefix,
+            caps=self.caps,
         )
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ in one process (tests, benchmarks) load once.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import IO, Any
 
@@ -24,12 +25,50 @@ TORCH_INSTALL_HINT = "pip install torch torchvision transformers==5.15.1 (or `pi
 _CACHE: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
 
-def torch_device(requested: str | None = None) -> str:
-    """``requested``, else $QVL_TORCH_DEVICE, else cuda when available, else cpu."""
+DEVICE_RE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def device_spelling(value: str | None, flag: str = "--torch-device") -> str | None:
+    """``value`` when it is cpu, cuda or cuda:N (nothing else runs Qwen3-VL here); InputError otherwise."""
+    if value is None:
+        return None
+    dev = value.strip().lower()
+    if not DEVICE_RE.fullmatch(dev):
+        fix = "cpu, cuda or cuda:N (N: a GPU index)"
+        hint = f"use --torch-device {fix}" if flag.startswith("--") else f"set {flag} to {fix}, or unset it"
+        raise InputError(f"{flag} {value!r} is not cpu, cuda or cuda:N", hint)
+    return dev
+
+
+def _check_cuda(dev: str, flag: str) -> None:
+    """InputError (exit 2: a wrong flag, not a missing package) when the asked-for GPU is not there."""
     import torch
 
-    dev = requested or os.environ.get("QVL_TORCH_DEVICE")
+    if not dev.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        raise InputError(
+            f"{flag} {dev}: no CUDA GPU is available (torch {torch.__version__}, CUDA build "
+            f"{torch.version.cuda or 'none'})",
+            "run on the CPU with --torch-device cpu (or leave --torch-device out: cuda when available, else cpu)",
+        )
+    index = int(dev.split(":")[1]) if ":" in dev else 0
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise InputError(
+            f"{flag} {dev}: this machine has {count} CUDA GPU{'s' if count != 1 else ''}",
+            f"use an index below {count}, e.g. --torch-device cuda:0",
+        )
+
+
+def torch_device(requested: str | None = None) -> str:
+    """``requested``, else $QVL_TORCH_DEVICE, else cuda when available, else cpu; checked against the machine."""
+    import torch
+
+    flag = "--torch-device" if requested else "QVL_TORCH_DEVICE"
+    dev = device_spelling(requested or os.environ.get("QVL_TORCH_DEVICE") or None, flag)
     if dev:
+        _check_cuda(dev, flag)
         return dev
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -63,6 +102,7 @@ def _require_torch() -> None:
 
 def load_reference(model_dir: Path, device: str | None = None) -> tuple[Any, Any, str]:
     """(model, processor, device) for a local Qwen3-VL directory in Hugging Face format (cached)."""
+    from qwenvl_rbln.inference.inputs import check_processor
     from qwenvl_rbln.modelinfo import read_model_config
 
     model_dir = user_path(model_dir).absolute()
@@ -94,11 +134,12 @@ def load_reference(model_dir: Path, device: str | None = None) -> tuple[Any, Any
     finally:
         if bar_was_on:
             hf_logging.enable_progress_bar()
-    if not hasattr(processor, "image_processor"):
+    if not hasattr(processor, "image_processor") or not hasattr(processor, "tokenizer"):
         raise InputError(
             f"{model_dir}: AutoProcessor gave {type(processor).__name__}, not a Qwen3-VL processor",
             "point at a Qwen3-VL model directory with its processor files",
         )
+    check_processor(processor, model_dir)
     model = model.to(dev).eval()
     _CACHE.clear()  # one model per process is enough
     _CACHE[key] = (model, processor)
@@ -162,8 +203,9 @@ class ReferenceBackend:
             sink=sink,
             device=self.device,
             max_seq_len=max_seq_len,
-            strict_length=False,
+            strict_length=True,  # as on the NPU: refused before generate, not minutes later
             stream_prefix=stream_prefix,
+            caps=self.caps,
         )
 
     def memory(self) -> dict[str, Any]:

@@ -42,6 +42,7 @@ class Request:
     source: str = FLAGS_SOURCE  # "command line" or "requests.jsonl:3"
     image_info: list[ImageInfo] = field(default_factory=list)  # filled by validate_requests
     video_info: list[VideoInfo] = field(default_factory=list)
+    caps: Any = None  # plan.ProcessorCaps for this request alone (vision_report decides; None: the backend's)
 
     @property
     def has_media(self) -> bool:

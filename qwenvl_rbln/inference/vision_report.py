@@ -8,21 +8,24 @@ temporal patch (2 frames), all of the same length.
 Oversize inputs (more patches than the largest bucket; possible when ``processor.max_pixels`` was
 raised or the artifact has smaller buckets than the preset) are handled per ``on_oversize``:
 
-* ``resize`` (default): cap the processor so they fit: images ``max_pixels = largest * 256``;
-  videos ``video_max_pixels = geometry.video_max_pixels_for_bucket(largest, T)`` for the smallest
-  sampled frame count ``T`` among the oversize videos. The processor is one object per run, so the
-  cap applies to every input of the run; the whole report is recomputed with it and says so.
-* ``error``: raise the InputError of ``buckets.oversize_error`` (input, patches, largest bucket, both fixes).
+* ``resize`` (default): cap the processor for that request only, so they fit: images
+  ``max_pixels = largest * 256``; videos ``video_max_pixels = geometry.video_max_pixels_for_bucket(largest,
+  T)`` for the smallest sampled frame count ``T`` among the request's oversize videos. Each request is
+  processed under its own caps (``inputs.build_inputs``), so a request's result never depends on the
+  other requests of the run; its report is recomputed with the cap and says so.
+* ``error``: raise the InputError of ``buckets.oversize_error`` (input, patches, largest bucket); on
+  compiled artifacts the fix is a recompile (the compiled buckets cannot change at run time) or a resize.
 
 Pure Python (geometry + buckets): no torch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from qwenvl_rbln.buckets import oversize_error, select_bucket
+from qwenvl_rbln.buckets import oversize_error, round_up, select_bucket
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.geometry import (
     image_geometry_for,
@@ -68,28 +71,32 @@ class VisionItem:
 
 @dataclass
 class VisionPlan:
-    """Per request id, its vision items; the processor caps actually used; what oversize handling did."""
+    """Per request id, its vision items and processor caps; what oversize handling did."""
 
     items: dict[str, list[VisionItem]]
-    caps: Any  # plan.ProcessorCaps actually handed to the processor
-    plan_caps: Any  # the plan's caps before oversize handling
+    caps: Any  # plan.ProcessorCaps of the plan: what a request without oversize inputs is processed with
+    request_caps: dict[str, Any]  # per request id: the caps its processor call uses
     buckets: list[int]
     on_oversize: str
     capped: list[dict[str, Any]] = field(default_factory=list)  # one entry per input that needed the cap
 
     @property
     def notes(self) -> list[str]:
+        """One line per distinct cap, naming the requests it applies to."""
+        changes: dict[tuple[str, int, int], list[str]] = {}
+        for rid, caps in self.request_caps.items():
+            for key in ("max_pixels", "video_max_pixels"):
+                old, new = getattr(self.caps, key), getattr(caps, key)
+                if old != new:
+                    changes.setdefault((key, old, new), []).append(rid)
         out = []
-        if self.caps.max_pixels != self.plan_caps.max_pixels:
+        for (key, old, new), rids in changes.items():
+            what = "images" if key == "max_pixels" else "videos"
+            fits = "every image fits" if key == "max_pixels" else "every temporal patch fits"
+            shown = ", ".join(rids[:5]) + (f" and {len(rids) - 5} more" if len(rids) > 5 else "")
             out.append(
-                f"images: processor max_pixels capped {self.plan_caps.max_pixels} -> {self.caps.max_pixels} "
-                f"so every image fits the largest ViT bucket {self.buckets[-1]} (--on-oversize resize)"
-            )
-        if self.caps.video_max_pixels != self.plan_caps.video_max_pixels:
-            out.append(
-                f"videos: processor video_max_pixels capped {self.plan_caps.video_max_pixels} -> "
-                f"{self.caps.video_max_pixels} so every temporal patch fits bucket {self.buckets[-1]} "
-                "(--on-oversize resize)"
+                f"{what}: processor {key} capped {old} -> {new} for request{'s' if len(rids) > 1 else ''} {shown} "
+                f"so {fits} the largest ViT bucket {self.buckets[-1]} (--on-oversize resize)"
             )
         return out
 
@@ -98,7 +105,7 @@ class VisionPlan:
             "buckets": self.buckets,
             "on_oversize": self.on_oversize,
             "processor": self.caps.to_dict(),
-            "plan_processor": self.plan_caps.to_dict(),
+            "request_processor": {rid: c.to_dict() for rid, c in self.request_caps.items()},
             "capped": self.capped,
             "notes": self.notes,
             "items": {rid: [i.to_dict() for i in items] for rid, items in self.items.items()},
@@ -154,21 +161,113 @@ def video_item(
     return _item(info.path, "video", g, g.vit_calls, buckets, frames=g.sampled_frames, notes=list(g.notes))
 
 
-def _items(requests: list[Any], caps: Any, buckets: list[int], geo: dict[str, int]) -> dict[str, list[VisionItem]]:
+def _request_items(req: Any, caps: Any, buckets: list[int], geo: dict[str, int]) -> list[VisionItem]:
     tps = geo.get("temporal_patch_size", 2)
     ps, ms = geo.get("patch_size", 16), geo.get("merge_size", 2)
-    out: dict[str, list[VisionItem]] = {}
-    for req in requests:
-        items = [image_item(i, caps, buckets, patch_size=ps, merge_size=ms) for i in req.image_info]
-        items += [
-            video_item(v, caps, buckets, patch_size=ps, merge_size=ms, temporal_patch_size=tps) for v in req.video_info
-        ]
-        out[req.id] = items
-    return out
+    items = [image_item(i, caps, buckets, patch_size=ps, merge_size=ms) for i in req.image_info]
+    items += [
+        video_item(v, caps, buckets, patch_size=ps, merge_size=ms, temporal_patch_size=tps) for v in req.video_info
+    ]
+    return items
 
 
-def _oversize(items: dict[str, list[VisionItem]]) -> list[VisionItem]:
-    return [i for group in items.values() for i in group if i.bucket is None]
+def _list_arg(values: list[int]) -> str:
+    return "[" + ",".join(str(v) for v in values) + "]"
+
+
+def _cap_fix(item: VisionItem, largest: int, geo: dict[str, int]) -> str:
+    """The processor cap that resizes ``item`` into the largest bucket, as a --set."""
+    ps, tps = geo["patch_size"], geo["temporal_patch_size"]
+    if item.kind == "video":
+        t = item.frames if item.frames and item.frames >= tps else tps
+        return f"--set processor.video_max_pixels={video_max_pixels_for_bucket(largest, t, ps, tps)}"
+    return f"--set processor.max_pixels={max_pixels_for_bucket(largest, ps)}"
+
+
+def _oversize_error(
+    item: VisionItem,
+    buckets: list[int],
+    geo: dict[str, int],
+    recompile: Callable[[str], str] | None,
+    resizable: bool = True,
+) -> InputError:
+    """buckets.oversize_error, with fixes that work where the buckets are compiled (``recompile`` given);
+    ``resizable``: --on-oversize resize would fit it (False: resizing was tried and cannot)."""
+    exc = oversize_error(
+        item.input,
+        item.patches,
+        buckets,
+        kind=item.kind,
+        frames=item.frames,
+        patch_size=geo["patch_size"],
+        temporal_patch_size=geo["temporal_patch_size"],
+    )
+    resize = "--on-oversize resize (the default)"
+    if recompile is None:
+        return InputError(exc.message, f"{exc.hint}; or let qvl resize it: {resize}" if resizable else exc.hint)
+    new_buckets = _list_arg(sorted({*buckets, round_up(item.patches)}))
+    command = recompile(f"visual.max_seq_len={new_buckets}")
+    hint = f"the compiled ViT buckets cannot change at run time: recompile with a bucket that fits: `{command}`"
+    if resizable:
+        hint += (
+            f"; or run it resized to the largest bucket {buckets[-1]}: {resize}, or cap the processor: "
+            f"{_cap_fix(item, buckets[-1], geo)}"
+        )
+    return InputError(exc.message, hint)
+
+
+def _capped_caps(caps: Any, over: list[VisionItem], largest: int, geo: dict[str, int]) -> Any:
+    """``caps`` lowered just enough for ``over`` (one request's oversize inputs) to fit the largest bucket."""
+    ps, tps = geo["patch_size"], geo["temporal_patch_size"]
+    new = caps
+    if any(i.kind == "image" for i in over):
+        cap = min(caps.max_pixels, max_pixels_for_bucket(largest, ps))
+        new = replace(new, max_pixels=cap, min_pixels=min(new.min_pixels, cap))
+    videos = [i for i in over if i.kind == "video"]
+    if videos:
+        frames = min(max(i.frames or tps, tps) for i in videos)
+        vcap = min(caps.video_max_pixels, video_max_pixels_for_bucket(largest, frames, ps, tps))
+        new = replace(new, video_max_pixels=vcap, video_min_pixels=min(new.video_min_pixels, vcap))
+    return new
+
+
+def _plan_request(
+    req: Any,
+    caps: Any,
+    buckets: list[int],
+    geo: dict[str, int],
+    on_oversize: str,
+    recompile: Callable[[str], str] | None,
+) -> tuple[list[VisionItem], Any, list[dict[str, Any]]]:
+    """(items, caps, capped entries) of one request, decided from that request alone."""
+    items = _request_items(req, caps, buckets, geo)
+    over = [i for i in items if i.bucket is None]
+    if not over:
+        return items, caps, []
+    if on_oversize == "error":
+        raise _oversize_error(over[0], buckets, geo, recompile)
+    new_caps = _capped_caps(caps, over, buckets[-1], geo)
+    new_items = _request_items(req, new_caps, buckets, geo)
+    still = [i for i in new_items if i.bucket is None]
+    if still:  # the max(factor, ...) floor of extreme aspect ratios: resizing cannot help
+        raise _oversize_error(still[0], buckets, geo, recompile, resizable=False)
+    capped = []
+    for old, it in zip(items, new_items, strict=True):
+        if old.bucket is None:
+            it.capped, it.patches_before_cap = True, old.patches
+            capped.append(
+                {
+                    "request": req.id,
+                    "input": it.input,
+                    "kind": it.kind,
+                    "patches_before": old.patches,
+                    "patches": it.patches,
+                    "bucket": it.bucket,
+                }
+            )
+        elif (old.resized_width, old.resized_height) != (it.resized_width, it.resized_height):
+            it.notes.append("resized smaller by its request's oversize cap")
+    return new_items, new_caps, capped
 
 
 def plan_vision(
@@ -180,10 +279,13 @@ def plan_vision(
     patch_size: int = 16,
     merge_size: int = 2,
     temporal_patch_size: int = 2,
+    recompile: Callable[[str], str] | None = None,
 ) -> VisionPlan:
     """Bucket every image/video of ``requests`` (their ``image_info``/``video_info`` must be probed).
 
-    ``caps`` is a ``plan.ProcessorCaps``; ``buckets`` the compiled ViT buckets (any order).
+    ``caps`` is a ``plan.ProcessorCaps``; ``buckets`` the ViT buckets (any order). ``recompile(set)``
+    gives the `qvl compile` command that adds ``--set set`` to the artifact (None: the buckets come from
+    the preset, so ``--set visual.max_seq_len`` itself is the fix).
     """
     if on_oversize not in ON_OVERSIZE:
         raise InputError(
@@ -191,70 +293,15 @@ def plan_vision(
             "use --on-oversize resize (default) or --on-oversize error",
         )
     buckets = sorted(buckets)
-    largest = buckets[-1]
     geo = {"patch_size": patch_size, "merge_size": merge_size, "temporal_patch_size": temporal_patch_size}
-    items = _items(requests, caps, buckets, geo)
-    over = _oversize(items)
-    plan_caps = caps
+    items: dict[str, list[VisionItem]] = {}
+    request_caps: dict[str, Any] = {}
     capped: list[dict[str, Any]] = []
-    if over:
-        first = over[0]
-        if on_oversize == "error":
-            raise oversize_error(
-                first.input,
-                first.patches,
-                buckets,
-                kind=first.kind,
-                frames=first.frames,
-                patch_size=patch_size,
-                temporal_patch_size=temporal_patch_size,
-            )
-        new = caps
-        if any(i.kind == "image" for i in over):
-            cap = min(caps.max_pixels, max_pixels_for_bucket(largest, patch_size))
-            new = replace(new, max_pixels=cap, min_pixels=min(new.min_pixels, cap))
-        videos = [i for i in over if i.kind == "video"]
-        if videos:
-            frames = min(max(i.frames or temporal_patch_size, temporal_patch_size) for i in videos)
-            vcap = min(
-                caps.video_max_pixels, video_max_pixels_for_bucket(largest, frames, patch_size, temporal_patch_size)
-            )
-            new = replace(new, video_max_pixels=vcap, video_min_pixels=min(new.video_min_pixels, vcap))
-        before = {(rid, n): it for rid, group in items.items() for n, it in enumerate(group)}
-        items = _items(requests, new, buckets, geo)
-        still = _oversize(items)
-        if still:  # the max(factor, ...) floor of extreme aspect ratios: resizing cannot help
-            s = still[0]
-            raise oversize_error(
-                s.input,
-                s.patches,
-                buckets,
-                kind=s.kind,
-                frames=s.frames,
-                patch_size=patch_size,
-                temporal_patch_size=temporal_patch_size,
-            )
-        for rid, group in items.items():
-            for n, it in enumerate(group):
-                old = before[(rid, n)]
-                if old.bucket is None:
-                    it.capped = True
-                    it.patches_before_cap = old.patches
-                    capped.append(
-                        {
-                            "request": rid,
-                            "input": it.input,
-                            "kind": it.kind,
-                            "patches_before": old.patches,
-                            "patches": it.patches,
-                            "bucket": it.bucket,
-                        }
-                    )
-                elif (old.resized_width, old.resized_height) != (it.resized_width, it.resized_height):
-                    it.notes.append("resized smaller by the run-wide oversize cap")
-        caps = new
+    for req in requests:
+        items[req.id], request_caps[req.id], req_capped = _plan_request(req, caps, buckets, geo, on_oversize, recompile)
+        capped.extend(req_capped)
     return VisionPlan(
-        items=items, caps=caps, plan_caps=plan_caps, buckets=buckets, on_oversize=on_oversize, capped=capped
+        items=items, caps=caps, request_caps=request_caps, buckets=buckets, on_oversize=on_oversize, capped=capped
     )
 
 
