@@ -11,7 +11,9 @@ Both sides start from the image file and the prompt and end with the generated t
   so model loading is excluded on both sides.
 
 Each round runs the three cases in a shuffled order (seeded), after one warm-up each; medians (and minima)
-are reported. On a shared 2-CPU machine the round-to-round noise is a few percent, so use --runs 40 or more.
+are reported, of wall time and of CPU time (``process_time``: with ``--threads 1`` it is the work done, not the
+time spent waiting for a core another process holds). On a shared 2-CPU machine the round-to-round noise is a
+few percent, so use --runs 40 or more.
 The tiny model decodes a token in a few milliseconds, so any fixed per-token cost of qvl shows up here far
 more than it would with Qwen3-VL-2B.
 
@@ -136,19 +138,22 @@ def main() -> None:
     if len({tuple(t) for t in tokens.values()}) != 1:
         raise SystemExit(f"outputs differ between paths: {tokens}")
     times: dict[str, list[float]] = {name: [] for name in cases}
+    cpu: dict[str, list[float]] = {name: [] for name in cases}  # CPU seconds: immune to waiting for a busy core
     order = list(cases)
     rng = random.Random(0)
     for _ in range(args.runs):
         rng.shuffle(order)  # a fixed order lets whatever runs after a given case (cache, allocator) bias it
         for name in order:
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             cases[name]()
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
     fixed = fixed_costs(opts, art, plan)
     backend.close()
     devnull.close()
     shutil.rmtree(tmp, ignore_errors=True)
     base = statistics.median(times["bare transformers"])
+    bare_cpu = cpu["bare transformers"]
     result = {
         "model": "qvl tiny Qwen3-VL (random weights)",
         "request": {
@@ -175,6 +180,12 @@ def main() -> None:
         "overhead_pct_of_min": {
             name: round(100 * (min(t) - min(times["bare transformers"])) / min(times["bare transformers"]), 2)
             for name, t in times.items()
+            if name != "bare transformers"
+        },
+        "cpu_median_s": {name: round(statistics.median(t), 4) for name, t in cpu.items()},
+        "cpu_overhead_pct_paired": {  # the same paired ratio on CPU time (process_time, all threads)
+            name: round(100 * (statistics.median(a / b for a, b in zip(t, bare_cpu, strict=True)) - 1), 2)
+            for name, t in cpu.items()
             if name != "bare transformers"
         },
         "qvl_fixed_costs_ms": fixed,
