@@ -975,16 +975,14 @@ def record_last_compile(output_dir: Path, preset: str) -> None:
         pass  # a convenience only: never fail a finished compile over it
 
 
-def last_compile() -> dict[str, str] | None:
-    """The latest compile's {output_dir, preset} when that directory still exists, else None."""
+def last_compile(*, require_dir: bool = True) -> dict[str, str] | None:
+    """The latest compile's {output_dir, preset}; with ``require_dir`` only while that directory still exists."""
     try:
         data = json.loads(_last_compile_path().read_text(encoding="utf-8"))
-        if (
-            isinstance(data, dict)
-            and Path(str(data.get("output_dir"))).is_dir()
-            and isinstance(data.get("preset"), str)
-        ):
-            return {"output_dir": str(data["output_dir"]), "preset": data["preset"]}
     except (OSError, ValueError):
-        pass
-    return None
+        return None
+    if not (isinstance(data, dict) and isinstance(data.get("output_dir"), str) and isinstance(data.get("preset"), str)):
+        return None
+    if require_dir and not Path(data["output_dir"]).is_dir():
+        return None
+    return {"output_dir": data["output_dir"], "preset": data["preset"]}

@@ -223,13 +223,7 @@ def _last_compile_record() -> dict[str, str] | None:
     """The last compile's {output_dir, preset}, even when that directory has been deleted since."""
     from qwenvl_rbln import artifacts
 
-    try:
-        data = json.loads(artifacts._last_compile_path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if isinstance(data, dict) and isinstance(data.get("output_dir"), str) and isinstance(data.get("preset"), str):
-        return {"output_dir": data["output_dir"], "preset": data["preset"]}
-    return None
+    return artifacts.last_compile(require_dir=False)
 
 
 def _preset_output_dir(preset: str, sets: list[str]) -> Path:
