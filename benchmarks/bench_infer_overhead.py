@@ -79,6 +79,25 @@ def fixed_costs(opts: object, art: Path, plan: object, reps: int = 50) -> dict[s
     }
 
 
+def wide_model(path: Path, scale: int) -> Path:
+    """The tiny Qwen3-VL widened ``scale`` times (random weights, same tokenizer and processor)."""
+    from qwenvl_rbln import tiny_model as tm
+
+    text, vision = dict(tm.TEXT_DIMS), dict(tm.VISION_DIMS)
+    for key in ("hidden_size", "intermediate_size", "head_dim"):
+        tm.TEXT_DIMS[key] = text[key] * scale
+    tm.TEXT_DIMS["mrope_section"] = [v * scale for v in text["mrope_section"]]
+    for key in ("hidden_size", "intermediate_size"):
+        tm.VISION_DIMS[key] = vision[key] * scale
+    try:
+        return tm.create_tiny_model(path)
+    finally:
+        tm.TEXT_DIMS.clear()
+        tm.TEXT_DIMS.update(text)
+        tm.VISION_DIMS.clear()
+        tm.VISION_DIMS.update(vision)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=15)
@@ -87,6 +106,13 @@ def main() -> None:
     ap.add_argument("--prompt", default="Describe this image.")
     ap.add_argument("--no-end-to-end", action="store_true", help="leave out the run_infer case")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (fixed for stable timings)")
+    ap.add_argument(
+        "--scale",
+        type=int,
+        default=1,
+        help="widen the random model N times (hidden 64N, head_dim 16N; same depth): a request that costs more, "
+        "as a real one does, so qvl's fixed per-request work is seen at a realistic share",
+    )
     args = ap.parse_args()
 
     import torch
@@ -101,9 +127,9 @@ def main() -> None:
     from qwenvl_rbln.plan import build_plan
     from qwenvl_rbln.tiny_model import ensure_tiny_model
 
-    ensure_tiny_model()
     tmp = Path(tempfile.mkdtemp(prefix="qvl-bench-"))
-    plan = build_plan("cpu-tiny", output_dir=str(tmp / "cpu-tiny"))
+    model_dir = str(ensure_tiny_model()) if args.scale == 1 else str(wide_model(tmp / "model", args.scale))
+    plan = build_plan("cpu-tiny", model=model_dir, output_dir=str(tmp / "cpu-tiny"))
     run_compile(plan, estimate_plan(plan), use_cache=False, heartbeat_s=0)
     art = tmp / "cpu-tiny"
 
@@ -155,7 +181,7 @@ def main() -> None:
     base = statistics.median(times["bare transformers"])
     bare_cpu = cpu["bare transformers"]
     result = {
-        "model": "qvl tiny Qwen3-VL (random weights)",
+        "model": "qvl tiny Qwen3-VL (random weights)" + (f", widened {args.scale}x" if args.scale > 1 else ""),
         "request": {
             "image": Path(args.image).name,
             "prompt": args.prompt,
