@@ -723,12 +723,12 @@ def ensure_fits(report: MemoryReport | dict[str, Any], *, force: bool = False) -
     raise DoesNotFit(f"the memory planner predicts this will not fit: {where}", fit_hint(data))
 
 
-def fit_hint(data: dict[str, Any]) -> str:
+def fit_hint(data: dict[str, Any], more_where: str = "in `qvl compile --dry-run`") -> str:
     """The fix for a configuration that does not fit: the planner's first ready --set, or, when no single change
     it tries fits, what is too large and what is left to change."""
     hints = [" ".join(f"--set {x}" for x in sug["set"]) for sug in data.get("suggestions") or []]
     if hints:
-        more = f" ({len(hints) - 1} more in `qvl compile --dry-run`)" if len(hints) > 1 else ""
+        more = f" ({len(hints) - 1} more {more_where})" if len(hints) > 1 else ""
         return f"try {hints[0]}{more}, or pass --force to compile anyway"
     return (
         "no single change the planner tries fits (context, batch, ViT bucket, ViT placement, memory_budget): "

@@ -96,8 +96,10 @@ def register(app: typer.Typer) -> None:
                 from qwenvl_rbln.errors import DoesNotFit
                 from qwenvl_rbln.memory import fit_hint
 
+                where = "in the JSON's memory.suggestions" if as_json else "above"
                 raise DoesNotFit(
-                    "dry run: the memory planner predicts this configuration will not fit", fit_hint(data["memory"])
+                    "dry run: the memory planner predicts this configuration will not fit",
+                    fit_hint(data["memory"], where),
                 )
             return
         from qwenvl_rbln.compile_job import run_compile
