@@ -20,8 +20,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime as _dt
+import fnmatch
 import hashlib
-import itertools
 import json
 import os
 import re
@@ -387,13 +387,11 @@ def check_target(target: Path, force: bool) -> None:
     refuse_to_replace_a_non_artifact(target)
 
 
-ARTIFACT_MARKERS = (MANIFEST_NAME, RBLN_CONFIG_NAME, TORCH_CONFIG_NAME)
-
-
 def refuse_to_replace_a_non_artifact(target: Path) -> None:
     """``--force`` replaces a compiled artifact, never an arbitrary directory: a typo such as ``-o .`` or
-    ``-o ~/thesis`` must not delete a user's files. An artifact holds one of ``ARTIFACT_MARKERS`` or a compiled
-    ``*.rbln`` graph."""
+    ``-o ~/thesis`` must not delete a user's files. An artifact is a directory whose qvl manifest lists every
+    file in it, or (compiled without qvl) an optimum-rbln ``rbln_config.json`` beside nothing but the kinds of
+    file optimum-rbln writes."""
     target = Path(target).absolute()
     cwd = Path.cwd().absolute()
     protected = {Path(target.anchor), Path.home().absolute(), cwd, *cwd.parents}
@@ -403,14 +401,59 @@ def refuse_to_replace_a_non_artifact(target: Path) -> None:
             "your home or the root; nothing was touched",
             "compile into a new directory with -o DIR",
         )
-    if not any((target / name).is_file() for name in ARTIFACT_MARKERS) and not any(target.glob("*.rbln")):
-        names = sorted(p.name for p in itertools.islice(target.iterdir(), 50))
-        held = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    if target.is_symlink():
         raise InputError(
-            f"refusing to replace {target} with --force: it is not a compiled artifact (no "
-            f"{' / '.join(ARTIFACT_MARKERS)} / *.rbln; it holds {held}); nothing was touched",
-            "compile into a new directory with -o DIR, or remove that directory yourself if you mean to",
+            f"refusing to replace {target} with --force: it is a symlink (to {os.readlink(target)}); nothing was "
+            "touched",
+            "pass the directory it points to with -o, or a new directory",
         )
+    why = _not_an_artifact(target)
+    if why:
+        raise InputError(
+            f"refusing to replace {target} with --force: {why}; nothing was touched",
+            "compile into a new directory with -o DIR, or move those files out (or remove the directory yourself)",
+        )
+
+
+# What optimum-rbln's save_pretrained writes (graphs, configs, tokenizer/processor files, host-side weights).
+_OPTIMUM_FILE_PATTERNS = ("*.rbln", "*.json", "*.jinja", "*.pth", "merges.txt", "tokenizer.model")
+
+
+def _all_files(root: Path) -> list[str]:
+    """Every regular file below ``root``, hidden ones included (they are someone's files too)."""
+    out = []
+    for dirpath, _dirs, files in os.walk(root):
+        out += [(Path(dirpath) / name).relative_to(root).as_posix() for name in files]
+    return sorted(out)
+
+
+def _not_an_artifact(target: Path) -> str | None:
+    """None for a directory --force may replace, else why not (naming a few of the files that block it)."""
+    present = [p for p in _all_files(target) if p != MANIFEST_NAME]
+    try:
+        manifest = read_manifest(target)
+    except InputError:
+        manifest = None
+    if manifest is not None:
+        foreign = [p for p in present if p not in manifest["files"]]
+        if foreign:
+            return f"it holds files its {MANIFEST_NAME} does not list ({_some(foreign)})"
+        return None
+    try:
+        cfg = json.loads((target / RBLN_CONFIG_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cfg = None
+    if not isinstance(cfg, dict) or "cls_name" not in cfg:
+        where = f"no qvl manifest or optimum-rbln {RBLN_CONFIG_NAME}"
+        return f"it is not a compiled artifact ({where}; it holds {_some(present)})"
+    foreign = [p for p in present if not any(fnmatch.fnmatch(Path(p).name, pat) for pat in _OPTIMUM_FILE_PATTERNS)]
+    if foreign:
+        return f"besides the optimum-rbln artifact it holds other files ({_some(foreign)})"
+    return None
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "") if names else "nothing"
 
 
 @contextlib.contextmanager

@@ -85,7 +85,7 @@ def test_atomic_output_dir_failure_leaves_old_untouched(tmp_path, exc):
     target = tmp_path / "out"
     target.mkdir()
     (target / "old.txt").write_text("old")
-    (target / artifacts.MANIFEST_NAME).write_text("{}")  # an artifact: --force may replace it
+    artifacts.write_manifest(target, {"format": 1})  # an artifact (its manifest lists old.txt): --force may replace it
     with pytest.raises(type(exc)), artifacts.atomic_output_dir(target, force=True) as staging:
         (staging / "half.txt").write_text("half")
         (tmp_path / f"{staging.name}.tmp").mkdir()  # a helper's own temp sibling (optimum-rbln save_pretrained)
@@ -98,7 +98,7 @@ def test_existing_target_needs_force_and_force_replaces(tmp_path):
     target = tmp_path / "out"
     target.mkdir()
     (target / "old.txt").write_text("old")
-    (target / "prefill.rbln").write_bytes(b"graph")  # a compiled graph makes it an artifact
+    artifacts.write_manifest(target, {"format": 1})  # a manifest listing every file makes it an artifact
     with pytest.raises(InputError, match="already exists") as info, artifacts.atomic_output_dir(target):
         pass
     assert info.value.exit_code == 2 and "--force" in info.value.one_line() and (target / "old.txt").exists()
@@ -302,3 +302,53 @@ def test_placement_from_artifact(tmp_path):
     for c in cfg["_compile_cfgs"]:
         c["num_devices"] = 2
     assert artifacts.placement_from_artifact(cfg, None)["device"] == [0, 1]
+
+
+def _fake_manifest(d):
+    (d / "precious.txt").write_text("keep")
+    (d / artifacts.MANIFEST_NAME).write_text("{}")
+
+
+def _manifest_then_user_file(d):
+    artifacts.write_manifest(d, {"format": 1})
+    (d / "notes.txt").write_text("mine")  # written after the compile: not in the manifest
+
+
+def _optimum_artifact_plus_user_file(d):
+    (d / artifacts.RBLN_CONFIG_NAME).write_text(json.dumps({"cls_name": "RBLNQwen3VLForConditionalGeneration"}))
+    (d / "prefill.rbln").write_bytes(b"g")
+    (d / ".hidden-notes").write_text("mine")
+
+
+@pytest.mark.parametrize(
+    ("setup", "needle"),
+    [
+        (_fake_manifest, "not a compiled artifact"),
+        (_manifest_then_user_file, "does not list (notes.txt)"),
+        (_optimum_artifact_plus_user_file, "other files (.hidden-notes)"),
+    ],
+)
+def test_force_replaces_only_a_real_artifact(tmp_path, setup, needle):
+    """A manifest-named file alone, or files the compile did not write, make --force refuse (audit: `{}` as
+    qvl-manifest.json beside precious.txt once let --force delete precious.txt)."""
+    target = tmp_path / "out"
+    target.mkdir()
+    setup(target)
+    before = sorted(p.name for p in target.iterdir())
+    with pytest.raises(InputError) as info:
+        artifacts.check_target(target, force=True)
+    assert needle in info.value.one_line() and "nothing was touched" in info.value.one_line()
+    assert sorted(p.name for p in target.iterdir()) == before
+
+
+def test_force_replaces_an_optimum_rbln_artifact_without_a_qvl_manifest_and_refuses_a_symlink(tmp_path):
+    art = tmp_path / "art"
+    (art / "visual").mkdir(parents=True)
+    (art / artifacts.RBLN_CONFIG_NAME).write_text(json.dumps({"cls_name": "RBLNQwen3VLForConditionalGeneration"}))
+    for name in ("prefill.rbln", "visual/compiled_model.rbln", "torch_artifacts.pth", "merges.txt", "config.json"):
+        (art / name).write_bytes(b"x")
+    artifacts.check_target(art, force=True)  # no error: it may be replaced
+    link = tmp_path / "link"
+    link.symlink_to(art)
+    with pytest.raises(InputError, match="symlink"):
+        artifacts.check_target(link, force=True)

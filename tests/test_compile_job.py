@@ -127,9 +127,11 @@ def test_failure_or_interrupt_mid_write_leaves_old_artifact(
     out = tmp_path / "out"
     out.mkdir()
     (out / "prefill.rbln").write_text("old artifact")
+    artifacts.write_manifest(out, {"format": 1})
     code, _, stderr = run_main(_compile_argv("rebel100-1npu", model_dir, out, tmp_path / "c", "--force"), capsys)
     assert code == exit_code, stderr
-    assert [p.name for p in out.iterdir()] == ["prefill.rbln"] and (out / "prefill.rbln").read_text() == "old artifact"
+    assert sorted(p.name for p in out.iterdir()) == ["prefill.rbln", artifacts.MANIFEST_NAME]
+    assert (out / "prefill.rbln").read_text() == "old artifact"
     assert temp_entries(tmp_path) == []
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
     assert stderr.strip().splitlines()[-1].startswith("qvl: ")
