@@ -698,10 +698,15 @@ def compile_target(cfg: dict[str, Any], manifest: dict[str, Any] | None = None) 
     def one(section: dict[str, Any]) -> tuple[str | None, int | None, list[str]]:
         cfgs = _compile_cfgs(section)
         npus = sorted({c.get("npu") for c in cfgs if isinstance(c.get("npu"), str) and c.get("npu")})
+        odd = [
+            c.get("npu") for c in cfgs if c.get("npu") is not None and not (isinstance(c.get("npu"), str) and c["npu"])
+        ]
         nds = sorted({c["num_devices"] for c in cfgs if type(c.get("num_devices")) is int and c["num_devices"] > 0})
         problems = []
         if len(npus) > 1:
             problems.append(f"graphs were compiled for different NPUs {npus}")
+        if odd:
+            problems.append(f"_compile_cfgs names an NPU that is not an SKU string ({odd[0]!r})")
         if len(nds) > 1:
             problems.append(f"graphs were compiled for different num_devices {nds}")
         return (npus[0] if npus else None), (nds[0] if nds else None), problems
@@ -736,11 +741,14 @@ def expected_graph_names(cfg: dict[str, Any]) -> list[str]:
     return list(phases)
 
 
+_KIND_WORDS: dict[Any, str] = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
+
+
 def _need(cfg: dict[str, Any], key: str, source: str, kind: type | tuple[type, ...] = int) -> Any:
     value = cfg.get(key)
     if value is None or isinstance(value, bool) or not isinstance(value, kind):
         raise InputError(
-            f"{source}: {key}={value!r} is missing or not a {getattr(kind, '__name__', 'value')}",
+            f"{source}: {key}={value!r} is missing or not {_KIND_WORDS.get(kind, 'a value')}",
             "the artifact config is damaged: recompile it (`qvl compile --force`)",
         )
     return value
@@ -757,7 +765,7 @@ def resolved_from_rbln_config(cfg: dict[str, Any], *, source: str = RBLN_CONFIG_
     from qwenvl_rbln.plan import ResolvedLM, kv_block_counts
 
     target = compile_target(cfg)
-    batch = cfg.get("batch_size") or 1
+    batch = cfg.get("batch_size", 1)  # absent means optimum-rbln's default; 0 is not a batch
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise InputError(f"{source}: batch_size={batch!r} is not a positive integer", "recompile the artifact")
     max_seq_len = _need(cfg, "max_seq_len", source)

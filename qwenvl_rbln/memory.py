@@ -356,6 +356,11 @@ ASSUMPTIONS = [
 # --- the estimate ----------------------------------------------------------------------------------
 
 
+def parse_device_memory(device_memory: int | str | None) -> int | None:
+    """--device-memory as bytes (None when not given); one-line input errors for anything unusable."""
+    return _parse_device_memory(device_memory)
+
+
 def _parse_device_memory(device_memory: int | str | None) -> int | None:
     if device_memory is None:
         return None
@@ -364,8 +369,16 @@ def _parse_device_memory(device_memory: int | str | None) -> int | None:
     except InputError as exc:
         raise InputError(exc.message, "pass --device-memory as the usable bytes per NPU, e.g. 120GiB") from None
     if nbytes <= 0:
-        raise InputError(f"--device-memory={device_memory!r} must be positive", "e.g. --device-memory 120GiB")
+        what = "is less than one byte" if _positive_number(device_memory) else "must be positive"
+        raise InputError(f"--device-memory={device_memory!r} {what}", "e.g. --device-memory 120GiB")
     return nbytes
+
+
+def _positive_number(value: Any) -> bool:
+    try:
+        return float(str(value).strip()) > 0
+    except ValueError:
+        return False
 
 
 def _resolve_budget(budget: float | int | None, available_total: int) -> int:

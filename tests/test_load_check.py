@@ -261,13 +261,10 @@ def test_an_artifact_config_optimum_rbln_would_refuse_is_exit_2_not_ok(tmp_path,
 
 def test_bad_device_memory_and_a_file_instead_of_a_directory_are_one_line_errors(tmp_path, capsys, no_npu_stack):
     _, root = _artifact(tmp_path)
-    code, out, err = run_main(["load-check", str(root), "--no-runtime", "--device-memory", "12XB"], capsys)
-    assert (
-        code == 2
-        and out == ""
-        and err.strip()
-        == ("qvl: error: --device-memory='12XB' is not a size; fix: write e.g. 120GiB, 512MiB or a number of bytes")
-    )
+    for value, says in (("12XB", "is not a size"), ("0", "must be positive"), ("0.5", "is less than one byte")):
+        code, out, err = run_main(["load-check", str(root), "--no-runtime", "--device-memory", value], capsys)
+        assert code == 2 and out == "" and err.strip().startswith(f"qvl: error: --device-memory={value!r} {says}")
+        assert "recompile" not in err  # a flag typo, not a damaged artifact
     code, _, err = run_main(["load-check", str(root / artifacts.RBLN_CONFIG_NAME)], capsys)
     assert code == 2 and "is a file, not a directory" in err
 
@@ -278,3 +275,20 @@ def test_calibrate_without_rebel_says_so_in_the_human_report(tmp_path, monkeypat
     monkeypatch.setitem(sys.modules, "rebel", None)
     code, out, _ = run_main(["load-check", str(root), "--no-runtime", "--calibrate"], capsys)
     assert code == 0 and "calibration: nothing recorded" in " ".join(out.split())
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda c: c.update(batch_size=0), "batch_size=0 is not a positive integer"),
+        (lambda c: [g.update(npu=["RBLN-CR13"]) for g in c["_compile_cfgs"]], "not an SKU string"),
+        (lambda c: c.update(max_seq_len="1e9"), "max_seq_len='1e9' is missing or not an integer"),
+    ],
+)
+def test_more_configs_optimum_rbln_would_refuse(tmp_path, capsys, no_npu_stack, edit, needle):
+    """Second audit: batch_size 0 was read as 1 and a list as the NPU was skipped; both passed as ok."""
+    _, root = _artifact(tmp_path, manifest=False)
+    _edit_rbln_config(root, edit)
+    code, data, err = _json(["load-check", str(root), "--no-runtime"], capsys)
+    assert code == 2 and data["layout"]["ok"] is False
+    assert needle in err.strip().splitlines()[-1]

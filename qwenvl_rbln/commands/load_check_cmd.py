@@ -351,10 +351,10 @@ def run_load_check(
     from qwenvl_rbln.errors import DoesNotFit, InputError
 
     root = user_path(directory).absolute()
-    if device_memory is not None:  # a typo here is bad input, not a footnote under "ok"
-        from qwenvl_rbln.devices import parse_byte_size
+    if device_memory is not None:  # a typo here is bad input, not a footnote under "ok" or an artifact problem
+        from qwenvl_rbln.memory import parse_device_memory
 
-        parse_byte_size(device_memory, "--device-memory")
+        parse_device_memory(device_memory)
     kind, cfg = artifacts.read_artifact_config(root)
     manifest = artifacts.read_manifest(root)
     if manifest is not None:
