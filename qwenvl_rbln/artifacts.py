@@ -992,7 +992,9 @@ def describe_layout_problem(layout: dict[str, Any]) -> str:
     """One line naming the first problems of a failed layout check."""
     parts = []
     if layout["missing"]:
-        parts.append("missing " + ", ".join(layout["missing"][:4]))
+        missing = layout["missing"]  # "model.safetensors (or sharded ...)" already says "model.safetensors"
+        missing = [m for m in missing if not any(o != m and o.startswith(f"{m} (") for o in missing)]
+        parts.append("missing " + ", ".join(missing[:4]))
     if layout["modified"]:
         parts.append(
             "changed after compile (sha256 differs from qvl-manifest.json): " + ", ".join(layout["modified"][:4])

@@ -329,7 +329,9 @@ def plan_from_loaded(loaded: LoadedPreset, *, model: str | None = None, output_d
     # Target NPU: the preset's `npu`, or rbln_config.npu; both must agree.
     npu = data.get("npu") or rbln.get("npu")
     if rbln.get("npu") and data.get("npu") and rbln["npu"] != data["npu"]:
-        chk.fail("npu", f"npu={data['npu']!r} but rbln_config.npu={rbln['npu']!r}", "set the target NPU once")
+        chk.fail(
+            "rbln_config.npu", f"npu={data['npu']!r} but rbln_config.npu={rbln['npu']!r}", "set the target NPU once"
+        )
     if visual.get("npu") and npu and visual["npu"] != npu:
         chk.fail(
             "rbln_config.visual.npu",
@@ -682,12 +684,15 @@ def _memory_budget(chk: _Checker, budget: Any, spec: NpuSpec) -> float | int | N
         chk.fail(key, exc.message, exc.hint or "")
     if nbytes <= 0:
         chk.fail(key, f"memory_budget={budget!r} must be positive", "e.g. '100GiB'")
-    if isinstance(budget, int) and nbytes < 1 << 20:  # `memory_budget: 1` means 1 byte to optimum-rbln
-        chk.fail(
-            key,
-            f"memory_budget={budget} is {nbytes} byte(s): optimum-rbln reads an integer as bytes",
-            f"write {float(budget)} for a fraction (1.0 = all of it), '80%', or a size such as '100GiB'",
-        )
+    if nbytes < 1 << 20:  # `memory_budget: 1` means 1 byte to optimum-rbln: never what was meant
+        if nbytes == 1:
+            meant = "write 1.0 for all of it, a fraction such as 0.8, or a size such as '100GiB'"
+        elif nbytes <= 100:
+            meant = f"write '{nbytes}%' (or {nbytes / 100:g}) for a share, or a size such as '100GiB'"
+        else:
+            meant = "write a size with its unit, such as '100GiB', or a fraction such as 0.8"
+        what = f"memory_budget={budget!r} is {nbytes} byte(s): optimum-rbln reads a whole number as bytes"
+        chk.fail(key, what, meant)
     if nbytes > spec.usable_bytes:
         chk.fail(
             key,

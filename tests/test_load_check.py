@@ -292,3 +292,11 @@ def test_more_configs_optimum_rbln_would_refuse(tmp_path, capsys, no_npu_stack, 
     code, data, err = _json(["load-check", str(root), "--no-runtime"], capsys)
     assert code == 2 and data["layout"]["ok"] is False
     assert needle in err.strip().splitlines()[-1]
+
+
+def test_the_fallback_fix_never_says_move_the_vit_when_it_already_has_its_own_npu(tmp_path, capsys, no_npu_stack):
+    _, root = _artifact(tmp_path, "rebel100-2npu-batch4")
+    code, _, err = run_main(["load-check", str(root), "--no-runtime", "--device-memory", "8GiB"], capsys)
+    last = err.strip().splitlines()[-1]
+    assert code == 4 and "does not fit" in last
+    assert "visual-device" not in last and "smaller max_seq_len" in last

@@ -165,6 +165,8 @@ def test_decoder_batch_sizes_appended_like_optimum():
         (["memory_budget=1.5"], r"fraction must be in \(0, 1\]"),
         (["memory_budget=200GiB"], "exceeds the target NPU's available DRAM"),
         (["memory_budget=1"], "memory_budget=1 is 1 byte"),
+        (["memory_budget=2"], r"write '2%' \(or 0.02\)"),  # not 2.0, which is refused as a fraction
+        (['memory_budget="1000"'], "memory_budget='1000' is 1000 byte"),
         (["placement.device=-1"], "not a device id"),
         (["placement.visual_device=[0,0]"], "repeats a device id"),
         (["placement.device=gpu0"], "not a device id"),
@@ -326,3 +328,9 @@ def test_repros_through_the_cli(args, code, needle):
     assert needle in r.stderr, r.stderr[-800:]
     if code == 2:
         assert r.stderr.count("\n") == 1 and r.stderr.startswith("qvl: error:"), r.stderr
+
+
+def test_an_npu_conflict_names_where_the_override_came_from():
+    with pytest.raises(InputError) as info:
+        build_plan("rebel100-1npu", ["rbln_config.npu=RBLN-CA25"])
+    assert info.value.one_line().startswith("--set: npu='RBLN-CR13' but rbln_config.npu='RBLN-CA25'")

@@ -525,7 +525,7 @@ def lack_of_memory_diagnosis(
         "fixes": fixes,
         "load_flags": load_flags,
         "set": sets,
-        "hint": fix_hint(load_flags, sets),
+        "hint": fix_hint(load_flags, sets, vit_shares_a_device=bool(shared)),
     }
 
 
@@ -547,13 +547,17 @@ def split_load_time(clis: list[str]) -> tuple[list[str], list[str]]:
     return flags, sets
 
 
-def fix_hint(load_flags: list[str], sets: list[str]) -> str:
-    """One line: load-time flags first (no recompile), then the first compile-time change."""
+def fix_hint(load_flags: list[str], sets: list[str], *, vit_shares_a_device: bool = True) -> str:
+    """One line: load-time flags first (no recompile), then the first compile-time change; with neither, only
+    advice that applies (moving the ViT is no fix when it already has its own NPU)."""
     parts = []
     if load_flags:
         parts.append(f"load with {load_flags[0]} (the ViT on its own NPU)")
     if sets:
         parts.append(f"recompile with {sets[0]}")
-    return (
-        ", or ".join(parts) or "move the ViT to another NPU (--visual-device 1) or recompile with a smaller max_seq_len"
-    )
+    if parts:
+        return ", or ".join(parts)
+    smaller = "recompile with a smaller max_seq_len or batch_size (see `qvl compile --dry-run` for what fits)"
+    if vit_shares_a_device:
+        return f"move the ViT to another NPU (--visual-device N), or {smaller}"
+    return f"{smaller}, or check --device-memory against what `rbln-smi` reports free"

@@ -1066,7 +1066,7 @@ def register(app: typer.Typer) -> None:
             "--workload",
             "-w",
             help='Sizes from logs: JSONL {"width","height","count"} (+ "frames","fps" for videos) or CSV '
-            "width,height[,count]; other keys or columns are refused.",
+            "width,height[,count]; a misspelt key is an error, other keys (ids, timestamps) are ignored and listed.",
         ),
         optimize: int = typer.Option(
             None, "--optimize", "-k", help="Find the K ViT buckets minimising the ViT compute executed."

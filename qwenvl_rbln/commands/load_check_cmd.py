@@ -316,6 +316,13 @@ def calibration_from_exact(root: Path, cfg: dict[str, Any], exact: dict[str, Any
     return {"model": geometry, "records": records}
 
 
+def _vit_shares_a_device(requested: dict[str, Any]) -> bool:
+    def ids(value: Any) -> set[Any]:
+        return set(value) if isinstance(value, list) else {value}
+
+    return bool(ids(requested.get("device")) & ids(requested.get("visual_device", requested.get("device"))))
+
+
 def _unknown_npus(target: dict[str, Any]) -> list[str]:
     """A target NPU that optimum-rbln would refuse (``Unknown npu name``) is a problem of the artifact."""
     from qwenvl_rbln.devices import npu_spec
@@ -385,7 +392,8 @@ def run_load_check(
         runtime: dict[str, Any] = {"attempted": False, "ok": None, "reason": "layout problems (fix them first)"}
         error = InputError(
             f"{root}: {artifacts.describe_layout_problem(layout)}",
-            "recompile with `qvl compile --force` (or restore the files); the report above lists every problem",
+            "recompile with `qvl compile --force` (or restore the files); the report (or --json's layout) lists every "
+            "problem",
         )
     elif not placement["ok"]:
         runtime = {"attempted": False, "ok": None, "reason": "placement problems"}
@@ -411,7 +419,7 @@ def run_load_check(
             error = DoesNotFit(
                 f"{root} does not fit the requested placement "
                 f"({memory.get('source')} memory: {where or 'over capacity'})",
-                rbln_backend.fix_hint(flags, sets),
+                rbln_backend.fix_hint(flags, sets, vit_shares_a_device=_vit_shares_a_device(placement["requested"])),
             )
         elif memory.get("fits") is False and real_runtime:
             memory.setdefault("notes", []).append(
