@@ -9,6 +9,7 @@ the one-line errors included); one compiled tiny artifact and one loaded model s
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -396,6 +397,74 @@ def test_flag_errors(artifact, media, capsys, no_model_load):
     line = _refused(capsys, str(artifact), "--prompt", "x", "--batch-file", str(media["dir"] / "r.jsonl"))
     assert "cannot be combined with --prompt" in line
     assert "looks like a video" in _refused(capsys, str(artifact), "--image", str(media["video"]))
+
+
+def test_video_errors_name_the_batch_line_and_an_image_given_as_a_video(
+    artifact, media, tmp_path, capsys, no_model_load
+):
+    """Every video refusal of a batch file names its `file:line`; an image passed as a video is called one."""
+    import numpy as np
+
+    one = tmp_path / "one.mp4"  # a single frame: too short for a temporal patch
+    with av.open(str(one), "w") as container:
+        stream = container.add_stream("mpeg4", rate=8)
+        stream.width, stream.height, stream.pix_fmt = 64, 64, "yuv420p"
+        for packet in stream.encode(av.VideoFrame.from_ndarray(np.zeros((64, 64, 3), np.uint8), format="rgb24")):
+            container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    batch = tmp_path / "c2.jsonl"
+    batch.write_text(
+        json.dumps({"prompt": "a", "images": [str(DEMO)]})
+        + "\n"
+        + json.dumps({"prompt": "b", "video": "one.mp4"})
+        + "\n"
+    )
+    line = _refused(capsys, str(artifact), "--batch-file", str(batch))
+    assert line.startswith(f"qvl: error: {batch}:2: {one}: video gives 1 sampled frame(s)"), line
+    assert line.count(f"{batch}:2") == 1
+    # an image given as a video: said so (by extension, or by its header when the name has none)
+    shutil.copy2(DEMO, tmp_path / "photo")
+    for name in (str(DEMO), "photo"):
+        batch.write_text(json.dumps({"prompt": "a", "video": name}) + "\n")
+        line = _refused(capsys, str(artifact), "--batch-file", str(batch))
+        shown = DEMO if name == str(DEMO) else tmp_path / name
+        assert f"{batch}:1: {shown} looks like an image but was given as a video" in line, line
+        assert 'fix: list it under "images"' in line and "sampled frame" not in line
+    line = _refused(capsys, str(artifact), "--video", str(DEMO), "--prompt", "x")
+    assert f"qvl: error: {DEMO} looks like an image but was given as a video; fix: pass it with --image" == line
+    batch.write_text(json.dumps({"prompt": "a", "image": str(media["video"])}) + "\n")
+    line = _refused(capsys, str(artifact), "--batch-file", str(batch))
+    assert "looks like a video but was given as an image" in line and 'list it under "videos"' in line
+
+
+def test_prompt_tokens_counted_before_the_load_equal_the_processors(artifact, media):
+    """inputs.prompt_tokens (no pixels decoded) == build_inputs' count: text, images, videos with their timestamps."""
+    from qwenvl_rbln.inference.inputs import build_inputs, load_processor, prompt_tokens
+    from qwenvl_rbln.inference.runner import resolve_target
+    from qwenvl_rbln.inference.vision_report import plan_vision
+
+    target = resolve_target(artifact, None, [])
+    vis = target.plan.geometry.vision
+    processor = load_processor(target.directory, target.plan.processor)
+    cases = [
+        ("Describe.", [media["image"]], [media["video"]], None),
+        ("hi " * 40, [], [], "Be brief."),
+        ("", [media["image"], media["image"]], [media["video"], media["video"]], None),
+    ]
+    for prompt, images, videos, system in cases:
+        reqs = rq.validate_requests(rq.from_flags(prompt, [str(p) for p in images], [str(v) for v in videos], system))
+        plan = plan_vision(
+            reqs,
+            target.plan.processor,
+            target.resolved.vit_buckets,
+            patch_size=vis.patch_size,
+            merge_size=vis.spatial_merge_size,
+            temporal_patch_size=vis.temporal_patch_size,
+        )
+        reqs[0].caps = plan.request_caps["1"]
+        _, info = build_inputs(processor, reqs, plan.caps)
+        assert prompt_tokens(processor, reqs[0], plan.items["1"], plan.caps) == info["prompt_tokens"][0]
 
 
 # ------------------------------------------------------------------------------------------- batch files

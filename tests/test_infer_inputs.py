@@ -230,6 +230,25 @@ def test_torch_device_must_be_cpu_cuda_or_cuda_n(artifact, capsys, monkeypatch, 
     assert "--torch-device cuda:1: this machine has 1 CUDA GPU" in line
 
 
+def test_a_cuda_device_from_the_environment_says_how_to_undo_it(artifact, capsys, monkeypatch, no_model_load):
+    """QVL_TORCH_DEVICE=cuda without a GPU: leaving --torch-device out changes nothing; the fix names the variable."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("QVL_TORCH_DEVICE", "cuda")
+    line = _refused(capsys, str(artifact), "--prompt", "hi")
+    assert "QVL_TORCH_DEVICE cuda: no CUDA GPU is available" in line
+    assert "fix: unset QVL_TORCH_DEVICE or set it to cpu" in line and "leave --torch-device out" not in line
+    line = _refused(capsys, str(artifact), "--prompt", "hi", "--torch-device", "cuda:0")
+    assert "--torch-device cuda:0: no CUDA GPU" in line and "--torch-device cpu" in line
+    assert "leave --torch-device out" not in line  # the variable would still ask for the GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("QVL_TORCH_DEVICE", "cuda:2")
+    line = _refused(capsys, str(artifact), "--prompt", "hi")
+    assert "QVL_TORCH_DEVICE cuda:2: this machine has 1 CUDA GPU" in line and "set QVL_TORCH_DEVICE to an index" in line
+
+
 @pytest.mark.parametrize(("flag", "value"), [("--temperature", "nan"), ("--temperature", "inf"), ("--top-p", "nan")])
 def test_sampling_flags_must_be_finite(artifact, capsys, no_model_load, flag, value):
     """nan ran greedy and printed `NaN` (not JSON); inf sampled uniformly."""
@@ -239,9 +258,58 @@ def test_sampling_flags_must_be_finite(artifact, capsys, no_model_load, flag, va
 
 def test_max_new_tokens_past_max_seq_len_is_refused_before_generate(artifact, capsys, monkeypatch, no_model_load):
     line = _refused(capsys, str(artifact), "--prompt", "hi", "--max-new-tokens", "5000")
-    assert "--max-new-tokens 5000 + at least one prompt token = 5001 exceeds the compiled max_seq_len 4096" in line
+    assert "request 1: prompt of 12 tokens + --max-new-tokens 5000 = 5012 exceeds the compiled max_seq_len 4096" in line
     line = _refused(capsys, str(artifact), "--image", str(DEMO), "--prompt", "hi", "--max-new-tokens", "3900")
-    assert "its images/videos alone take 300 prompt tokens" in line and "at most 3795" in line
+    assert "prompt of 314 tokens (300 of them for its images/videos) + --max-new-tokens 3900 = 4214" in line
+    assert "at most 3782" in line
+
+
+def test_the_limit_refused_before_the_load_is_the_exact_one(artifact, tmp_path, capsys, monkeypatch):
+    """The limit named before the model loads is the real one: following it passes the exact check after the load
+    (it said 3795, counting only the image's tokens, and the check after the load then refused 3795 with 3782)."""
+    from qwenvl_rbln.inference import generation, reference
+
+    loads: list[Any] = []
+    load = reference.load_reference
+    monkeypatch.setattr(reference, "load_reference", lambda *a, **k: loads.append(a) or load(*a, **k))
+
+    def reached(*a: Any, **k: Any) -> None:
+        raise InputError("generate reached", "nothing")
+
+    monkeypatch.setattr(generation, "_run_generate", reached)
+    batch = tmp_path / "c3.jsonl"
+    batch.write_text(json.dumps({"prompt": "a", "images": [str(DEMO)]}) + "\n")
+    line = _refused(capsys, str(artifact), "--batch-file", str(batch), "--max-new-tokens", "4000")
+    assert line.startswith(f"qvl: error: request 1 ({batch}:1): prompt of 314 tokens (300 of them for its images")
+    assert "+ --max-new-tokens 4000 = 4314 exceeds the compiled max_seq_len 4096" in line
+    assert "at most 3782," in line and loads == []
+    assert "at most 3782," in _refused(capsys, str(artifact), "--batch-file", str(batch), "--max-new-tokens", "3783")
+    assert loads == []
+    line = _refused(capsys, str(artifact), "--batch-file", str(batch), "--max-new-tokens", "3782")
+    assert line == "qvl: error: generate reached; fix: nothing" and len(loads) == 1
+
+
+def test_the_exact_length_check_names_the_batch_file_line():
+    """The check after the load (the processor's own count) names `file:line` as the one before it does."""
+    from qwenvl_rbln.inference.generation import GenerationOptions, check_lengths
+    from qwenvl_rbln.inference.requests import Request
+
+    reqs = [Request(id="1", prompt="a", source="c3.jsonl:1"), Request(id="2", prompt="b")]
+    with pytest.raises(InputError) as e:
+        check_lengths(reqs, [314, 12], GenerationOptions(3795), 4096, strict=True)
+    assert e.value.message == (
+        "request 1 (c3.jsonl:1): prompt of 314 tokens + --max-new-tokens 3795 = 4109 exceeds the compiled "
+        "max_seq_len 4096"
+    )
+    assert "at most 3782," in e.value.hint
+    with pytest.raises(InputError) as e:
+        check_lengths(reqs[1:], [12], GenerationOptions(4090), 4096, strict=True)
+    assert e.value.message.startswith("request 2: prompt of 12 tokens")  # the command line: no source
+    (warning,) = check_lengths(reqs[:1], [314], GenerationOptions(3795), 4096, strict=False)
+    assert warning.startswith("request 1 (c3.jsonl:1): ") and warning.endswith("(the NPU would refuse it)")
+    with pytest.raises(InputError) as e:
+        check_lengths(reqs[1:], [4096], GenerationOptions(1), 4096, strict=True)
+    assert "the prompt alone fills it" in e.value.hint and "at most" not in e.value.hint
 
 
 def test_prompt_plus_max_new_tokens_is_checked_before_generate_on_torch(artifact, capsys, monkeypatch):

@@ -316,21 +316,33 @@ def check_lengths(
     if max_seq_len is None:
         return warnings
     for req, n in zip(requests, prompt_tokens, strict=False):
-        need = n + gen.max_new_tokens
-        if need <= max_seq_len:
+        if n + gen.max_new_tokens <= max_seq_len:
             continue
-        msg = (
-            f"request {req.id}: prompt of {n} tokens + --max-new-tokens {gen.max_new_tokens} = {need} "
-            f"exceeds the compiled max_seq_len {max_seq_len}"
-        )
+        exc = length_error(req, n, gen.max_new_tokens, max_seq_len)
         if strict:
-            raise InputError(
-                msg,
-                f"lower --max-new-tokens to at most {max(max_seq_len - n, 0)}, shorten the prompt or shrink the "
-                "media, or recompile with a larger rbln_config.max_seq_len",
-            )
-        warnings.append(msg + " (the NPU would refuse it)")
+            raise exc
+        warnings.append(exc.message + " (the NPU would refuse it)")
     return warnings
+
+
+def length_error(
+    request: Any, prompt_tokens: int, max_new_tokens: int, max_seq_len: int, media_tokens: int = 0
+) -> InputError:
+    """The refusal of a prompt of ``prompt_tokens`` + ``max_new_tokens`` past ``max_seq_len``, naming the request
+    and, for a batch file, its ``file:line`` (``media_tokens``: how many of the prompt's tokens are images/videos)."""
+    from qwenvl_rbln.inference.requests import FLAGS_SOURCE
+
+    source = getattr(request, "source", FLAGS_SOURCE)
+    where = "" if source == FLAGS_SOURCE else f" ({source})"
+    media = f" ({media_tokens} of them for its images/videos)" if media_tokens else ""
+    room = max_seq_len - prompt_tokens
+    fix = "shorten the prompt or shrink the media (lower processor.max_pixels / video_max_pixels), or recompile with "
+    fix += "a larger rbln_config.max_seq_len"
+    return InputError(
+        f"request {request.id}{where}: prompt of {prompt_tokens} tokens{media} + --max-new-tokens {max_new_tokens} = "
+        f"{prompt_tokens + max_new_tokens} exceeds the compiled max_seq_len {max_seq_len}",
+        f"lower --max-new-tokens to at most {room}, {fix}" if room >= 1 else f"the prompt alone fills it: {fix}",
+    )
 
 
 def _run_generate(model: Any, inputs: Any, streamer: TimingStreamer, kwargs: dict[str, Any], ids: str) -> Any:

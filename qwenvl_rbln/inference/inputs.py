@@ -177,6 +177,39 @@ def _frame_count(container: Any, stream: Any) -> int:
     return total
 
 
+def _sampling(container: Any, stream: Any, sampling: Any) -> tuple[int, float, list[int]]:
+    """(frame count, fps, the sampled frame indices) of an open video, nothing decoded."""
+    total = _frame_count(container, stream)
+    rate = stream.average_rate
+    video_fps = float(rate) if rate else 24.0  # no fps metadata: assumed 24
+    indices = sample_indices(
+        total,
+        video_fps,
+        sampling.fps,
+        sampling.min_frames,
+        sampling.max_frames,
+        getattr(sampling, "num_frames", None),
+    )
+    return total, video_fps, indices
+
+
+def video_sampling(path: Path, sampling: Any) -> tuple[float, list[int]]:
+    """(fps, sampled frame indices) as ``decode_video`` picks them, from the container alone (no decoding)."""
+    import av
+
+    try:
+        container = av.open(str(path))
+    except Exception as exc:
+        raise InputError(f"{path}: not a readable video ({exc})", "re-encode it with ffmpeg") from None
+    try:
+        _, video_fps, indices = _sampling(container, container.streams.video[0], sampling)
+    except Exception as exc:
+        raise InputError(f"{path}: cannot read the video ({type(exc).__name__}: {exc})", VIDEO_FIX) from None
+    finally:
+        container.close()
+    return video_fps, indices
+
+
 def decode_video(path: Path, sampling: Any, *, keep: bool = True) -> DecodedVideo:
     """Decode ``path`` up to its last sampled frame (``sampling``: fps, min_frames, max_frames, num_frames).
 
@@ -190,17 +223,7 @@ def decode_video(path: Path, sampling: Any, *, keep: bool = True) -> DecodedVide
         raise InputError(f"{path}: not a readable video ({exc})", "re-encode it with ffmpeg") from None
     try:
         stream = container.streams.video[0]
-        total = _frame_count(container, stream)
-        rate = stream.average_rate
-        video_fps = float(rate) if rate else 24.0  # no fps metadata: assumed 24
-        indices = sample_indices(
-            total,
-            video_fps,
-            sampling.fps,
-            sampling.min_frames,
-            sampling.max_frames,
-            getattr(sampling, "num_frames", None),
-        )
+        total, video_fps, indices = _sampling(container, stream, sampling)
         wanted, last = set(indices), indices[-1]
         frames: dict[int, Any] = {}
         decoded: set[int] = set()
@@ -298,6 +321,48 @@ def check_media(requests: list[Any], sampling: Any) -> None:
 
 def render_prompt(processor: Any, request: Any) -> str:
     return processor.apply_chat_template(request.messages(), tokenize=False, add_generation_prompt=True)
+
+
+def _timestamps(processor: Any, indices: list[int], fps: float, temporal_patch_size: int) -> list[float]:
+    """One timestamp per temporal patch, as ``Qwen3VLProcessor._calculate_timestamps`` gives them."""
+    own = getattr(processor, "_calculate_timestamps", None)
+    if callable(own):
+        return list(own(list(indices), fps, temporal_patch_size))
+    idx = list(indices)
+    if len(idx) % temporal_patch_size:
+        idx += [idx[-1]] * (temporal_patch_size - len(idx) % temporal_patch_size)
+    ts = [i / fps for i in idx]
+    return [(ts[i] + ts[i + temporal_patch_size - 1]) / 2 for i in range(0, len(ts), temporal_patch_size)]
+
+
+def prompt_tokens(processor: Any, request: Any, items: list[Any], sampling: Any) -> int:
+    """The prompt length ``build_inputs`` gives ``request``, counted without decoding any pixel.
+
+    The chat template's text is tokenized with each image/video placeholder expanded as Qwen3VLProcessor
+    expands it: ``lm_tokens`` pad tokens per image; per video temporal patch a ``<t seconds>`` timestamp
+    (from the frames ``load_video`` samples) and the patch's pad tokens between vision start/end tokens.
+    ``items``: the request's vision items (``vision_report.VisionItem``, images then videos, in order).
+    """
+    tokenizer = processor.tokenizer
+    video_pad = processor.video_token
+    start = getattr(processor, "vision_start_token", "<|vision_start|>")
+    end = getattr(processor, "vision_end_token", "<|vision_end|>")
+    tps = int(getattr(getattr(processor, "video_processor", None), "temporal_patch_size", None) or 2)
+    text = render_prompt(processor, request)
+    images = [it for it in items if it.kind == "image"]
+    videos = [it for it in items if it.kind == "video"]
+    extra = sum(it.lm_tokens - 1 for it in images)  # each placeholder stays one token in the text below
+    parts = text.split(video_pad)
+    if len(parts) - 1 != len(videos):  # a template that does not place one placeholder per video
+        return len(tokenizer(text)["input_ids"]) + extra + sum(it.lm_tokens - 1 for it in videos)
+    expanded = parts[0]
+    for item, path, rest in zip(videos, request.videos, parts[1:], strict=True):
+        fps, indices = video_sampling(path, sampling)
+        stamps = _timestamps(processor, indices, fps, tps)
+        per_patch = item.lm_tokens // max(item.calls, 1)
+        expanded += "".join(f"<{t:.1f} seconds>{start}{video_pad}{end}" for t in stamps) + rest
+        extra += len(stamps) * (per_patch - 1)
+    return len(tokenizer(expanded)["input_ids"]) + extra
 
 
 def _request_inputs(processor: Any, request: Any) -> Any:

@@ -46,19 +46,32 @@ def _check_cuda(dev: str, flag: str) -> None:
 
     if not dev.startswith("cuda"):
         return
+    from_env = not flag.startswith("--")  # $QVL_TORCH_DEVICE: leaving the flag out changes nothing
     if not torch.cuda.is_available():
         raise InputError(
             f"{flag} {dev}: no CUDA GPU is available (torch {torch.__version__}, CUDA build "
             f"{torch.version.cuda or 'none'})",
-            "run on the CPU with --torch-device cpu (or leave --torch-device out: cuda when available, else cpu)",
+            _no_cuda_hint(flag),
         )
     index = int(dev.split(":")[1]) if ":" in dev else 0
     count = torch.cuda.device_count()
     if index >= count:
         raise InputError(
             f"{flag} {dev}: this machine has {count} CUDA GPU{'s' if count != 1 else ''}",
-            f"use an index below {count}, e.g. --torch-device cuda:0",
+            f"set {flag} to an index below {count}, e.g. cuda:0, or unset it"
+            if from_env
+            else f"use an index below {count}, e.g. --torch-device cuda:0",
         )
+
+
+def _no_cuda_hint(flag: str) -> str:
+    """The fix for a CUDA device asked for where none is: the way back to the CPU depends on where it was asked."""
+    if not flag.startswith("--"):
+        return f"unset {flag} or set it to cpu (or pass --torch-device cpu)"
+    if (os.environ.get("QVL_TORCH_DEVICE") or "").strip().lower() not in ("", "cpu"):  # leaving the flag out
+        # would pick up the environment's GPU
+        return "run on the CPU with --torch-device cpu"
+    return "run on the CPU with --torch-device cpu (or leave --torch-device out: cuda when available, else cpu)"
 
 
 def torch_device(requested: str | None = None) -> str:

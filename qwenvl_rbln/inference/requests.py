@@ -192,6 +192,7 @@ def validate_requests(requests: list[Request]) -> list[Request]:
 
     for req in requests:
         prefix = "" if req.source == FLAGS_SOURCE else f"{req.source}: "
+        flags = req.source == FLAGS_SOURCE
         if not req.prompt and not req.has_media:
             raise InputError(
                 f"{prefix}empty prompt and no image or video: there is nothing to run",
@@ -202,7 +203,10 @@ def validate_requests(requests: list[Request]) -> list[Request]:
         infos: list[ImageInfo] = []
         for p in req.images:
             if p.suffix.lower() in VIDEO_EXTENSIONS:
-                raise InputError(f"{prefix}{p} looks like a video but was given as an image", "pass it with --video")
+                raise InputError(
+                    f"{prefix}{p} looks like a video but was given as an image",
+                    "pass it with --video" if flags else 'list it under "videos" (or "video")',
+                )
             try:
                 infos.append(probe_image(p))
             except InputError as exc:
@@ -210,9 +214,43 @@ def validate_requests(requests: list[Request]) -> list[Request]:
         vinfos: list[VideoInfo] = []
         for p in req.videos:
             try:
-                vinfos.append(probe_video(p))
+                info = probe_video(p)
             except InputError as exc:
+                if _still_image(p):
+                    raise _image_as_video(prefix, p, flags) from None
                 raise InputError(prefix + exc.message, exc.hint) from None
+            if info.total_frames <= 1 and _still_image(p):
+                raise _image_as_video(prefix, p, flags)
+            vinfos.append(info)
         req.image_info = infos
         req.video_info = vinfos
     return requests
+
+
+def _still_image(path: Path) -> bool:
+    """True when ``path`` is an image file (an image extension, or a header Pillow recognises) and not a video.
+
+    Asked only of a "video" that has at most one frame or does not probe as a video, so an animated GIF
+    passed as a video still runs as one."""
+    from qwenvl_rbln.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
+
+    suffix = path.suffix.lower()
+    if suffix in IMAGE_EXTENSIONS:
+        return True
+    if suffix in VIDEO_EXTENSIONS:
+        return False
+    try:
+        from PIL import Image
+
+        with Image.open(path) as img:  # reads the header only
+            return img.format not in (None, "MPEG")
+    except Exception:  # noqa: BLE001 - not an image Pillow knows
+        return False
+
+
+def _image_as_video(prefix: str, path: Path, flags: bool) -> InputError:
+    """The refusal of an image given as a video, mirroring the one of a video given as an image."""
+    return InputError(
+        f"{prefix}{path} looks like an image but was given as a video",
+        "pass it with --image" if flags else 'list it under "images" (or "image")',
+    )

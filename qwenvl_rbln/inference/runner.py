@@ -465,32 +465,36 @@ def collect_requests(opts: InferOptions) -> list[Any]:
     return validate_requests(requests)
 
 
-def check_prompt_room(requests: list[Any], vplan: Any, max_new_tokens: int, max_seq_len: int) -> None:
-    """Refuse, before any load, a request whose media tokens alone + ``max_new_tokens`` exceed ``max_seq_len``.
+def check_prompt_room(requests: list[Any], vplan: Any, max_new_tokens: int, max_seq_len: int, processor: Any) -> None:
+    """Refuse, before any model loads, a request whose prompt + ``max_new_tokens`` exceeds ``max_seq_len``.
 
-    The media's LM tokens are known from the vision report; the exact prompt length (text and template
-    tokens) is checked again per batch before generate (``generation.check_lengths``).
+    ``processor`` (tokenizer and chat template: no weights) counts each prompt exactly as
+    ``inputs.build_inputs`` will (``inputs.prompt_tokens``, with the vision plan's token counts), so the
+    limit the refusal names is the real one. ``generation.check_lengths`` checks the processor's own count
+    again per batch, before generate.
     """
+    from qwenvl_rbln.inference.generation import length_error
+    from qwenvl_rbln.inference.inputs import prompt_tokens
     from qwenvl_rbln.inference.requests import FLAGS_SOURCE
 
     for req in requests:
-        media = sum(it.lm_tokens for it in vplan.items[req.id])
-        need = media + 1 + max_new_tokens  # at least one text token
-        if need <= max_seq_len:
-            continue
-        where = "" if req.source == FLAGS_SOURCE else f" ({req.source})"
-        what = f"its images/videos alone take {media} prompt tokens, and {media} + " if media else ""
-        raise InputError(
-            f"request {req.id}{where}: {what}--max-new-tokens {max_new_tokens} + at least one prompt token = "
-            f"{need} exceeds the compiled max_seq_len {max_seq_len}",
-            f"lower --max-new-tokens to at most {max(max_seq_len - media - 1, 0)}, shrink the media (lower "
-            "processor.max_pixels / video_max_pixels), or recompile with a larger max_seq_len",
-        )
+        items = vplan.items[req.id]
+        try:
+            n = prompt_tokens(processor, req, items, req.caps or vplan.caps)
+        except InputError as exc:
+            prefix = "" if req.source == FLAGS_SOURCE else f"{req.source}: "
+            raise InputError(prefix + exc.message, exc.hint) from None
+        if n + max_new_tokens > max_seq_len:
+            raise length_error(req, n, max_new_tokens, max_seq_len, sum(it.lm_tokens for it in items))
 
 
 def _prepare(opts: InferOptions, target: Target, requests: list[Any], gen: Any) -> tuple[Any, list[str]]:
-    """Everything decided before a model loads: the vision plan, per-request caps, lengths, decodable media."""
-    from qwenvl_rbln.inference.inputs import check_media
+    """Everything decided before a model loads: the vision plan, per-request caps, decodable media, lengths.
+
+    The prompt lengths are counted with the directory's processor (tokenizer and chat template, no weights),
+    so a --max-new-tokens that does not fit is refused with the exact limit before a model loads.
+    """
+    from qwenvl_rbln.inference.inputs import check_media, load_processor
     from qwenvl_rbln.inference.vision_report import plan_vision
 
     vis = target.plan.geometry.vision
@@ -506,8 +510,9 @@ def _prepare(opts: InferOptions, target: Target, requests: list[Any], gen: Any) 
     )
     for req in requests:
         req.caps = vplan.request_caps[req.id]
-    check_prompt_room(requests, vplan, gen.max_new_tokens, target.resolved.max_seq_len)
     check_media(requests, vplan.caps)
+    processor = load_processor(target.directory, vplan.caps)
+    check_prompt_room(requests, vplan, gen.max_new_tokens, target.resolved.max_seq_len, processor)
     warnings = list(target.warnings) + gen.warnings() + vplan.notes
     return vplan, warnings
 

@@ -287,6 +287,8 @@ def plan_vision(
     gives the `qvl compile` command that adds ``--set set`` to the artifact (None: the buckets come from
     the preset, so ``--set visual.max_seq_len`` itself is the fix).
     """
+    from qwenvl_rbln.inference.requests import FLAGS_SOURCE
+
     if on_oversize not in ON_OVERSIZE:
         raise InputError(
             f"--on-oversize {on_oversize!r} is not one of {', '.join(ON_OVERSIZE)}",
@@ -298,7 +300,14 @@ def plan_vision(
     request_caps: dict[str, Any] = {}
     capped: list[dict[str, Any]] = []
     for req in requests:
-        items[req.id], request_caps[req.id], req_capped = _plan_request(req, caps, buckets, geo, on_oversize, recompile)
+        try:
+            items[req.id], request_caps[req.id], req_capped = _plan_request(
+                req, caps, buckets, geo, on_oversize, recompile
+            )
+        except InputError as exc:  # name the batch file's line, as inputs.check_media does
+            source = getattr(req, "source", FLAGS_SOURCE)
+            prefix = "" if source == FLAGS_SOURCE else f"{source}: "
+            raise InputError(prefix + exc.message, exc.hint) from None
         capped.extend(req_capped)
     return VisionPlan(
         items=items, caps=caps, request_caps=request_caps, buckets=buckets, on_oversize=on_oversize, capped=capped
