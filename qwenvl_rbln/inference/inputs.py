@@ -68,8 +68,35 @@ def apply_caps(processor: Any, caps: Any) -> None:
         vp.num_frames = None
 
 
+_PROCESSORS: dict[tuple[Any, ...], Any] = {}  # one checked processor per directory and file stamps
+
+
 def load_processor(model_dir: Path, caps: Any) -> Any:
-    """AutoProcessor from a local directory (never the hub), caps applied, left padding."""
+    """AutoProcessor from a local directory (never the hub), caps applied, left padding.
+
+    Loaded once per process and directory (the prompt count before the model loads and the backend share
+    it); ``apply_caps`` sets every cap it touches on each call, so a cached one carries no earlier caps."""
+    processor = shared_processor(model_dir)
+    apply_caps(processor, caps)
+    processor.tokenizer.padding_side = "left"
+    return processor
+
+
+def shared_processor(model_dir: Path) -> Any:
+    """The directory's checked processor, loaded once per process (caps are the caller's to apply)."""
+    from qwenvl_rbln.inference.reference import _stamp
+
+    root = Path(model_dir).absolute()
+    key = (str(root), _stamp(root))
+    processor = _PROCESSORS.get(key)
+    if processor is None:
+        processor = _load_checked_processor(root)
+        _PROCESSORS.clear()
+        _PROCESSORS[key] = processor
+    return processor
+
+
+def _load_checked_processor(model_dir: Path) -> Any:
     from transformers import AutoProcessor
 
     try:
@@ -89,8 +116,6 @@ def load_processor(model_dir: Path, caps: Any) -> Any:
             "point at a Qwen3-VL model directory (processor_config.json with Qwen3VLProcessor)",
         )
     check_processor(processor, model_dir)
-    apply_caps(processor, caps)
-    processor.tokenizer.padding_side = "left"
     return processor
 
 

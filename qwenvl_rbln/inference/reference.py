@@ -115,7 +115,7 @@ def _require_torch() -> None:
 
 def load_reference(model_dir: Path, device: str | None = None) -> tuple[Any, Any, str]:
     """(model, processor, device) for a local Qwen3-VL directory in Hugging Face format (cached)."""
-    from qwenvl_rbln.inference.inputs import check_processor
+    from qwenvl_rbln.inference.inputs import shared_processor
     from qwenvl_rbln.modelinfo import read_model_config
 
     model_dir = user_path(model_dir).absolute()
@@ -127,14 +127,13 @@ def load_reference(model_dir: Path, device: str | None = None) -> tuple[Any, Any
         model, processor = _CACHE[key]
         return model, processor, dev
 
-    from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
+    from transformers import Qwen3VLForConditionalGeneration
     from transformers.utils import logging as hf_logging
 
     bar_was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
         model = Qwen3VLForConditionalGeneration.from_pretrained(str(model_dir), dtype="auto", local_files_only=True)
-        processor = AutoProcessor.from_pretrained(str(model_dir), local_files_only=True)
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as exc:
@@ -147,12 +146,7 @@ def load_reference(model_dir: Path, device: str | None = None) -> tuple[Any, Any
     finally:
         if bar_was_on:
             hf_logging.enable_progress_bar()
-    if not hasattr(processor, "image_processor") or not hasattr(processor, "tokenizer"):
-        raise InputError(
-            f"{model_dir}: AutoProcessor gave {type(processor).__name__}, not a Qwen3-VL processor",
-            "point at a Qwen3-VL model directory with its processor files",
-        )
-    check_processor(processor, model_dir)
+    processor = shared_processor(model_dir)  # checked; the same one the prompt count before the load used
     model = model.to(dev).eval()
     _CACHE.clear()  # one model per process is enough
     _CACHE[key] = (model, processor)
