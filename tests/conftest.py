@@ -19,3 +19,17 @@ from hypothesis import settings as _hypothesis_settings  # noqa: E402
 _hypothesis_settings.register_profile("qvl-fixed", derandomize=True)
 _hypothesis_settings.register_profile("qvl-random", derandomize=False)
 _hypothesis_settings.load_profile("qvl-random" if os.environ.get("QVL_PROPERTY_RANDOM") else "qvl-fixed")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Bad input must be refused before any model is loaded (nothing half-done)."""
+    from qwenvl_rbln.inference import reference
+
+    def boom(*a, **k):
+        raise AssertionError("a model was loaded for a request that should have been refused")
+
+    monkeypatch.setattr(reference, "load_reference", boom)

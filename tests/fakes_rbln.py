@@ -533,3 +533,13 @@ def temp_entries(parent: Path) -> list[str]:
         for p in Path(parent).iterdir()
         if ".qvl-tmp-" in p.name or ".qvl-old-" in p.name or p.name.endswith(".tmp")
     )
+
+
+def refused_infer(capsys: Any, *args: str) -> str:
+    """`qvl infer ARGS` refused as bad input: exit 2, nothing streamed, exactly one error line (returned)."""
+    code, out, err = run_main(["infer", *args], capsys)
+    assert code == 2, err
+    assert out == ""  # nothing streamed, nothing half-done
+    lines = [ln for ln in err.splitlines() if ln.startswith("qvl: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]

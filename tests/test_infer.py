@@ -22,6 +22,7 @@ av = pytest.importorskip("av")
 
 from qwenvl_rbln.errors import InputError  # noqa: E402
 from qwenvl_rbln.inference import requests as rq  # noqa: E402
+from tests.fakes_rbln import refused_infer as refused  # noqa: E402
 from tests.fakes_rbln import run_main  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -316,51 +317,31 @@ def test_compare_two_runs_end_to_end(artifact, media, capsys, tmp_path):
 # ------------------------------------------------------------------------------------------------ bad input
 
 
-@pytest.fixture
-def no_model_load(monkeypatch):
-    """Bad input must be refused before any model is loaded (nothing half-done)."""
-    from qwenvl_rbln.inference import reference
-
-    def boom(*a: Any, **k: Any) -> None:
-        raise AssertionError("a model was loaded for a request that should have been refused")
-
-    monkeypatch.setattr(reference, "load_reference", boom)
-
-
-def _refused(capsys: Any, *args: str) -> str:
-    code, out, err = run_main(["infer", *args], capsys)
-    assert code == 2, err
-    assert out == ""
-    lines = [ln for ln in err.splitlines() if ln.startswith("qvl: error:")]
-    assert len(lines) == 1 and "Traceback" not in err
-    return lines[0]
-
-
 def test_missing_and_corrupt_media(artifact, media, capsys, no_model_load):
-    line = _refused(capsys, str(artifact), "--image", str(media["dir"] / "nope.jpg"), "--prompt", "x")
+    line = refused(capsys, str(artifact), "--image", str(media["dir"] / "nope.jpg"), "--prompt", "x")
     assert "nope.jpg: no such file" in line
-    line = _refused(capsys, str(artifact), "--image", str(media["corrupt"]))
+    line = refused(capsys, str(artifact), "--image", str(media["corrupt"]))
     assert "cut.jpg" in line and "truncated or damaged" in line
     bad_video = media["dir"] / "bad.mp4"
     bad_video.write_bytes(b"not a video at all" * 10)
-    line = _refused(capsys, str(artifact), "--video", str(bad_video), "--prompt", "x")
+    line = refused(capsys, str(artifact), "--video", str(bad_video), "--prompt", "x")
     assert "bad.mp4" in line and "not a readable video" in line
 
 
 def test_empty_prompt_without_media(artifact, capsys, no_model_load):
-    assert "empty prompt and no image or video" in _refused(capsys, str(artifact), "--prompt", "  ")
-    assert "empty prompt" in _refused(capsys, str(artifact))
+    assert "empty prompt and no image or video" in refused(capsys, str(artifact), "--prompt", "  ")
+    assert "empty prompt" in refused(capsys, str(artifact))
 
 
 def test_directory_that_is_not_qwen3_vl(tmp_path, capsys, no_model_load):
     llama = tmp_path / "llama"
     llama.mkdir()
     (llama / "config.json").write_text('{"model_type": "llama"}')
-    line = _refused(capsys, str(llama), "--prompt", "hi")
+    line = refused(capsys, str(llama), "--prompt", "hi")
     assert "model_type is 'llama', not 'qwen3_vl'" in line and "Qwen3-VL" in line
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert "neither a qvl artifact nor a Hugging Face model directory" in _refused(capsys, str(empty), "--prompt", "x")
+    assert "neither a qvl artifact nor a Hugging Face model directory" in refused(capsys, str(empty), "--prompt", "x")
 
 
 def test_artifacts_compiled_for_another_batch_size(tiny, tmp_path, capsys, no_model_load):
@@ -380,23 +361,23 @@ def test_artifacts_compiled_for_another_batch_size(tiny, tmp_path, capsys, no_mo
         capsys,
     )
     assert code == 0, err
-    line = _refused(capsys, str(tmp_path / "b1"), "--preset", "cpu-tiny", "--prompt", "hi")
+    line = refused(capsys, str(tmp_path / "b1"), "--preset", "cpu-tiny", "--prompt", "hi")
     assert "compiled for batch_size 1" in line and "preset cpu-tiny says batch_size 2" in line
     assert "--force" in line
     # the fix names the exact --set, and dropping --preset (the artifact's own values) works
     assert "drop --preset cpu-tiny" in line and "--set batch_size=1 --set decoder_batch_sizes=[1]" in line
-    line = _refused(capsys, str(tmp_path / "b1"), "--set", "batch_size=2", "--prompt", "hi")
+    line = refused(capsys, str(tmp_path / "b1"), "--set", "batch_size=2", "--prompt", "hi")
     assert "preset cpu-tiny with your --set says batch_size 2" in line
     assert "`qvl compile --preset cpu-tiny --set batch_size=2 -o " in line
 
 
 def test_flag_errors(artifact, media, capsys, no_model_load):
-    assert "--max-new-tokens 0" in _refused(capsys, str(artifact), "--prompt", "x", "--max-new-tokens", "0")
-    assert "--top-p 1.5" in _refused(capsys, str(artifact), "--prompt", "x", "--top-p", "1.5")
-    assert "--on-oversize 'shrink'" in _refused(capsys, str(artifact), "--prompt", "x", "--on-oversize", "shrink")
-    line = _refused(capsys, str(artifact), "--prompt", "x", "--batch-file", str(media["dir"] / "r.jsonl"))
+    assert "--max-new-tokens 0" in refused(capsys, str(artifact), "--prompt", "x", "--max-new-tokens", "0")
+    assert "--top-p 1.5" in refused(capsys, str(artifact), "--prompt", "x", "--top-p", "1.5")
+    assert "--on-oversize 'shrink'" in refused(capsys, str(artifact), "--prompt", "x", "--on-oversize", "shrink")
+    line = refused(capsys, str(artifact), "--prompt", "x", "--batch-file", str(media["dir"] / "r.jsonl"))
     assert "cannot be combined with --prompt" in line
-    assert "looks like a video" in _refused(capsys, str(artifact), "--image", str(media["video"]))
+    assert "looks like a video" in refused(capsys, str(artifact), "--image", str(media["video"]))
 
 
 def test_video_errors_name_the_batch_line_and_an_image_given_as_a_video(
@@ -420,21 +401,21 @@ def test_video_errors_name_the_batch_line_and_an_image_given_as_a_video(
         + json.dumps({"prompt": "b", "video": "one.mp4"})
         + "\n"
     )
-    line = _refused(capsys, str(artifact), "--batch-file", str(batch))
+    line = refused(capsys, str(artifact), "--batch-file", str(batch))
     assert line.startswith(f"qvl: error: {batch}:2: {one}: video gives 1 sampled frame(s)"), line
     assert line.count(f"{batch}:2") == 1
     # an image given as a video: said so (by extension, or by its header when the name has none)
     shutil.copy2(DEMO, tmp_path / "photo")
     for name in (str(DEMO), "photo"):
         batch.write_text(json.dumps({"prompt": "a", "video": name}) + "\n")
-        line = _refused(capsys, str(artifact), "--batch-file", str(batch))
+        line = refused(capsys, str(artifact), "--batch-file", str(batch))
         shown = DEMO if name == str(DEMO) else tmp_path / name
         assert f"{batch}:1: {shown} looks like an image but was given as a video" in line, line
         assert 'fix: list it under "images"' in line and "sampled frame" not in line
-    line = _refused(capsys, str(artifact), "--video", str(DEMO), "--prompt", "x")
+    line = refused(capsys, str(artifact), "--video", str(DEMO), "--prompt", "x")
     assert f"qvl: error: {DEMO} looks like an image but was given as a video; fix: pass it with --image" == line
     batch.write_text(json.dumps({"prompt": "a", "image": str(media["video"])}) + "\n")
-    line = _refused(capsys, str(artifact), "--batch-file", str(batch))
+    line = refused(capsys, str(artifact), "--batch-file", str(batch))
     assert "looks like a video but was given as an image" in line and 'list it under "videos"' in line
 
 

@@ -22,7 +22,7 @@ pytest.importorskip("transformers")
 av = pytest.importorskip("av")
 
 from qwenvl_rbln.errors import BackendError, InputError  # noqa: E402
-from tests.fakes_rbln import run_main  # noqa: E402
+from tests.fakes_rbln import refused_infer as refused  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "assets" / "demo.jpg"
@@ -45,25 +45,6 @@ def artifact(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     plan = build_plan("cpu-tiny", output_dir=str(tmp_path_factory.mktemp("art") / "cpu-tiny"))
     run_compile(plan, estimate_plan(plan), use_cache=False, heartbeat_s=0)
     return Path(plan.output_dir)
-
-
-@pytest.fixture
-def no_model_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    from qwenvl_rbln.inference import reference
-
-    def boom(*a: Any, **k: Any) -> None:
-        raise AssertionError("a model was loaded for a request that should have been refused")
-
-    monkeypatch.setattr(reference, "load_reference", boom)
-
-
-def _refused(capsys: Any, *args: str) -> str:
-    code, out, err = run_main(["infer", *args], capsys)
-    assert code == 2, err
-    assert out == ""  # nothing streamed, nothing half-done
-    lines = [ln for ln in err.splitlines() if ln.startswith("qvl: error:")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 # ------------------------------------------------------------------------------------- media that lies
@@ -113,9 +94,9 @@ def test_damaged_media_that_passes_the_probe_is_refused_before_the_model_loads(
     video = _faststart_mp4_cut_in_half(tmp_path / "half.mp4")
     png = _png_with_damaged_idat(tmp_path / "idat.png")
     probe_video(video), probe_image(png)  # the header probe cannot see it: the pixel data is what is damaged
-    line = _refused(capsys, str(artifact), "--video", str(video), "--prompt", "x")
+    line = refused(capsys, str(artifact), "--video", str(video), "--prompt", "x")
     assert f"{video}: frame " in line and "the file is cut short or damaged" in line and "ffmpeg" in line
-    line = _refused(capsys, str(artifact), "--image", str(png), "--prompt", "x")
+    line = refused(capsys, str(artifact), "--image", str(png), "--prompt", "x")
     assert f"{png}: cannot decode the image" in line and "re-export" in line
 
     batch = tmp_path / "r.jsonl"  # earlier requests are fine: nothing of theirs is streamed first
@@ -127,10 +108,10 @@ def test_damaged_media_that_passes_the_probe_is_refused_before_the_model_loads(
         + json.dumps({"prompt": "three", "video": "half.mp4"})
         + "\n"
     )
-    line = _refused(capsys, str(artifact), "--batch-file", str(batch), "--json")
+    line = refused(capsys, str(artifact), "--batch-file", str(batch), "--json")
     assert f"{batch}:3: {video}: frame " in line
     batch.write_text(json.dumps({"prompt": "one", "images": ["idat.png"]}) + "\n")
-    assert f"{batch}:1: {png}: cannot decode the image" in _refused(capsys, str(artifact), "--batch-file", str(batch))
+    assert f"{batch}:1: {png}: cannot decode the image" in refused(capsys, str(artifact), "--batch-file", str(batch))
 
 
 def test_media_check_decodes_each_file_once(tmp_path, monkeypatch):
@@ -149,16 +130,16 @@ def test_media_check_decodes_each_file_once(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------------- tokenizer and processor
 
 
-def test_model_directory_without_tokenizer_files_is_refused(tiny, tmp_path, capsys, no_model_load):
+def test_model_directory_without_tokenizer_files_isrefused(tiny, tmp_path, capsys, no_model_load):
     model = tmp_path / "no-tokenizer"
     shutil.copytree(tiny, model)
     for f in model.glob("tokenizer*.json"):
         f.unlink()
-    line = _refused(capsys, str(model), "--image", str(DEMO), "--prompt", "hi")
+    line = refused(capsys, str(model), "--image", str(DEMO), "--prompt", "hi")
     assert f"{model}: no tokenizer.json or vocab.json and merges.txt" in line and "fix: copy the tokenizer" in line
     shutil.copy2(tiny / "tokenizer.json", model / "tokenizer.json")
     (model / "processor_config.json").unlink()
-    line = _refused(capsys, str(model), "--prompt", "hi")
+    line = refused(capsys, str(model), "--prompt", "hi")
     assert f"{model}: no processor_config.json or preprocessor_config.json" in line
 
 
@@ -216,17 +197,17 @@ def test_torch_device_must_be_cpu_cuda_or_cuda_n(artifact, capsys, monkeypatch, 
     import torch
 
     for bad in ("tpu", "cuda:x", "gpu0"):
-        line = _refused(capsys, str(artifact), "--prompt", "hi", "--torch-device", bad)
+        line = refused(capsys, str(artifact), "--prompt", "hi", "--torch-device", bad)
         assert f"--torch-device '{bad}' is not cpu, cuda or cuda:N" in line
     monkeypatch.setenv("QVL_TORCH_DEVICE", "tpu")
-    assert "QVL_TORCH_DEVICE 'tpu' is not cpu, cuda or cuda:N" in _refused(capsys, str(artifact), "--prompt", "hi")
+    assert "QVL_TORCH_DEVICE 'tpu' is not cpu, cuda or cuda:N" in refused(capsys, str(artifact), "--prompt", "hi")
     monkeypatch.delenv("QVL_TORCH_DEVICE")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    line = _refused(capsys, str(artifact), "--prompt", "hi", "--torch-device", "cuda")
+    line = refused(capsys, str(artifact), "--prompt", "hi", "--torch-device", "cuda")
     assert "--torch-device cuda: no CUDA GPU is available" in line and "--torch-device cpu" in line
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    line = _refused(capsys, str(artifact), "--prompt", "hi", "--torch-device", "cuda:1")
+    line = refused(capsys, str(artifact), "--prompt", "hi", "--torch-device", "cuda:1")
     assert "--torch-device cuda:1: this machine has 1 CUDA GPU" in line
 
 
@@ -236,30 +217,30 @@ def test_a_cuda_device_from_the_environment_says_how_to_undo_it(artifact, capsys
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("QVL_TORCH_DEVICE", "cuda")
-    line = _refused(capsys, str(artifact), "--prompt", "hi")
+    line = refused(capsys, str(artifact), "--prompt", "hi")
     assert "QVL_TORCH_DEVICE cuda: no CUDA GPU is available" in line
     assert "fix: unset QVL_TORCH_DEVICE or set it to cpu" in line and "leave --torch-device out" not in line
-    line = _refused(capsys, str(artifact), "--prompt", "hi", "--torch-device", "cuda:0")
+    line = refused(capsys, str(artifact), "--prompt", "hi", "--torch-device", "cuda:0")
     assert "--torch-device cuda:0: no CUDA GPU" in line and "--torch-device cpu" in line
     assert "leave --torch-device out" not in line  # the variable would still ask for the GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setenv("QVL_TORCH_DEVICE", "cuda:2")
-    line = _refused(capsys, str(artifact), "--prompt", "hi")
+    line = refused(capsys, str(artifact), "--prompt", "hi")
     assert "QVL_TORCH_DEVICE cuda:2: this machine has 1 CUDA GPU" in line and "set QVL_TORCH_DEVICE to an index" in line
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--temperature", "nan"), ("--temperature", "inf"), ("--top-p", "nan")])
 def test_sampling_flags_must_be_finite(artifact, capsys, no_model_load, flag, value):
     """nan ran greedy and printed `NaN` (not JSON); inf sampled uniformly."""
-    line = _refused(capsys, str(artifact), "--prompt", "hi", flag, value, "--json")
+    line = refused(capsys, str(artifact), "--prompt", "hi", flag, value, "--json")
     assert f"{flag} {value} is not a finite number" in line
 
 
 def test_max_new_tokens_past_max_seq_len_is_refused_before_generate(artifact, capsys, monkeypatch, no_model_load):
-    line = _refused(capsys, str(artifact), "--prompt", "hi", "--max-new-tokens", "5000")
+    line = refused(capsys, str(artifact), "--prompt", "hi", "--max-new-tokens", "5000")
     assert "request 1: prompt of 12 tokens + --max-new-tokens 5000 = 5012 exceeds the compiled max_seq_len 4096" in line
-    line = _refused(capsys, str(artifact), "--image", str(DEMO), "--prompt", "hi", "--max-new-tokens", "3900")
+    line = refused(capsys, str(artifact), "--image", str(DEMO), "--prompt", "hi", "--max-new-tokens", "3900")
     assert "prompt of 314 tokens (300 of them for its images/videos) + --max-new-tokens 3900 = 4214" in line
     assert "at most 3782" in line
 
@@ -279,13 +260,13 @@ def test_the_limit_refused_before_the_load_is_the_exact_one(artifact, tmp_path, 
     monkeypatch.setattr(generation, "_run_generate", reached)
     batch = tmp_path / "c3.jsonl"
     batch.write_text(json.dumps({"prompt": "a", "images": [str(DEMO)]}) + "\n")
-    line = _refused(capsys, str(artifact), "--batch-file", str(batch), "--max-new-tokens", "4000")
+    line = refused(capsys, str(artifact), "--batch-file", str(batch), "--max-new-tokens", "4000")
     assert line.startswith(f"qvl: error: request 1 ({batch}:1): prompt of 314 tokens (300 of them for its images")
     assert "+ --max-new-tokens 4000 = 4314 exceeds the compiled max_seq_len 4096" in line
     assert "at most 3782," in line and loads == []
-    assert "at most 3782," in _refused(capsys, str(artifact), "--batch-file", str(batch), "--max-new-tokens", "3783")
+    assert "at most 3782," in refused(capsys, str(artifact), "--batch-file", str(batch), "--max-new-tokens", "3783")
     assert loads == []
-    line = _refused(capsys, str(artifact), "--batch-file", str(batch), "--max-new-tokens", "3782")
+    line = refused(capsys, str(artifact), "--batch-file", str(batch), "--max-new-tokens", "3782")
     assert line == "qvl: error: generate reached; fix: nothing" and len(loads) == 1
 
 
@@ -319,7 +300,7 @@ def test_prompt_plus_max_new_tokens_is_checked_before_generate_on_torch(artifact
         raise AssertionError("generate ran a request the compiled max_seq_len cannot hold")
 
     monkeypatch.setattr(transformers.Qwen3VLForConditionalGeneration, "generate", boom)
-    line = _refused(capsys, str(artifact), "--prompt", "hi", "--max-new-tokens", "4090")
+    line = refused(capsys, str(artifact), "--prompt", "hi", "--max-new-tokens", "4090")
     assert "request 1: prompt of 12 tokens + --max-new-tokens 4090 = 4102 exceeds the compiled max_seq_len" in line
 
 
