@@ -143,15 +143,8 @@ _KILL_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(("phase", "backend"), [("save", "rbln"), ("manifest", "rbln"), ("copy", "torch")])
-def test_sigkill_mid_write_keeps_the_old_artifact_and_the_next_run_cleans_up(
-    tmp_path, monkeypatch, capsys, phase, backend, request
-):
-    out, before, _ = (
-        (*request.getfixturevalue("torch_good"), None) if backend == "torch" else request.getfixturevalue("rbln_good")
-    )
-    model = tmp_path / ("tiny" if backend == "torch" else "Qwen3-VL-2B-Instruct")
-    preset = "cpu-tiny" if backend == "torch" else "rebel100-1npu"
+def _compile_paused_at(tmp_path: Path, phase: str, model: Path, preset: str, out: Path) -> subprocess.Popen:
+    """A compile subprocess (``_KILL_SCRIPT``) that has reached ``phase`` and waits there to be signalled."""
     ready = tmp_path / "ready"
     script = _KILL_SCRIPT.format(
         repo=str(REPO),
@@ -174,6 +167,19 @@ def test_sigkill_mid_write_keeps_the_old_artifact_and_the_next_run_cleans_up(
     while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert ready.exists(), proc.communicate(timeout=10)
+    return proc
+
+
+@pytest.mark.parametrize(("phase", "backend"), [("save", "rbln"), ("manifest", "rbln"), ("copy", "torch")])
+def test_sigkill_mid_write_keeps_the_old_artifact_and_the_next_run_cleans_up(
+    tmp_path, monkeypatch, capsys, phase, backend, request
+):
+    out, before, _ = (
+        (*request.getfixturevalue("torch_good"), None) if backend == "torch" else request.getfixturevalue("rbln_good")
+    )
+    model = tmp_path / ("tiny" if backend == "torch" else "Qwen3-VL-2B-Instruct")
+    preset = "cpu-tiny" if backend == "torch" else "rebel100-1npu"
+    proc = _compile_paused_at(tmp_path, phase, model, preset, out)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL
@@ -273,28 +279,7 @@ def test_ctrl_c_mid_compile_or_mid_manifest_exit_130_nothing_half_written(
 
 def test_sigterm_mid_torch_copy_exit_130_and_old_artifact_kept(tmp_path, torch_good):
     out, before = torch_good
-    ready = tmp_path / "ready"
-    script = _KILL_SCRIPT.format(
-        repo=str(REPO),
-        phase="copy",
-        ready=str(ready),
-        model=str(tmp_path / "tiny"),
-        preset="cpu-tiny",
-        out=str(out),
-        cache=str(tmp_path / "cache"),
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1"},
-    )
-    deadline = time.monotonic() + 60
-    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert ready.exists(), proc.communicate(timeout=10)
+    proc = _compile_paused_at(tmp_path, "copy", tmp_path / "tiny", "cpu-tiny", out)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
