@@ -120,28 +120,6 @@ def oversize_error(
     return InputError(message, hint)
 
 
-def oversize_message(
-    input_name: str,
-    patches: int,
-    buckets: Sequence[int],
-    *,
-    kind: str = "image",
-    frames: int | None = None,
-    patch_size: int = 16,
-    temporal_patch_size: int = 2,
-) -> str:
-    """``oversize_error(...)`` as one line: the problem, then ``fix: ...`` with both fixes."""
-    return oversize_error(
-        input_name,
-        patches,
-        buckets,
-        kind=kind,
-        frames=frames,
-        patch_size=patch_size,
-        temporal_patch_size=temporal_patch_size,
-    ).one_line()
-
-
 def select_decoder_graph(batch: int, decoder_batch_sizes: Sequence[int]) -> tuple[int, int]:
     """``(graph batch, padded rows)``: the smallest compiled decoder batch ``>= batch``.
 

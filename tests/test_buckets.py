@@ -62,24 +62,25 @@ def test_select_bucket_matches_torch_searchsorted() -> None:
 
 
 def test_oversize_message_names_input_and_both_fixes() -> None:
-    msg = bk.oversize_message("photo.jpg", 47000, [1024, 3136, 16384])
+    msg = bk.oversize_error("photo.jpg", 47000, [1024, 3136, 16384]).one_line()
     assert "\n" not in msg
     assert "photo.jpg" in msg and "47000" in msg and "16384" in msg
     assert "--set visual.max_seq_len=[1024,3136,16384,47000]" in msg
     assert "--set processor.max_pixels=4194304" in msg  # 16384 * 256
     # rounded up to a multiple of 4 (spatial_merge_size**2)
-    assert "[16384,16386" not in bk.oversize_message("x", 16386, [16384])
-    assert "--set visual.max_seq_len=[16384,16388]" in bk.oversize_message("x", 16386, [16384])
+    assert "[16384,16386" not in bk.oversize_error("x", 16386, [16384]).one_line()
+    assert "--set visual.max_seq_len=[16384,16388]" in bk.oversize_error("x", 16386, [16384]).one_line()
     err = bk.oversize_error("x", 20000, [16384])
     assert isinstance(err, InputError) and err.hint and err.exit_code == 2
 
 
 def test_oversize_message_for_video_caps_the_video_budget() -> None:
-    msg = bk.oversize_message("clip.mp4", 24128, [16384], kind="video", frames=4)
+    msg = bk.oversize_error("clip.mp4", 24128, [16384], kind="video", frames=4).one_line()
     assert "clip.mp4" in msg and "24128" in msg and "temporal patch" in msg
     assert f"--set processor.video_max_pixels={16384 * 256 * 4}" in msg
     # 5 sampled frames: the budget uses t_bar = round(5/2)*2 = 4 (banker's rounding)
-    assert f"video_max_pixels={16384 * 256 * 4}" in bk.oversize_message("v", 20000, [16384], kind="video", frames=5)
+    five = bk.oversize_error("v", 20000, [16384], kind="video", frames=5).one_line()
+    assert f"video_max_pixels={16384 * 256 * 4}" in five
 
 
 # --- decoder graphs -------------------------------------------------------------------------------

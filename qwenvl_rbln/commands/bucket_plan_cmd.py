@@ -54,7 +54,7 @@ class ItemPlanner:
 
     def __init__(self, plan: Any):
         from qwenvl_rbln import geometry
-        from qwenvl_rbln.buckets import oversize_message, select_bucket
+        from qwenvl_rbln.buckets import oversize_error, select_bucket
         from qwenvl_rbln.errors import QvlError
         from qwenvl_rbln.modelinfo import processor_defaults
 
@@ -63,7 +63,7 @@ class ItemPlanner:
         self._image_geometry_for = geometry.image_geometry_for
         self._video_geometry_for = geometry.video_geometry_for
         self._select = select_bucket
-        self._oversize = oversize_message
+        self._oversize = oversize_error
         self._error_types = QvlError
         self.plan = plan
         self.buckets: list[int] = list(plan.vit_buckets)
@@ -166,7 +166,7 @@ class ItemPlanner:
                 frames=frames,
                 patch_size=self.vision.patch_size,
                 temporal_patch_size=self.vision.temporal_patch_size,
-            )
+            ).one_line()
         else:
             item["padding_pct"] = round(100.0 * (bucket - patches) / bucket, 2)
         return item
