@@ -165,12 +165,11 @@ class ReferenceBackend:
     name = "torch"
 
     def __init__(self, model_dir: Path, caps: Any, *, device: str | None = None):
-        from qwenvl_rbln.inference.inputs import apply_caps
+        from qwenvl_rbln.inference.inputs import load_processor
 
         self.model_dir = Path(model_dir)
-        self.model, self.processor, self.device = load_reference(self.model_dir, device)
-        apply_caps(self.processor, caps)
-        self.processor.tokenizer.padding_side = "left"
+        self.model, _, self.device = load_reference(self.model_dir, device)
+        self.processor = load_processor(self.model_dir, caps)  # the shared one, with this run's caps
         self.caps = caps
         sync = None
         if self.device.startswith("cuda"):
