@@ -264,13 +264,18 @@ def _read_jsonl(p: Path, wl: Workload) -> None:
                 wl.add(key, count)
 
 
+def _load_json(p: Path, what: str, hint: str) -> Any:
+    """A whole JSON file; a syntax error names ``file:line``."""
+    with _open_text(p, what) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{p}:{e.lineno}: not valid JSON ({e.msg})", hint) from None
+
+
 def _read_json_array(p: Path, wl: Workload) -> None:
     """A .json file holding one list of entry objects (not streamed; JSONL is)."""
-    with _open_text(p, "workload") as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{p}:{e.lineno}: not valid JSON ({e.msg})", _FORMAT_HINT) from None
+    data = _load_json(p, "workload", _FORMAT_HINT)
     if not isinstance(data, list):
         raise InputError(f"{p}: expected a list of objects or JSON Lines", _FORMAT_HINT)
     for i, obj in enumerate(data):
@@ -343,11 +348,7 @@ def read_batch_trace(path: str | Path) -> dict[int, int]:
     first = _first_char(p, "batch trace")
     counts: dict[int, int] = {}
     if first and first in "[{":
-        with _open_text(p, "batch trace") as f:
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{p}:{e.lineno}: not valid JSON ({e.msg})", _TRACE_HINT) from None
+        data = _load_json(p, "batch trace", _TRACE_HINT)
         if not isinstance(data, list):
             raise InputError(f"{p}: expected a JSON list of batch sizes", _TRACE_HINT)
         for i, value in enumerate(data):
