@@ -502,9 +502,22 @@ def atomic_output_dir(target: Path, force: bool = False) -> Iterator[Path]:
 # -------------------------------------------------------------------------------------------------- lock
 
 
+# How long a second writer waits for the holder's owner record (the holder writes it right after taking the lock).
+OWNER_RECORD_WAIT_S = 10.0
+
+
 def lock_path(target: Path) -> Path:
+    """The lock for ``target`` lives under ``$QVL_HOME/locks``, never beside the user's output directory.
+
+    Unlinking a lock file is never safe while another process may be waiting on it, so the files are kept
+    where they bother nobody: one small file per output directory ever compiled into.
+    """
+    from qwenvl_rbln.modelinfo import qvl_home
+
     target = user_path(target).absolute()
-    return target.parent / f".{target.name}.qvl-lock"
+    digest = hashlib.sha256(str(target).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", target.name)[:48] or "root"
+    return qvl_home() / "locks" / f"{name}-{digest}.lock"
 
 
 def _owner_path(target: Path) -> Path:
@@ -520,32 +533,83 @@ def lock_owner(target: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _live_owner(target: Path) -> dict[str, Any] | None:
+    """The owner record, if it names a live process (a killed holder's stale record is not the holder)."""
+    owner = lock_owner(target)
+    if not owner or not isinstance(owner.get("pid"), int):
+        return None
+    if owner.get("host") not in (None, socket.gethostname()):
+        return owner
+    try:
+        os.kill(owner["pid"], 0)
+    except ProcessLookupError:
+        return None
+    except OSError:
+        pass  # alive, owned by another user
+    return owner
+
+
+def _busy(target: Path, lp: Path, owner: dict[str, Any] | None) -> BusyError:
+    owner = owner or {}
+    who = f"pid {owner['pid']}" if owner.get("pid") else "another process"
+    if owner.get("host") and owner.get("host") != socket.gethostname():
+        who += f" on {owner['host']}"
+    since = f" since {owner['started']}" if owner.get("started") else ""
+    return BusyError(
+        f"output directory {target} is being written by {who}{since} (lock {lp})",
+        "wait for that compile to finish, or compile into another directory with -o",
+    )
+
+
+def _acquire(lock: Any, target: Path, lp: Path) -> None:
+    """Take the lock, or raise BusyError naming the holder.
+
+    The holder writes its owner record just after it takes the lock, so a loser that arrives in between
+    waits for that record (or for the lock to come free) instead of reporting "another process".
+    """
+    import time
+
+    import filelock
+
+    deadline = time.monotonic() + OWNER_RECORD_WAIT_S
+    while True:
+        try:
+            lock.acquire(timeout=0)
+            return
+        except filelock.Timeout:
+            owner = _live_owner(target)
+            if owner is not None or time.monotonic() >= deadline:
+                raise _busy(target, lp, owner) from None
+        time.sleep(0.02)
+
+
 @contextlib.contextmanager
 def output_lock(target: Path) -> Iterator[Path]:
-    """Non-blocking exclusive lock beside ``target``; a second writer gets BusyError naming the holder."""
+    """Non-blocking exclusive lock for ``target``; a second writer gets BusyError naming the holder."""
     import filelock
 
     target = user_path(target).absolute()
-    target.parent.mkdir(parents=True, exist_ok=True)
     lp = lock_path(target)
-    lock = filelock.FileLock(str(lp), timeout=0)
     try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
-        owner = lock_owner(target) or {}
-        who = f"pid {owner['pid']}" if owner.get("pid") else "another process"
-        if owner.get("host") and owner.get("host") != socket.gethostname():
-            who += f" on {owner['host']}"
-        since = f" since {owner['started']}" if owner.get("started") else ""
-        raise BusyError(
-            f"output directory {target} is being written by {who}{since} (lock {lp.name})",
-            "wait for that compile to finish, or compile into another directory with -o",
+        lp.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(
+            f"cannot create the lock directory {lp.parent}: {exc.strerror or exc}",
+            "set QVL_HOME to a writable directory",
         ) from None
+    lock = filelock.FileLock(str(lp), timeout=0)
+    _acquire(lock, target, lp)
     owner_file = _owner_path(target)
     try:
         _write_json_atomic(
             owner_file,
-            {"pid": os.getpid(), "host": socket.gethostname(), "started": _now(), "argv": sys.argv[1:]},
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": _now(),
+                "target": str(target),
+                "argv": sys.argv[1:],
+            },
         )
         yield lp
     finally:

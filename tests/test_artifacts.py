@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import socket
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
+import filelock
 import pytest
 
 from qwenvl_rbln import artifacts
@@ -166,6 +171,43 @@ def test_lock_held_in_same_process_is_busy(tmp_path):
             pass
         assert artifacts.lock_owner(target)["pid"] == os.getpid()
     assert artifacts.lock_owner(target) is None
+
+
+def test_loser_waits_for_the_owner_record_of_a_holder_that_just_took_the_lock(tmp_path):
+    target = tmp_path / "out"
+    lp = artifacts.lock_path(target)
+    lp.parent.mkdir(parents=True, exist_ok=True)
+    holder = filelock.FileLock(str(lp), timeout=0)
+    holder.acquire()
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "started": "now"}
+    late = threading.Timer(0.3, lambda: lp.with_name(lp.name + ".owner").write_text(json.dumps(record)))
+    late.start()
+    try:
+        with pytest.raises(BusyError) as info, artifacts.output_lock(target):
+            pass
+        assert f"pid {os.getpid()}" in info.value.message, info.value.message
+    finally:
+        late.join()
+        holder.release()
+
+
+def test_a_dead_holders_stale_owner_record_is_not_named(tmp_path):
+    target = tmp_path / "out"
+    lp = artifacts.lock_path(target)
+    lp.parent.mkdir(parents=True, exist_ok=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = {"pid": int(dead.stdout), "host": socket.gethostname(), "started": "long ago"}
+    lp.with_name(lp.name + ".owner").write_text(json.dumps(stale))
+    with artifacts.output_lock(target):  # the lock is free: the stale record does not make it busy
+        assert artifacts.lock_owner(target)["pid"] == os.getpid()
+
+
+def test_lock_files_live_under_qvl_home_not_beside_the_output(tmp_path):
+    target = tmp_path / "out"
+    with artifacts.output_lock(target):
+        assert not any("lock" in p.name for p in tmp_path.iterdir())
+        assert artifacts.lock_path(target).is_relative_to(Path(os.environ["QVL_HOME"]))
+    assert artifacts.lock_path(target) != artifacts.lock_path(tmp_path / "other" / "out")
 
 
 # ------------------------------------------------------------------------------------------------ cache

@@ -476,7 +476,7 @@ _RACE_SCRIPT = textwrap.dedent(
     from qwenvl_rbln.plan import build_plan
     from tests import fakes_rbln
     plan = build_plan("rebel100-1npu", model={model!r})
-    fakes_rbln.install_plain(fakes_rbln.make_auto(plan, sleep_export=1.5))
+    fakes_rbln.install_plain(fakes_rbln.make_auto(plan, wait_for_file={go!r}))
     sys.argv = ["qvl", "compile", "--preset", "rebel100-1npu", "--model", {model!r}, "-o", {out!r}, "--no-cache"]
     from qwenvl_rbln import cli
     cli.main()
@@ -486,7 +486,8 @@ _RACE_SCRIPT = textwrap.dedent(
 
 def test_two_compiles_racing_one_wins_the_other_exits_6_naming_the_holder(tmp_path, rbln_model, capsys):
     out = tmp_path / "out"
-    script = _RACE_SCRIPT.format(repo=str(REPO), model=str(rbln_model), out=str(out))
+    go = tmp_path / "go"  # the winner's export waits for it: the loser always meets a held lock
+    script = _RACE_SCRIPT.format(repo=str(REPO), model=str(rbln_model), out=str(out), go=str(go))
     env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
     procs = [
         subprocess.Popen(
@@ -494,6 +495,10 @@ def test_two_compiles_racing_one_wins_the_other_exits_6_naming_the_holder(tmp_pa
         )
         for _ in range(2)
     ]
+    deadline = time.monotonic() + 120
+    while all(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)  # wait for the condition (one of them has finished), not for a fixed time
+    go.touch()
     results = [(p.pid, *p.communicate(timeout=120), p.returncode) for p in procs]
     codes = sorted(r[3] for r in results)
     assert codes == [0, 6], [(r[3], r[2][-500:]) for r in results]
@@ -503,6 +508,7 @@ def test_two_compiles_racing_one_wins_the_other_exits_6_naming_the_holder(tmp_pa
     assert f"pid {winner[0]}" in line and str(out) in line and "fix:" in line, line
     assert artifacts.verify_manifest(out, artifacts.read_manifest(out))["ok"]
     assert temp_entries(tmp_path) == []
+    assert not [p.name for p in tmp_path.iterdir() if "lock" in p.name]  # the lock lives under $QVL_HOME
     code, _, err = run_main(["load-check", str(out), "--no-runtime"], capsys)
     assert code == 0, err
 
