@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import typer
 
@@ -65,45 +66,130 @@ def _is_click_error(exc: Exception) -> bool:
     return isinstance(exc, _click_classes("ClickException"))
 
 
-def _usage_line(exc: Exception) -> str:
-    """A usage error in one line: click's message, then where the right flags are listed."""
+def _flag_names(exc: Exception) -> list[str]:
+    """The flags a "does not take a value" error is about (``--dry-run=true``: a flag given a value)."""
+    message = str(exc.format_message() if hasattr(exc, "format_message") else exc)
+    if "does not take a value" not in message:
+        return []
+    return [word.strip("'\"") for word in message.split() if word.strip("'\"").startswith("--")][:1]
+
+
+def command_path(argv: list[str]) -> str:
+    """``qvl compile`` for ``compile --dry-run=true``: the (sub)command the arguments name, for the help pointer.
+
+    click does not attach a context to an error its parser raises, so the path is read from the arguments."""
+    import typer.main
+
+    path = ["qvl"]
+    command = typer.main.get_command(app)
+    for arg in argv:
+        if arg.startswith("-"):
+            continue
+        sub = getattr(command, "commands", {}).get(arg)
+        if sub is None:
+            break
+        path.append(arg)
+        command = sub
+    return " ".join(path)
+
+
+def _usage_line(exc: Exception, argv: list[str] | None = None) -> tuple[str, str]:
+    """A usage error as (message, hint): click's message in one line, then where the right flags are listed."""
     message = " ".join(str(exc.format_message() if hasattr(exc, "format_message") else exc).split())
     ctx = getattr(exc, "ctx", None)
-    command = getattr(ctx, "command_path", None) or "qvl"
-    return f"{message.rstrip('. ')}; fix: see `{command} --help`"
+    command = getattr(ctx, "command_path", None) or command_path(list(argv if argv is not None else sys.argv[1:]))
+    hint = f"see `{command} --help`"
+    flags = _flag_names(exc)
+    if flags:
+        hint = f"{flags[0]} is a flag: give it alone (no =value) or leave it out; {hint}"
+    return message.rstrip(". "), hint
+
+
+def wants_json(argv: list[str]) -> bool:
+    """``--json`` among the arguments (before a ``--``): errors then also go to stdout as one JSON document."""
+    for arg in argv:
+        if arg == "--":
+            return False
+        if arg == "--json":
+            return True
+    return False
+
+
+def _fail(message: str, hint: str | None, code: int, *, as_json: bool, prefix: str = "qvl: error: ") -> None:
+    """One line on stderr and, with --json (unless the command already printed its document), the error on stdout."""
+    from qwenvl_rbln import render
+
+    joiner = "; fix: " if prefix.endswith("error: ") else "; "
+    line = message if hint is None else f"{message.rstrip('. ')}{joiner}{hint}"
+    render.err().print(prefix + " ".join(line.split()), markup=False, highlight=False)
+    if as_json:
+        render.emit_error(message, hint, code)
+    sys.exit(code)
+
+
+def _hide_bool_metavar() -> None:
+    """Boolean flags take no value, so help shows no ``<bool>`` type for them (newer Typer prints one)."""
+    try:
+        from typer.core import TyperOption
+    except ImportError:  # pragma: no cover - an older Typer: no type column at all
+        return
+    original = getattr(TyperOption, "display_type_rich", None)
+    if original is None or getattr(original, "_qvl", False):
+        return
+
+    def display_type_rich(self: Any, ctx: Any) -> str | None:
+        if getattr(self, "is_bool_flag", False) or getattr(self, "is_flag", False):
+            return None
+        return original(self, ctx)
+
+    display_type_rich._qvl = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_hide_bool_metavar()
 
 
 def main() -> None:
-    """Entry point: one line per error, a documented exit code, no traceback."""
+    """Entry point: one line per error, a documented exit code, no traceback; with --json, also the error as JSON."""
     from qwenvl_rbln import render
 
+    argv = sys.argv[1:]
+    as_json = wants_json(argv)
+    render.reset_emitted()
     try:
         code = app(standalone_mode=False)
     except QvlError as exc:
         render.err().print(f"qvl: error: {exc.one_line()}", markup=False, highlight=False)
+        for extra in exc.detail_lines():
+            render.err().print(f"  {extra}", markup=False, highlight=False)
+        if as_json:
+            render.emit_error(exc.message, exc.hint, exc.exit_code, problems=exc.problems_dicts())
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        render.err().print("qvl: interrupted; nothing half-written was left behind", markup=False)
-        sys.exit(EXIT_INTERRUPTED)
+        _fail(
+            "interrupted; nothing half-written was left behind", None, EXIT_INTERRUPTED, as_json=as_json, prefix="qvl: "
+        )
     except SystemExit:
         raise
     except Exception as exc:  # click usage errors and genuine bugs
         if _is_abort(exc):
-            render.err().print("qvl: interrupted", markup=False)
-            sys.exit(EXIT_INTERRUPTED)
+            _fail("interrupted", None, EXIT_INTERRUPTED, as_json=as_json, prefix="qvl: ")
         if _is_click_error(exc) and not str(exc.format_message()).strip():
             sys.exit(0)  # `qvl` or `qvl presets` alone: the help was printed, and help is what was asked for
         if _is_click_error(exc):
-            render.err().print(f"qvl: error: {_usage_line(exc)}", markup=False, highlight=False)
-            sys.exit(getattr(exc, "exit_code", 2) or 2)
+            message, hint = _usage_line(exc, argv)
+            _fail(message, hint, getattr(exc, "exit_code", 2) or 2, as_json=as_json)
         if os.environ.get("QVL_DEBUG"):
             raise
-        render.err().print(
-            f"qvl: internal error: {type(exc).__name__}: {exc}; rerun with QVL_DEBUG=1 for the traceback",
-            markup=False,
-            highlight=False,
+        _fail(
+            f"internal error: {type(exc).__name__}: {exc}",
+            "rerun with QVL_DEBUG=1 for the traceback",
+            EXIT_INTERNAL,
+            as_json=as_json,
+            prefix="qvl: ",
         )
-        sys.exit(EXIT_INTERNAL)
     if code == EXIT_INTERRUPTED:  # typer turns Ctrl-C inside a command into Exit(130)
         render.err().print("qvl: interrupted; nothing half-written was left behind", markup=False)
+        if as_json:
+            render.emit_error("interrupted; nothing half-written was left behind", None, EXIT_INTERRUPTED)
     sys.exit(code if isinstance(code, int) else 0)

@@ -39,11 +39,56 @@ class QvlError(Exception):
     def to_dict(self) -> dict:
         return {"error": self.message, "hint": self.hint, "exit_code": self.exit_code, "kind": type(self).__name__}
 
+    def json_error(self) -> dict:
+        """The ``error`` object every command writes with ``--json`` on failure (the one shape scripts read)."""
+        out = {"message": self.message, "hint": self.hint, "exit_code": self.exit_code}
+        if self.problems_dicts():
+            out["problems"] = self.problems_dicts()
+        return out
+
+    def detail_lines(self) -> list[str]:
+        """Lines printed under the one error line (a group of problems lists each; a single error has none)."""
+        return []
+
+    def problems_dicts(self) -> list[dict]:
+        return []
+
 
 class InputError(QvlError):
     """Bad input: a preset, a flag, a file, a request."""
 
     exit_code = EXIT_BAD_INPUT
+
+
+class InputErrors(InputError):
+    """Several independent problems in one input (a batch file's bad lines), reported together.
+
+    The first line says how many and where; each problem follows on its own line (``file:line: ...; fix: ...``),
+    so one run shows every line to fix, not only the first.
+    """
+
+    SHOWN = 20  # lines printed; --json has every problem
+
+    def __init__(self, problems: list[QvlError], what: str, hint: str | None = None):
+        self.problems = list(problems)
+        super().__init__(f"{len(self.problems)} {what} (each listed below)", hint)
+
+    def detail_lines(self) -> list[str]:
+        lines = [p.one_line() for p in self.problems[: self.SHOWN]]
+        if len(self.problems) > self.SHOWN:
+            lines.append(f"... {len(self.problems) - self.SHOWN} more (--json lists every one)")
+        return lines
+
+    def problems_dicts(self) -> list[dict]:
+        return [{"message": p.message, "hint": p.hint} for p in self.problems]
+
+
+def raise_all(problems: list[QvlError], what: str, hint: str | None = None) -> None:
+    """Nothing when ``problems`` is empty; the one problem as it is; several as one ``InputErrors``."""
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise InputErrors(problems, what, hint)
 
 
 class DependencyMissing(QvlError):

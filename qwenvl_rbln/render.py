@@ -53,9 +53,39 @@ def reset_consoles() -> None:
     _stderr = None
 
 
+_FIELD = "\ue000"  # a private-use character: never typed by anyone, and never the start of a markup tag
+
+
+def markup(template: str, *values: Any) -> Text:
+    """Rich markup ``template`` whose ``{}`` fields are filled with ``values`` as literal text.
+
+    The one way user text (ids, prompts, file names, model output, messages that quote them) enters a styled
+    line: a value is never read as markup, whatever brackets it holds (``/x``, ``[bold]``), and takes the
+    style around its field: ``markup("[bold]\\[{}][/bold] {}", rid, text)``. Brackets in the template around
+    a field stay literal.
+    """
+    parts = template.split("{}")
+    if len(parts) - 1 != len(values):
+        raise ValueError(f"markup template has {len(parts) - 1} fields for {len(values)} values: {template!r}")
+    marked = Text.from_markup(_FIELD.join(parts))
+    plain = marked.plain
+    out = Text(style=marked.style, justify=marked.justify, no_wrap=marked.no_wrap, end=marked.end)
+    start = 0
+    for value in values:
+        pos = plain.index(_FIELD, start)
+        out.append_text(marked[start:pos])
+        literal = Text(str(value))
+        for span in marked[pos : pos + 1].spans:
+            literal.stylize(span.style, 0, len(literal))
+        out.append_text(literal)
+        start = pos + 1
+    out.append_text(marked[start:])
+    return out
+
+
 def warn(message: str) -> None:
-    """A one-line warning on stderr, never mixed into JSON output."""
-    err().print(f"[yellow]warning:[/yellow] {message}", markup=True, highlight=False)
+    """A one-line warning on stderr, never mixed into JSON output; the message is printed literally."""
+    err().print(markup("[yellow]warning:[/yellow] {}", message), highlight=False)
 
 
 def info(message: str) -> None:
@@ -76,13 +106,44 @@ def dumps(data: Any) -> str:
     return json.dumps(data, indent=2, default=_default, ensure_ascii=False)
 
 
-def emit(data: Any, *, as_json: bool, human: Callable[[Console, Any], None]) -> None:
-    """Print a command's result either as JSON (stdout) or through its human renderer."""
+_emitted = False  # a JSON document is on stdout already (the CLI edge then writes no second one)
+
+
+def reset_emitted() -> None:
+    global _emitted
+    _emitted = False
+
+
+def emit(data: Any, *, as_json: bool, human: Callable[[Console, Any], None], error: Any = None) -> None:
+    """Print a command's result either as JSON (stdout) or through its human renderer.
+
+    ``error``: the ``QvlError`` the command raises right after reporting (a dry run that does not fit, a failed
+    load-check, diverging runs); with --json it goes into the same document under ``error``, in the shape
+    ``emit_error`` writes, so stdout stays one JSON document that says the command failed.
+    """
+    global _emitted
     if as_json:
+        if error is not None and isinstance(data, dict):
+            data = {**data, "error": error.json_error()}
         sys.stdout.write(dumps(data) + "\n")
         sys.stdout.flush()
+        _emitted = True
     else:
         human(out(), data)
+
+
+def emit_error(message: str, hint: str | None, exit_code: int, *, problems: list[dict] | None = None) -> None:
+    """With --json, a failure before the command reported anything: ``{"error": {message, hint, exit_code}}``."""
+    if _emitted:
+        return
+    body: dict[str, Any] = {"message": message, "hint": hint, "exit_code": exit_code}
+    if problems:
+        body["problems"] = problems
+    try:
+        sys.stdout.write(dumps({"error": body}) + "\n")
+        sys.stdout.flush()
+    except (OSError, ValueError):  # stdout closed (a pipe whose reader left): stderr has the line
+        pass
 
 
 def fmt_bytes(n: float | int | None) -> str:
@@ -116,8 +177,9 @@ class Col:
     max_width: int | None = None  # fold text wraps at this width even on a wide console
 
 
-def _cell_width(cell: str) -> int:
-    return max((Text.from_markup(line).cell_len for line in cell.split("\n")), default=0)
+def _cell_width(cell: str | Text) -> int:
+    text = cell if isinstance(cell, Text) else Text.from_markup(cell)
+    return max((line.cell_len for line in text.split("\n")), default=0)
 
 
 def _table_width(cols: Sequence[Col], widths: Sequence[int]) -> int:
@@ -150,7 +212,7 @@ def _fit(cols: Sequence[Col], natural: Sequence[int], width: int) -> list[int]:
 def print_table(
     console: Console,
     cols: Sequence[Col],
-    rows: Sequence[Sequence[str]],
+    rows: Sequence[Sequence[str | Text]],
     *,
     title: str | None = None,
     header_style: str = "bold",

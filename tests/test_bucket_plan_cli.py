@@ -431,7 +431,7 @@ def test_nothing_to_plan_is_an_error_naming_the_inputs(tmp_path: Path, files: li
     for name in files:
         (d / name).write_bytes(b"x")
     r = run_qvl("bucket-plan", str(d), "--json")
-    assert r.exit_code == 2 and r.stdout == ""
+    assert r.exit_code == 2 and json.loads(r.stdout)["error"]["exit_code"] == 2
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("qvl: error: nothing to plan:") and str(d) in line and "; fix: " in line
     for name in files:

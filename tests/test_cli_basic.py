@@ -113,10 +113,12 @@ def test_yaml_tag_via_cli(tmp_path):
     assert "YAML tag not allowed" in r.stderr
 
 
-def test_json_errors_keep_stdout_clean():
+def test_json_errors_are_one_json_document_on_stdout():
     r = run_qvl("compile", "--preset", "nope", "--dry-run", "--json")
     assert r.exit_code == 2
-    assert r.stdout == ""
+    error = json.loads(r.stdout)["error"]
+    assert set(error) == {"message", "hint", "exit_code"} and error["exit_code"] == 2
+    assert "unknown preset 'nope'" in error["message"] and r.stderr.startswith("qvl: error: unknown preset 'nope'")
 
 
 def test_dry_run_is_a_gate_exit_4_when_it_does_not_fit():

@@ -56,15 +56,51 @@ def test_compare_tokens():
         "equal": 3,
         "agreement_pct": 100.0,
         "identical": True,
+        "shared_identical": True,
         "matching_prefix": 3,
         "first_divergence": None,
+        "length_difference": None,
     }
     d = compare_tokens([1, 2, 3, 4], [1, 9, 3, 4])
     assert d["first_divergence"] == {"index": 1, "a": 2, "b": 9}
     assert (d["agreement_pct"], d["matching_prefix"], d["identical"]) == (75.0, 1, False)
-    d = compare_tokens([1, 2], [1, 2, 5, 6])  # A stopped early (EOS): a missing token is a mismatch
-    assert d["first_divergence"] == {"index": 2, "a": None, "b": 5} and d["agreement_pct"] == 50.0
     assert compare_tokens([], [])["identical"] is True
+
+
+def test_a_shorter_run_is_compared_on_the_shared_tokens_and_its_length_reported_apart():
+    """A run against its own prefix once scored 50 % agreement with a 'divergence' at the end of the shorter."""
+    d = compare_tokens([1, 2], [1, 2, 5, 6])
+    assert (d["compared"], d["agreement_pct"], d["first_divergence"], d["matching_prefix"]) == (2, 100.0, None, 2)
+    assert d["length_difference"] == {"longer": "b", "extra_tokens": 2, "from_index": 2}
+    assert (d["identical"], d["shared_identical"]) == (False, True)
+    d = compare_tokens([1, 3, 4], [1, 2])
+    assert d["first_divergence"] == {"index": 1, "a": 3, "b": 2} and d["agreement_pct"] == 50.0
+
+
+def test_compare_against_its_own_prefix_exits_0_and_7_only_with_strict_length(tmp_path, capsys):
+    full = list(range(100, 164))
+    a = _run(tmp_path / "long.json", "torch", {"1": full, "2": [7, 8]})
+    b = _run(tmp_path / "short.json", "torch", {"1": full[:10], "2": [7, 8]})
+    code, out, err = run_main(["compare", str(a), str(b), "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert "error" not in data
+    s = data["summary"]
+    assert (s["agreement_pct"], s["tokens_compared"], s["length_differs_requests"], s["diverged_requests"]) == (
+        100.0,
+        12,
+        1,
+        0,
+    )
+    assert data["requests"][0]["length_difference"] == {"longer": "a", "extra_tokens": 54, "from_index": 10}
+    code, out, _ = run_main(["compare", str(a), str(b)], capsys)
+    assert code == 0 and "100.0 % of 12 shared tokens agree" in out and "A +54 from index 10" in out
+    code, out, err = run_main(["compare", str(a), str(b), "--strict-length", "--json"], capsys)
+    assert code == 7
+    data = json.loads(out)  # one document: the report, with the failure in the shape every command uses
+    assert data["summary"]["agreement_pct"] == 100.0
+    assert data["error"]["exit_code"] == 7 and "--strict-length" in data["error"]["message"]
+    assert "differ in length (--strict-length)" in err
 
 
 def test_identical_runs_exit_0(tmp_path, capsys):
@@ -77,11 +113,13 @@ def test_identical_runs_exit_0(tmp_path, capsys):
         "requests": 2,
         "identical_requests": 2,
         "diverged_requests": 0,
+        "length_differs_requests": 0,
         "missing_requests": 0,
         "inputs_differ_requests": 0,
         "tokens_compared": 5,
         "agreement_pct": 100.0,
         "identical": True,
+        "strict_length": False,
     }
     code, out, _ = run_main(["compare", str(a), str(b)], capsys)
     assert code == 0 and "identical: 2/2 requests identical" in out
@@ -154,7 +192,7 @@ def test_different_inputs_are_refused_naming_request_and_field(tmp_path, capsys,
     a = _run(tmp_path / "a.json", "rbln", {"0": [1], "cat": [5, 6]}, inputs={"0": _inputs(), "cat": _inputs()})
     b = _run(tmp_path / "b.json", "torch", {"0": [1], "cat": [5, 6]}, inputs={"0": _inputs(), "cat": b_inputs})
     code, out, err = run_main(["compare", str(a), str(b), "--json"], capsys)
-    assert code == 2 and out == "" and err.count("\n") == 1
+    assert code == 2 and json.loads(out)["error"]["exit_code"] == 2 and err.count("\n") == 1
     assert err.startswith("qvl: error: ") and f"request 'cat' has {field}" in err and "--ignore-inputs" in err
 
     code, out, err = run_main(["compare", str(a), str(b), "--json", "--ignore-inputs"], capsys)

@@ -737,6 +737,6 @@ def test_compile_with_sets_then_infer_without_repeating_them(tmp_path):
         assert Path(data["artifact_dir"]) == out.absolute()
     shutil.rmtree(out)
     r = run_qvl("infer", *args, cwd=tmp_path, env=env)
-    assert r.exit_code == 2 and r.stdout == ""
+    assert r.exit_code == 2 and json.loads(r.stdout)["error"]["exit_code"] == 2
     assert f"the last `qvl compile` wrote {out.absolute()} (preset cpu-tiny), which no longer exists" in r.stderr
     assert "qvl-out/cpu-tiny" in r.stderr and "rebel100-1npu" not in r.stderr

@@ -316,7 +316,7 @@ def test_generate_failure_is_a_backend_error_exit_5(rbln_artifact, fake, capsys,
     art, _ = rbln_artifact
     monkeypatch.setattr(fake, "generate_error", "Cache position size mismatch: got 1, expected 2.\nmore detail")
     code, out, err = run_main(["infer", str(art), "--prompt", "hi", "--json"], capsys)
-    assert code == 5 and out == ""
+    assert code == 5 and json.loads(out)["error"]["exit_code"] == 5
     line = err.strip().splitlines()[-1]
     assert "generate failed for request(s) 1: RuntimeError: Cache position size mismatch" in line
     assert "more detail" not in err and "Traceback" not in err

@@ -11,7 +11,9 @@ SetOpt = typer.Option(
     None,
     "--set",
     "-s",
-    help="Override a key: dotted.key=value (JSON values), e.g. --set visual.max_seq_len=[1024,16384]. Repeatable.",
+    metavar="KEY=VALUE",
+    help="Override a key: dotted.key=value (JSON values), e.g. --set 'visual.max_seq_len=[1024,16384]' (quote "
+    "brackets for the shell). Repeatable.",
 )
 ModelOpt = typer.Option(None, "--model", "-m", help="Hub id or local model directory (overrides the preset).")
 JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout; diagnostics go to stderr.")

@@ -1,6 +1,7 @@
 """`qvl compare A.json B.json`: token agreement and first divergence between two `qvl infer --json` runs.
 
-Exit codes: 0 every request identical; 7 at least one request diverges or is missing from one file
+Exit codes: 0 the shared tokens of every request agree (a length difference is reported, not failed); 7 at
+least one request's shared tokens differ, it is missing from one file, or lengths differ with --strict-length
 (the report is printed first); 2 a file is missing or is not `qvl infer --json` output, or a request ran
 different inputs in the two files (prompt, system, images/videos; `--ignore-inputs` compares anyway).
 """
@@ -15,42 +16,66 @@ import typer
 from qwenvl_rbln.commands.common import JsonOpt
 
 
+def _length(r: dict[str, Any]) -> str:
+    diff = r.get("length_difference")
+    if not diff:
+        return "same"
+    return f"{diff['longer'].upper()} +{diff['extra_tokens']} from index {diff['from_index']}"
+
+
 def human(console: Any, d: dict[str, Any]) -> None:
-    from rich.markup import escape
     from rich.table import Table
 
-    console.print(
-        f"[bold]A[/bold] {escape(d['a']['path'])} [dim]({d['a']['backend']}, {d['a']['requests']} requests)[/dim]\n"
-        f"[bold]B[/bold] {escape(d['b']['path'])} [dim]({d['b']['backend']}, {d['b']['requests']} requests)[/dim]"
-    )
+    from qwenvl_rbln.render import markup
+
+    for side in ("a", "b"):
+        x = d[side]
+        console.print(
+            markup(
+                f"[bold]{side.upper()}[/bold] {{}} [dim]({{}}, {{}} requests)[/dim]",
+                x["path"],
+                x["backend"],
+                x["requests"],
+            )
+        )
     t = Table(show_edge=False)
-    for col in ("request", "tokens A", "tokens B", "agreement", "first divergence"):
+    for col in ("request", "tokens A", "tokens B", "agreement (shared)", "first divergence", "length"):
         t.add_column(col)
     for r in d["requests"]:
         if "missing_in" in r:
-            t.add_row(escape(r["id"]), "-", "-", "-", f"[red]missing in {r['missing_in'].upper()}[/red]")
+            t.add_row(markup("{}", r["id"]), "-", "-", "-", f"[red]missing in {r['missing_in'].upper()}[/red]", "-")
             continue
         fd = r["first_divergence"]
-        where = (
-            "[green]identical[/green]"
-            if fd is None
-            else (
-                f"[red]index {fd['index']}[/red]: A {fd['a'] if fd['a'] is not None else 'end'} / "
-                f"B {fd['b'] if fd['b'] is not None else 'end'}"
-            )
-        )
+        if fd is None:
+            where = markup("[green]identical[/green]" if r["identical"] else "[green]shared tokens identical[/green]")
+        else:
+            where = markup("[red]index {}[/red]: A {} / B {}", fd["index"], fd["a"], fd["b"])
         if r.get("inputs_differ"):
-            where += f" [yellow](inputs differ: {escape(', '.join(r['inputs_differ']))})[/yellow]"
-        t.add_row(escape(r["id"]), str(r["tokens_a"]), str(r["tokens_b"]), f"{r['agreement_pct']:.1f} %", where)
+            where.append_text(markup(" [yellow](inputs differ: {})[/yellow]", ", ".join(r["inputs_differ"])))
+        length = _length(r)
+        t.add_row(
+            markup("{}", r["id"]),
+            str(r["tokens_a"]),
+            str(r["tokens_b"]),
+            f"{r['agreement_pct']:.1f} %",
+            where,
+            length if length == "same" else f"[yellow]{length}[/yellow]",
+        )
     console.print(t)
     s = d["summary"]
-    verdict = "[green bold]identical[/green bold]" if s["identical"] else "[red bold]diverged[/red bold]"
+    if s["identical"]:
+        verdict = "[green bold]identical[/green bold]"
+    elif d["exit_code"] == 0:
+        verdict = "[green bold]agree[/green bold] (on the shared tokens; lengths differ)"
+    else:
+        verdict = "[red bold]diverged[/red bold]"
     console.print(
         f"{verdict}: {s['identical_requests']}/{s['requests']} requests identical, "
-        f"{s['agreement_pct']:.1f} % of {s['tokens_compared']} tokens agree"
+        f"{s['agreement_pct']:.1f} % of {s['tokens_compared']} shared tokens agree"
+        + (f", {s['length_differs_requests']} differ in length" if s["length_differs_requests"] else "")
     )
     for note in d["notes"]:
-        console.print(f"[yellow]note: {escape(note)}[/yellow]")
+        console.print(markup("[yellow]note: {}[/yellow]", note))
 
 
 def register(app: typer.Typer) -> None:
@@ -64,17 +89,26 @@ def register(app: typer.Typer) -> None:
             help="Compare tokens even when a request's prompt, system prompt or images/videos differ between "
             "the runs (default: refuse with exit 2, naming the request and field).",
         ),
+        strict_length: bool = typer.Option(
+            False,
+            "--strict-length",
+            help="Also fail (exit 7) when a request's runs produced different numbers of tokens (default: "
+            "agreement is over the shared tokens and a length difference is only reported).",
+        ),
         as_json: bool = JsonOpt,
     ) -> None:
         """Compare the tokens of two `qvl infer --json` runs: agreement and first divergence per request.
 
         Requests are matched by id and must have run the same inputs (prompt, system, images/videos).
-        Exit 0 when every request is identical, 7 when any diverges, 2 for unreadable files or different inputs.
+        Agreement is over the tokens both runs produced; a length difference is reported on its own.
+        Exit 0 when the shared tokens of every request agree, 7 when any differ (or lengths differ, with
+        --strict-length) or a request is missing, 2 for unreadable files or different inputs.
         """
         from qwenvl_rbln import render
-        from qwenvl_rbln.inference.compare import compare_runs
+        from qwenvl_rbln.inference.compare import compare_runs, divergence_error
 
-        report = compare_runs(a, b, ignore_inputs=ignore_inputs)
-        render.emit(report, as_json=as_json, human=human)
-        if report["exit_code"]:
-            raise SystemExit(report["exit_code"])
+        report = compare_runs(a, b, ignore_inputs=ignore_inputs, strict_length=strict_length)
+        error = divergence_error(report)
+        render.emit(report, as_json=as_json, human=human, error=error)
+        if error is not None:
+            raise error

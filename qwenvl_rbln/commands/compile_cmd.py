@@ -91,16 +91,19 @@ def register(app: typer.Typer) -> None:
                 print_memory(console, d["memory"])
                 console.print("[dim]dry run: nothing was compiled[/dim]")
 
-            render.emit({**data, "dry_run": True}, as_json=as_json, human=human)
+            gate = None
             if memory.fits is False:  # a dry run is also a CI gate: exit 4 when it would not fit
                 from qwenvl_rbln.errors import DoesNotFit
                 from qwenvl_rbln.memory import fit_hint
 
                 where = "in the JSON's memory.suggestions" if as_json else "above"
-                raise DoesNotFit(
+                gate = DoesNotFit(
                     "dry run: the memory planner predicts this configuration will not fit",
                     fit_hint(data["memory"], where),
                 )
+            render.emit({**data, "dry_run": True}, as_json=as_json, human=human, error=gate)
+            if gate is not None:
+                raise gate
             return
         from qwenvl_rbln.compile_job import run_compile
 

@@ -603,6 +603,6 @@ def register(app: typer.Typer) -> None:
             device_memory=device_memory,
             fallback=fallback,
         )
-        render.emit(report, as_json=as_json, human=_human)
+        render.emit(report, as_json=as_json, human=_human, error=error)
         if error is not None:
             raise error

@@ -2,12 +2,15 @@
 
 Per request id present in either file:
 
-* ``compared``: positions compared = ``max(len(a), len(b))`` (a missing token counts as a mismatch);
-* ``agreement_pct``: share of those positions with the same token id;
-* ``first_divergence``: the first index where they differ, with both tokens (``None`` past a sequence's
-  end), or ``None`` when identical;
+* ``compared``: the shared positions, ``min(len(a), len(b))``: the tokens both runs produced;
+* ``agreement_pct``: share of those shared positions with the same token id;
+* ``first_divergence``: the first shared index where they differ, with both tokens, or ``None`` when the
+  shared tokens are equal;
 * ``matching_prefix``: tokens equal before the first divergence (greedy decoding makes everything after
-  it a consequence, so this is the number that matters).
+  it a consequence, so this is the number that matters);
+* ``length_difference``: ``None`` when both runs produced as many tokens, else which one is longer and by
+  how many tokens (one run stopping earlier, e.g. a smaller ``max_new_tokens``, is not a divergence);
+* ``identical``: same tokens and same length.
 
 Token agreement only means something when both runs saw the same inputs, so a request's inputs are
 compared first: ``prompt``, ``system``, each vision input (file name, kind, size, resized size, patches,
@@ -16,9 +19,10 @@ first differing request and field, unless ``ignore_inputs`` (``--ignore-inputs``
 compared anyway and each such request lists ``inputs_differ``. A field missing from either file is not
 compared (older outputs).
 
-Exit codes (``qvl compare``): 0 all requests identical; 7 (``EXIT_DIVERGED``) at least one request differs
-or is missing from one file; 2 a file is missing, not JSON, or not ``qvl infer --json`` output, or the two
-runs had different inputs (without ``--ignore-inputs``).
+Exit codes (``qvl compare``): 0 the shared tokens of every request agree (lengths may differ); 7
+(``EXIT_DIVERGED``) at least one request's shared tokens differ, a request is missing from one file, or
+(``strict_length``, ``--strict-length``) a request's lengths differ; 2 a file is missing, not JSON, or not
+``qvl infer --json`` output, or the two runs had different inputs (without ``--ignore-inputs``).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln.errors import EXIT_DIVERGED, InputError
+from qwenvl_rbln.errors import EXIT_DIVERGED, InputError, QvlError
 from qwenvl_rbln.paths import user_path
 
 
@@ -61,24 +65,24 @@ def load_infer_json(path: str | Path) -> dict[str, Any]:
 
 
 def compare_tokens(a: list[int], b: list[int]) -> dict[str, Any]:
-    n = max(len(a), len(b))
+    """Agreement over the tokens both sequences have; a length difference is reported on its own."""
+    shared = min(len(a), len(b))
     equal = sum(1 for x, y in zip(a, b, strict=False) if x == y)
-    first = next((i for i in range(n) if i >= len(a) or i >= len(b) or a[i] != b[i]), None)
+    first = next((i for i in range(shared) if a[i] != b[i]), None)
+    length = None
+    if len(a) != len(b):
+        length = {"longer": "a" if len(a) > len(b) else "b", "extra_tokens": abs(len(a) - len(b)), "from_index": shared}
     return {
         "tokens_a": len(a),
         "tokens_b": len(b),
-        "compared": n,
+        "compared": shared,
         "equal": equal,
-        "agreement_pct": 100.0 if n == 0 else round(100.0 * equal / n, 2),
-        "identical": first is None,
-        "matching_prefix": n if first is None else first,
-        "first_divergence": None
-        if first is None
-        else {
-            "index": first,
-            "a": a[first] if first < len(a) else None,
-            "b": b[first] if first < len(b) else None,
-        },
+        "agreement_pct": 100.0 if shared == 0 else round(100.0 * equal / shared, 2),
+        "identical": first is None and length is None,
+        "shared_identical": first is None,
+        "matching_prefix": shared if first is None else first,
+        "first_divergence": None if first is None else {"index": first, "a": a[first], "b": b[first]},
+        "length_difference": length,
     }
 
 
@@ -140,7 +144,9 @@ def _describe(data: dict[str, Any], path: str | Path) -> dict[str, Any]:
     }
 
 
-def compare_runs(path_a: str | Path, path_b: str | Path, *, ignore_inputs: bool = False) -> dict[str, Any]:
+def compare_runs(
+    path_a: str | Path, path_b: str | Path, *, ignore_inputs: bool = False, strict_length: bool = False
+) -> dict[str, Any]:
     """The comparison report (see the module docstring); InputError when the inputs differ, unless ignored."""
     a = load_infer_json(path_a)
     b = load_infer_json(path_b)
@@ -160,7 +166,7 @@ def compare_runs(path_a: str | Path, path_b: str | Path, *, ignore_inputs: bool 
         row = {"id": rid, **compare_tokens(ra["token_ids"], rb["token_ids"])}
         if diffs:
             row["inputs_differ"] = [field for field, _, _ in diffs]
-        if row["first_divergence"] is not None:
+        if not row["identical"]:
             row["text_a"], row["text_b"] = ra.get("text"), rb.get("text")
         rows.append(row)
     differ = [r["id"] for r in rows if r.get("inputs_differ")]
@@ -177,7 +183,15 @@ def compare_runs(path_a: str | Path, path_b: str | Path, *, ignore_inputs: bool 
     common = [r for r in rows if "missing_in" not in r]
     total = sum(r["compared"] for r in common)
     equal = sum(r["equal"] for r in common)
-    identical = all(r["identical"] for r in rows)
+    diverged = [r for r in common if not r["shared_identical"]]
+    lengths = [r for r in common if r["length_difference"] is not None]
+    missing = len(rows) - len(common)
+    if lengths and not strict_length and not diverged:
+        notes.append(
+            f"{len(lengths)} request(s) differ only in length (one run stopped earlier): not a divergence; "
+            "--strict-length makes it one (exit 7)"
+        )
+    failed = bool(diverged or missing or (strict_length and lengths))
     return {
         "a": _describe(a, path_a),
         "b": _describe(b, path_b),
@@ -185,13 +199,40 @@ def compare_runs(path_a: str | Path, path_b: str | Path, *, ignore_inputs: bool 
         "summary": {
             "requests": len(rows),
             "identical_requests": sum(1 for r in rows if r["identical"]),
-            "diverged_requests": sum(1 for r in common if not r["identical"]),
-            "missing_requests": len(rows) - len(common),
+            "diverged_requests": len(diverged),
+            "length_differs_requests": len(lengths),
+            "missing_requests": missing,
             "inputs_differ_requests": len(differ),
             "tokens_compared": total,
             "agreement_pct": 100.0 if total == 0 else round(100.0 * equal / total, 2),
-            "identical": identical,
+            "identical": all(r["identical"] for r in rows),
+            "strict_length": strict_length,
         },
-        "exit_code": 0 if identical else EXIT_DIVERGED,
+        "exit_code": EXIT_DIVERGED if failed else 0,
         "notes": notes,
     }
+
+
+def divergence_error(report: dict[str, Any]) -> QvlError | None:
+    """The exit-7 failure of a report (None when it passes), naming the first request that fails and why."""
+    if not report["exit_code"]:
+        return None
+    s = report["summary"]
+    parts = []
+    if s["diverged_requests"]:
+        first = next(r for r in report["requests"] if "missing_in" not in r and not r["shared_identical"])
+        parts.append(
+            f"{s['diverged_requests']} request(s) diverge (first: '{first['id']}' at token "
+            f"{first['first_divergence']['index']})"
+        )
+    if s["missing_requests"]:
+        first = next(r for r in report["requests"] if "missing_in" in r)
+        parts.append(f"{s['missing_requests']} request(s) missing from one run (first: '{first['id']}')")
+    if s["strict_length"] and s["length_differs_requests"]:
+        parts.append(f"{s['length_differs_requests']} request(s) differ in length (--strict-length)")
+    return QvlError(
+        f"{report['a']['path']} and {report['b']['path']}: " + "; ".join(parts),
+        "the report above lists each request (text_a/text_b in --json); a divergence after a long matching "
+        "prefix is usually numerics, an early one a different model, preset or processor",
+        exit_code=EXIT_DIVERGED,
+    )
