@@ -28,6 +28,7 @@ uses the same plan for the real calls.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -257,3 +258,133 @@ def plan_packs(
 def plan_for(segments: Sequence[int], buckets: Sequence[int], cost: Callable[[int], int | float] | None, packing: bool):
     """``plan_packs`` when packing is on, else today's one call per segment."""
     return plan_packs(segments, buckets, cost) if packing else unpacked(segments, buckets)
+
+
+# --- uniform requests: N segments of one length (bucket-plan's workload lines) ----------------------
+
+Group = tuple[int, int]  # (patches per segment, segments per visual() call)
+_UNIFORM_CACHE: dict[tuple[int, int, tuple[int, ...], Any], tuple[int, Any]] = {}
+
+
+def uniform_packs(patches: int, n: int, bucket: int, unit: int = BUCKET_MULTIPLE) -> int:
+    """Calls for ``n`` segments of ``patches`` each in ``bucket``: ``ceil(n / floor(bucket / slot))``.
+
+    What ``plan_packs`` gives for identical segments (every pack's cap is their own bucket)."""
+    per = bucket // slot(patches, unit)
+    return -(-n // per)
+
+
+def uniform_cost(patches: int, n: int, buckets: Sequence[int], cost: Callable[[int], Any]) -> tuple[int, Any] | None:
+    """(calls, executed) of one call with ``n`` segments of ``patches`` under ``buckets`` (packed); None if oversize."""
+    key = (patches, n, tuple(buckets), cost)
+    hit = _UNIFORM_CACHE.get(key)
+    if hit is None:
+        b = select_bucket(slot(patches), sorted(buckets))
+        if b is None:
+            return None
+        calls = uniform_packs(patches, n, b)
+        hit = (calls, calls * cost(b))
+        if len(_UNIFORM_CACHE) < 100_000:
+            _UNIFORM_CACHE[key] = hit
+    return hit
+
+
+def evaluate_packed(groups: dict[Group, int], buckets: Sequence[int], cost: Callable[[int], Any]) -> Any:
+    """A ``buckets.BucketEval`` of a workload (``(patches, n) -> requests``) with packing: executed is packed;
+    ``covered_calls``/``uncovered_calls`` count segments (the unpacked calls), ``packed_calls`` the packed ones."""
+    from qwenvl_rbln.buckets import BucketEval
+
+    bs = sorted(buckets)
+    ev = BucketEval(buckets=bs)
+    ev.packed_calls = 0  # type: ignore[attr-defined]
+    for (p, n), w in groups.items():
+        if w <= 0:
+            continue
+        res = uniform_cost(p, n, bs, cost)
+        if res is None:
+            ev.uncovered_calls += w * n
+            ev.uncovered_values.append(p)
+            continue
+        calls, executed = res
+        ev.covered_calls += w * n
+        ev.packed_calls += w * calls  # type: ignore[attr-defined]
+        ev.executed += w * executed
+        ev.useful += w * n * cost(p)
+    return ev
+
+
+CANDIDATE_LIMIT = 600  # candidate buckets above which the packed optimiser keeps only the data values
+
+
+def optimize_packed(
+    groups: dict[Group, int],
+    k: int,
+    cost: Callable[[int], Any],
+    max_bucket: int | None = None,
+    *,
+    force_max: bool = False,
+) -> list[int]:
+    """The at-most-``k`` bucket list minimising the packed executed cost of ``groups``.
+
+    With packing a bucket above a value can pay (8 images of 320 patches: one 2560 call may beat eight
+    320 calls), so the candidates are the values and every fill point ``m * slot(p)`` of a multi-segment
+    request, up to the top (the largest value, or ``max_bucket``). Exact over those candidates: a contiguous
+    partition DP, ``F[k][i] = min_j F[k-1][j] + G(j, i)`` with ``G`` the packed cost at ``cand[i]`` of the
+    values in ``(cand[j], cand[i]]``; O(k * m^2) for m candidates (m capped at ``CANDIDATE_LIMIT`` by falling
+    back to the values alone). ``force_max``: the top bucket is ``max_bucket`` (as ``buckets.optimize_buckets``).
+    """
+    cap = None if max_bucket is None else (int(max_bucket) // BUCKET_MULTIPLE) * BUCKET_MULTIPLE
+    live = {(p, n): w for (p, n), w in groups.items() if w > 0 and (cap is None or slot(p) <= cap)}
+    if not live:
+        return []
+    values = sorted({slot(p) for p, _ in live})
+    if force_max and cap is not None and values[-1] < cap:
+        values.append(cap)
+    top = values[-1]
+    cands = set(values)
+    for p, n in live:
+        s = slot(p)
+        for m in range(2, n + 1):
+            if m * s > top:
+                break
+            cands.add(m * s)
+    cand = sorted(cands) if len(cands) <= CANDIDATE_LIMIT else values
+    m = len(cand)
+    items = sorted(live.items(), key=lambda kv: slot(kv[0][0]))
+    # G[i][j]: packed cost at cand[i] of the values in (cand[j-1], cand[i]] (j = 0: all values <= cand[i])
+    slots = [slot(p) for (p, _), _ in items]
+    inf = float("inf")
+    g_rows: list[list[Any]] = []
+    for i, b in enumerate(cand):
+        hi = bisect.bisect_right(slots, b)
+        prefix = [0]
+        for (p, n), w in items[:hi]:
+            prefix.append(prefix[-1] + w * uniform_packs(p, n, b) * cost(b))
+        row = []
+        for j in range(i + 1):  # values in (cand[j-1], cand[i]]
+            lo = 0 if j == 0 else bisect.bisect_right(slots, cand[j - 1])
+            row.append(prefix[hi] - prefix[lo])
+        g_rows.append(row)
+    k = max(1, min(k, m))
+    # F[layer][i]: best cost covering values <= cand[i] with `layer` buckets, the last at cand[i]
+    prev = [g_rows[i][0] for i in range(m)]
+    arg: list[list[int]] = [[-1] * m]
+    best_total, best_layer = prev[m - 1], 1
+    for layer in range(2, k + 1):
+        cur = [inf] * m
+        back = [-1] * m
+        for i in range(m):
+            for j in range(i):  # previous bucket at cand[j]
+                c = prev[j] + g_rows[i][j + 1]
+                if c < cur[i]:
+                    cur[i], back[i] = c, j
+        arg.append(back)
+        if cur[m - 1] < best_total:
+            best_total, best_layer = cur[m - 1], layer
+        prev = cur
+    chosen, i, layer = [], m - 1, best_layer
+    while i >= 0 and layer >= 1:
+        chosen.append(cand[i])
+        i = arg[layer - 1][i]
+        layer -= 1
+    return sorted(chosen)

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln.devices import NpuSpec, npu_spec, parse_byte_size
+from qwenvl_rbln.devices import OPTIMUM_SIZE_SPELLINGS, NpuSpec, npu_spec, optimum_size_text, parse_optimum_byte_size
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.modelinfo import ModelGeometry, load_geometry, processor_defaults
 from qwenvl_rbln.presets import LoadedPreset, closest, load_preset
@@ -112,6 +112,9 @@ class ResolvedLM:
     num_min_blocks: int
     num_devices: int
     visual_num_devices: int
+    quantization: dict[str, Any] | None = None  # RBLNQuantizationConfig as optimum-rbln resolves it; None: bf16
+    use_attention_mask: bool = False
+    use_position_ids: bool = False
 
     @property
     def graph_names(self) -> list[str]:
@@ -140,6 +143,7 @@ class Plan:
     resolved: ResolvedLM
     output_dir: str
     warnings: list[str] = field(default_factory=list)
+    runtime: dict[str, Any] = field(default_factory=lambda: {"vit_packing": True})  # runtime: section
 
     @property
     def vit_buckets(self) -> list[int]:
@@ -175,6 +179,7 @@ class Plan:
             "processor": self.processor.to_dict(),
             "resolved": self.resolved.to_dict(),
             "output_dir": self.output_dir,
+            "runtime": self.runtime,
             "warnings": self.warnings,
         }
 
@@ -239,7 +244,7 @@ class _Checker:
             kind = schema[key]
             if value is None:
                 continue
-            if kind == "placement":
+            if kind in ("placement", "device_map"):
                 self.placement_key(dotted)
             if kind is int:
                 self.int_(dotted, value)
@@ -251,8 +256,6 @@ class _Checker:
                 self.fail(dotted, f"{dotted}={value!r} must be a mapping", f"write {dotted} as key: value pairs")
             elif kind is list and not isinstance(value, list):
                 self.fail(dotted, f"{dotted}={value!r} must be a list", f"write {dotted} as [a, b, ...]")
-            elif kind == "device_map":
-                self.device_map(dotted, value)
 
     def unknown(self, prefix: str, key: str, schema: dict[str, Any]) -> None:
         """A key optimum-rbln fills in itself, or one it refuses: say which, and the closest valid key."""
@@ -270,19 +273,15 @@ class _Checker:
         self.fail(dotted, f"unknown rbln_config key '{dotted}' (optimum-rbln 0.12 refuses it)", hint)
 
     def placement_key(self, dotted: str) -> None:
-        """``device`` is a load-time choice: qvl keeps it in ``placement:``, where the planner and load see it."""
+        """``device`` / ``device_map`` are load-time choices: qvl keeps them in ``placement:``, where the planner
+        and load see them (a per-graph device_map would put graphs where the memory planner does not look)."""
         target = "placement.visual_device" if ".visual." in dotted else "placement.device"
         self.fail(
             dotted,
-            f"{dotted} is not read from rbln_config: qvl takes device ids from the preset's placement section",
+            f"{dotted} is not read from rbln_config: qvl takes device ids from the preset's placement section "
+            "(placement.device for the LM graphs, placement.visual_device for the ViT)",
             f"remove {dotted} and set {target} instead (e.g. --set {target}=1)",
         )
-
-    def device_map(self, dotted: str, value: Any) -> None:
-        if not isinstance(value, dict):
-            self.fail(dotted, f"{dotted}={value!r} must be a mapping", f"write {dotted} as {{graph name: device id}}")
-        for graph, dev in value.items():
-            self.device(f"{dotted}.{graph}", dev)
 
 
 def build_plan(
@@ -349,7 +348,12 @@ def plan_from_loaded(loaded: LoadedPreset, *, model: str | None = None, output_d
     if spec.family == "REBEL" and npu not in ("RBLN-CR13",):
         warnings.append(f"npu {npu} is not Rebel100 (RBLN-CR13); limits follow optimum-rbln's RBLN-CR rules")
 
-    geometry, geo_warnings = load_geometry(model_id)
+    try:
+        geometry, geo_warnings = load_geometry(model_id, "--model" if model is not None else "model")
+    except InputError as exc:
+        if model is not None:
+            raise
+        chk.fail("model", exc.message, exc.hint or "")
     warnings.extend(geo_warnings)
 
     resolved = _resolve_lm(chk, rbln, visual, spec, limits, geometry, warnings)
@@ -362,6 +366,7 @@ def plan_from_loaded(loaded: LoadedPreset, *, model: str | None = None, output_d
     load_cfg: dict[str, Any] = {"visual": {"device": placement["visual_device"]}, "device": placement["device"]}
 
     processor = _processor(chk, data.get("processor") or {}, model_id, resolved, warnings)
+    runtime = {"vit_packing": chk.bool_("runtime.vit_packing", (data.get("runtime") or {}).get("vit_packing", True))}
 
     out = output_dir or data.get("output_dir") or f"qvl-out/{Path(loaded.name).stem}"
     if not isinstance(out, str) or not out.strip() or "\x00" in out:
@@ -401,6 +406,7 @@ def plan_from_loaded(loaded: LoadedPreset, *, model: str | None = None, output_d
         resolved=resolved,
         output_dir=out,
         warnings=warnings,
+        runtime=runtime,
     )
 
 
@@ -460,7 +466,10 @@ def _resolve_lm(
     num_devices = chk.int_("rbln_config.num_devices", rbln.get("num_devices", 1), minimum=1)
     if fam == "REBEL" and (num_devices > 1 or visual_num_devices > 1):
         warnings.append(
-            "Rebel100 does not shard a submodule across NPUs (RSD unsupported): use num_devices 1 per submodule"
+            "num_devices > 1 on a REBEL NPU: optimum-rbln 0.12 accepts it, but its v0.12 support matrix lists RSD "
+            "(one submodule over several NPUs) as not supported on Rebel100 and its Rebel100 Qwen3-VL tutorial uses "
+            "num_devices 1 for both submodules (docs.rbln.ai/v0.12.0/supports/version_matrix.html); whether the "
+            "compiler accepts it is unverified"
         )
     max_pos = geometry.text.max_position_embeddings
     max_seq_len = rbln.get("max_seq_len")
@@ -659,45 +668,132 @@ def _resolve_lm(
         num_min_blocks=num_min,
         num_devices=num_devices,
         visual_num_devices=visual_num_devices,
+        quantization=_quantization(chk, rbln.get("quantization")),
+        use_attention_mask=bool(rbln.get("use_attention_mask")),
+        use_position_ids=bool(rbln.get("use_position_ids")),
     )
 
 
+# optimum-rbln 0.12 transformers/utils/rbln_quantization.py::RBLNQuantizationConfig
+QUANT_SUPPORTED = {
+    "format": ["rbln"],
+    "weights": ["int4", "int8", "fp8", "fp16"],
+    "activations": ["int8", "fp8", "fp16"],
+    "kv_caches": ["fp8", "fp16"],
+}
+QUANT_KEYS = ("format", "weights", "activations", "kv_caches", "dynamic", "precision")
+
+
+def _quantization(chk: _Checker, quant: Any) -> dict[str, Any] | None:
+    """RBLNQuantizationConfig(**quantization) as optimum-rbln 0.12 runs it at config time (same rules, same
+    order), plus the compile-time refusal of fp16 weights in QuantizedLayerFactory.create_linear. None: no
+    quantization (an empty mapping is what optimum-rbln treats as none, too)."""
+    key = "rbln_config.quantization"
+    if not quant:
+        return None
+    spell = "; ".join(f"{k}: {' | '.join(v)}" for k, v in QUANT_SUPPORTED.items())
+    for name in quant:
+        if name not in QUANT_KEYS:
+            chk.fail(
+                f"{key}.{name}",
+                f"{key}.{name} is not a quantization setting (RBLNQuantizationConfig refuses it)",
+                f"use only {', '.join(QUANT_KEYS[:5])} ({spell}; dynamic: true | false)",
+            )
+    weights, activations = quant.get("weights"), quant.get("activations")
+    precision = quant.get("precision")
+    if precision is not None:
+        if weights is not None or activations is not None:
+            chk.fail(
+                f"{key}.precision",
+                "quantization.precision and weights or activations cannot be set at the same time",
+                "drop precision (deprecated) and keep weights/activations",
+            )
+        if precision != "w4a16":
+            chk.fail(
+                f"{key}.precision",
+                f"{key}.precision={precision!r} is not a precision optimum-rbln knows (only 'w4a16', deprecated)",
+                "write weights: int4 and activations: fp16 instead",
+            )
+        weights, activations = "int4", "fp16"
+    resolved = {
+        "format": quant.get("format") or "rbln",
+        "weights": weights or "fp16",
+        "activations": activations or "fp16",
+        "kv_caches": quant.get("kv_caches") or "fp16",
+    }
+    for name, value in resolved.items():
+        if value not in QUANT_SUPPORTED[name]:
+            chk.fail(
+                f"{key}.{name}",
+                f"{key}.{name}={value!r}: invalid {name}, supported are {', '.join(QUANT_SUPPORTED[name])}",
+                f"set {key}.{name} to one of {', '.join(QUANT_SUPPORTED[name])}",
+            )
+    dynamic = quant.get("dynamic")
+    if dynamic is not None and not isinstance(dynamic, bool):
+        chk.fail(f"{key}.dynamic", f"{key}.dynamic={dynamic!r} must be true or false", "set dynamic: true or false")
+    if resolved["weights"] == "fp16" and resolved["activations"] == "fp16":
+        chk.fail(
+            key,
+            f"{key}={quant!r}: weights and activations of QuantizationConfig cannot be both fp16 (optimum-rbln: "
+            "'It is meaningless')",
+            "set weights to int4, int8 or fp8 (e.g. {weights: int8, kv_caches: fp8}), or remove quantization",
+        )
+    if resolved["weights"] == "fp16":
+        chk.fail(
+            f"{key}.weights",
+            f"{key}.weights=fp16 with activations={resolved['activations']}: optimum-rbln's compile replaces every "
+            "q/k/v/o/gate/up/down projection with a quantized linear and stops with 'Invalid quantization weights: "
+            "fp16'",
+            "set weights to int4, int8 or fp8",
+        )
+    return {**resolved, "dynamic": bool(dynamic)}
+
+
 def _memory_budget(chk: _Checker, budget: Any, spec: NpuSpec) -> float | int | None:
-    """optimum-rbln _resolve_memory_budget: fraction (0, 1], 'N%', bytes, or 'NGB' (binary)."""
+    """optimum-rbln 0.12 _resolve_memory_budget: a float fraction in (0, 1], an 'N%' string, or bytes through its
+    parse_byte_size (an int, or a whole number with B/KB/MB/GB/TB, binary). Anything else is refused here, before
+    the compile: optimum-rbln reads it only after every LM graph has compiled. The budget is per device (it is
+    resolved against one device's DRAM even with num_devices > 1)."""
     key = "rbln_config.memory_budget"
+    accepted = f"a fraction such as 0.8, a percent such as '80%', or {OPTIMUM_SIZE_SPELLINGS}"
     if budget is None:
         return None
     if isinstance(budget, bool):
-        chk.fail(key, f"memory_budget={budget!r} is not a fraction or size", "e.g. 0.8, '80%' or '100GiB'")
+        chk.fail(key, f"memory_budget={budget!r} is not a fraction or size", f"write {accepted}")
     if isinstance(budget, str) and budget.strip().endswith("%"):
         try:
             budget = float(budget.strip()[:-1]) / 100
         except ValueError:
-            chk.fail(key, f"memory_budget={budget!r} is not a percentage", "e.g. '80%'")
+            chk.fail(key, f"memory_budget={budget!r} is not a percentage", f"write {accepted}")
     if isinstance(budget, float):
         if not 0 < budget <= 1:
-            chk.fail(key, f"memory_budget fraction must be in (0, 1] (or (0%, 100%]), got {budget}", "e.g. 0.8")
+            chk.fail(
+                key, f"memory_budget fraction must be in (0, 1] (or (0%, 100%]), got {budget}", f"write {accepted}"
+            )
         return budget
-    try:
-        nbytes = parse_byte_size(budget, "memory_budget")
-    except InputError as exc:
-        chk.fail(key, exc.message, exc.hint or "")
-    if nbytes <= 0:
-        chk.fail(key, f"memory_budget={budget!r} must be positive", "e.g. '100GiB'")
+    nbytes = parse_optimum_byte_size(budget)
+    if nbytes is None:
+        chk.fail(
+            key,
+            f"memory_budget={budget!r} is not a size optimum-rbln's parse_byte_size reads (it would stop after every "
+            "LM graph compiled)",
+            f"write {accepted}",
+        )
     if nbytes < 1 << 20:  # `memory_budget: 1` means 1 byte to optimum-rbln: never what was meant
         if nbytes == 1:
-            meant = "write 1.0 for all of it, a fraction such as 0.8, or a size such as '100GiB'"
+            meant = "write 1.0 for all of it, a fraction such as 0.8, or a size such as '100GB'"
         elif nbytes <= 100:
-            meant = f"write '{nbytes}%' (or {nbytes / 100:g}) for a share, or a size such as '100GiB'"
+            meant = f"write '{nbytes}%' (or {nbytes / 100:g}) for a share, or a size such as '100GB'"
         else:
-            meant = "write a size with its unit, such as '100GiB', or a fraction such as 0.8"
+            meant = "write a size with its unit, such as '100GB' (binary), or a fraction such as 0.8"
         what = f"memory_budget={budget!r} is {nbytes} byte(s): optimum-rbln reads a whole number as bytes"
         chk.fail(key, what, meant)
     if nbytes > spec.usable_bytes:
         chk.fail(
             key,
-            f"memory_budget ({nbytes} bytes) exceeds the target NPU's available DRAM ({spec.usable_bytes} bytes)",
-            f"use at most {spec.usable_bytes} bytes, or a fraction",
+            f"memory_budget ({nbytes} bytes) exceeds the target NPU's available DRAM ({spec.usable_bytes} bytes, "
+            "per device)",
+            f"use at most '{optimum_size_text(spec.usable_bytes)}', or a fraction such as 0.9",
         )
     return nbytes
 

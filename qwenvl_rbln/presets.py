@@ -29,8 +29,10 @@ TOP_KEYS: dict[str, str] = {
     "rbln_config": "the optimum-rbln rbln_config tree, spelled as optimum-rbln spells it",
     "placement": "load-time device placement: device, visual_device",
     "processor": "pixel caps: min_pixels, max_pixels, video_min_pixels, video_max_pixels, fps, ...",
+    "runtime": "run-time choices that need no recompile: vit_packing (true/false)",
 }
 PLACEMENT_KEYS = ("device", "visual_device")
+RUNTIME_KEYS = ("vit_packing",)
 PROCESSOR_KEYS = (
     "min_pixels",
     "max_pixels",
@@ -433,7 +435,7 @@ def check_keys(data: dict[str, Any], origin: str) -> None:
             near = closest(str(key), list(TOP_KEYS))
             hint = f"did you mean '{near}'?" if near else f"valid keys: {', '.join(TOP_KEYS)}"
             raise InputError(f"{origin}: unknown key '{key}'", hint)
-    for section, allowed in (("placement", PLACEMENT_KEYS), ("processor", PROCESSOR_KEYS)):
+    for section, allowed in (("placement", PLACEMENT_KEYS), ("processor", PROCESSOR_KEYS), ("runtime", RUNTIME_KEYS)):
         value = data.get(section)
         if value is None:
             continue

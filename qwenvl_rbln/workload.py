@@ -5,12 +5,13 @@ Formats (streamed line by line, so millions of lines cost memory per *distinct* 
 * JSONL: one object per line, ``{"width": W, "height": H, "count": N}`` (``count`` optional,
   default 1). A video adds ``"frames"`` (total frames in the file) and optionally ``"fps"`` (the
   file's frame rate; missing means 24, as transformers assumes). ``"kind": "image"|"video"`` is
-  optional. Numbers must be JSON numbers (``"640"`` is refused: a quoted number usually means a
-  log field that is not what it seems).
-* CSV: a header with ``width,height`` and optionally ``count``, ``frames``, ``fps``, ``kind``
+  optional. ``"images": N`` (an image entry) is N images of that size in one request: their ViT calls
+  may be packed together (``qvl bucket-plan``), never across requests. Numbers must be JSON numbers
+  (``"640"`` is refused: a quoted number usually means a log field that is not what it seems).
+* CSV: a header with ``width,height`` and optionally ``count``, ``frames``, ``fps``, ``kind``, ``images``
   (case and spaces ignored); empty ``frames`` cells are images.
 
-Both treat other keys or columns the same way: one that looks like a misspelling of those six
+Both treat other keys or columns the same way: one that looks like a misspelling of those seven
 (``widht``, ``Width``) is an error naming ``file:line`` and the key, so it never silently turns into
 "no width"; any other (request ids, timestamps: logs carry them) is ignored and listed once in
 ``Workload.ignored``, which ``bucket-plan`` reports.
@@ -34,13 +35,13 @@ from typing import Any
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.paths import user_path
 
-KNOWN_KEYS = ("width", "height", "count", "frames", "fps", "kind")
-# (width, height, frames or None, fps or None): frames None = image.
-SizeKey = tuple[int, int, int | None, float | None]
+KNOWN_KEYS = ("width", "height", "count", "frames", "fps", "kind", "images")
+# (width, height, frames or None, fps or None): frames None = image; a 5th element N when "images": N > 1.
+SizeKey = tuple[int, int, int | None, float | None] | tuple[int, int, None, None, int]
 
 _LINE_CACHE_LIMIT = 200_000  # distinct raw lines remembered for the fast path
 _FORMAT_HINT = 'each line is a JSON object like {"width": 1920, "height": 1080, "count": 12}'
-_NUMERIC_KEYS = ("width", "height", "count", "frames", "fps")
+_NUMERIC_KEYS = ("width", "height", "count", "frames", "fps", "images")
 _CSV_HINT = "the first line is a header such as width,height,count (frames,fps for videos)"
 
 
@@ -154,7 +155,7 @@ def _check_json_numbers(where: str, obj: dict[str, Any]) -> None:
             )
 
 
-_EXAMPLE = {"width": 1920, "height": 1080, "count": 12, "frames": 300, "fps": 30}
+_EXAMPLE = {"width": 1920, "height": 1080, "count": 12, "frames": 300, "fps": 30, "images": 8}
 
 
 def _unquoted(key: str, value: str) -> str:
@@ -206,6 +207,14 @@ def _entry(
                 f"{where}: fps={value!r} given without frames",
                 "a video entry needs frames (total frame count); drop fps for an image",
             )
+    if raw.get("images") not in (None, ""):
+        images = _int_value(
+            where, "images", raw["images"], minimum=1, hint="images is how many images of this size one request has"
+        )
+        if frames is not None:
+            raise InputError(f"{where}: images={images} on a video entry", "give images on image entries only")
+        if images > 1:
+            return (width, height, None, None, images), count
     return (width, height, frames, fps), count
 
 

@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from qwenvl_rbln.buckets import fmt_flops
 from qwenvl_rbln.commands.common import JsonOpt, ModelOpt, PresetOpt, SetOpt
-from qwenvl_rbln.render import Col, fmt_bytes, print_table
+from qwenvl_rbln.render import Col, fmt_bytes, markup, plural, print_table
 
 DECODER_NOTE = (
     "per-step decoder graph selection is what vllm-rbln does (smallest compiled batch >= running requests); "
@@ -44,6 +44,7 @@ def _blank_item(input_name: str, kind: str, source: str, count: int = 1) -> dict
         "padding_pct": None,
         "lm_tokens": None,
         "vit_calls": None,
+        "vit_calls_packed": None,
         "capped": None,
         "error": None,
     }
@@ -54,7 +55,7 @@ class ItemPlanner:
 
     def __init__(self, plan: Any):
         from qwenvl_rbln import geometry
-        from qwenvl_rbln.buckets import oversize_error, select_bucket
+        from qwenvl_rbln.buckets import oversize_error, select_bucket, vit_cost_fn
         from qwenvl_rbln.errors import QvlError
         from qwenvl_rbln.modelinfo import processor_defaults
 
@@ -70,6 +71,8 @@ class ItemPlanner:
         self.caps = plan.processor
         self.vision = plan.geometry.vision
         self.stock = processor_defaults(plan.model_id)
+        self.packing = bool(getattr(plan, "runtime", {}).get("vit_packing", True))
+        self.cost = vit_cost_fn(self.vision)
 
     # the geometry of one image size, with the bucket and padding
     def image(self, item: dict[str, Any], width: int, height: int) -> dict[str, Any]:
@@ -82,12 +85,13 @@ class ItemPlanner:
         except self._error_types as exc:
             item["error"] = f"{item['input']}: {exc.one_line()}"
             return item
+        images = item.get("images", 1)  # a workload line's "images": N, one request
         item.update(
             resized_width=geo.resized_width,
             resized_height=geo.resized_height,
             patches=geo.patches,
-            lm_tokens=geo.lm_tokens,
-            vit_calls=1,
+            lm_tokens=geo.lm_tokens * images,
+            vit_calls=images,
         )
         stock_max = self.stock["max_pixels"]
         factor = v.patch_size * v.spatial_merge_size
@@ -169,6 +173,11 @@ class ItemPlanner:
             ).one_line()
         else:
             item["padding_pct"] = round(100.0 * (bucket - patches) / bucket, 2)
+            item["vit_calls_packed"] = item["vit_calls"]
+            if self.packing:  # one request's segments share calls (packing.py); requests are never packed together
+                from qwenvl_rbln.packing import uniform_cost
+
+                item["vit_calls_packed"] = uniform_cost(patches, item["vit_calls"], self.buckets, self.cost)[0]
         return item
 
     def file(self, path: Path) -> dict[str, Any]:
@@ -202,14 +211,20 @@ class ItemPlanner:
     def again(self, item: dict[str, Any]) -> dict[str, Any]:
         """A planned item planned again under this planner's caps, from its known size (no file is re-read)."""
         new = _blank_item(item["input"], item["kind"], item["source"], item["count"])
+        if "images" in item:
+            new["images"] = item["images"]
         if item["kind"] == "video":
             return self.video(new, item["width"], item["height"], item["total_frames"], item["fps"])
         return self.image(new, item["width"], item["height"])
 
     def workload_entry(self, key: tuple, count: int) -> dict[str, Any]:
-        width, height, frames, fps = key
+        width, height, frames, fps = key[:4]
         if frames is None:
-            return self.image(_blank_item(f"{width}x{height}", "size", "workload", count), width, height)
+            images = key[4] if len(key) > 4 else 1
+            item = _blank_item(f"{width}x{height}" + (f" x{images}" if images > 1 else ""), "size", "workload", count)
+            if images > 1:
+                item["images"] = images
+            return self.image(item, width, height)
         rate = f"@{fps:g}fps" if fps else ""
         item = _blank_item(f"{width}x{height} {frames}f{rate}", "video", "workload", count)
         return self.video(item, width, height, frames, fps)
@@ -347,6 +362,38 @@ def summarize(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], 
         "workspace_note": None
         if workspace
         else "visual workspace per bucket: memory.estimate_for_bucket not available",
+        **({"packed": packed_summary(items, plan, cost)} if plan.runtime.get("vit_packing", True) else {}),
+    }
+
+
+def packed_summary(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], int]) -> dict[str, Any]:
+    """The same items with each request's segments packed into shared ViT calls (``packing.py``): every pack
+    uses its segments' own bucket, so the figures differ only in calls, executed FLOPs and mask bytes."""
+    from qwenvl_rbln.packing import uniform_cost
+
+    dtype = plan.geometry.dtype_bytes
+    calls = executed = useful = mask = unpacked_mask = 0
+    for it in items:
+        if it["patches"] is None:
+            continue
+        if it["bucket"] is None:  # above every bucket: as today (no pack), counted as its calls
+            calls += it["count"] * it["vit_calls"]
+            continue
+        n, b = it["vit_calls"], it["bucket"]
+        packed_calls, packed_executed = uniform_cost(it["patches"], n, plan.vit_buckets, cost)
+        calls += it["count"] * packed_calls
+        executed += it["count"] * packed_executed
+        useful += it["count"] * n * cost(it["patches"])
+        mask += it["count"] * packed_calls * b * b * dtype
+        unpacked_mask += it["count"] * n * b * b * dtype
+    return {
+        "vit_calls": calls,
+        "executed_flops": executed,
+        "executed_over_useful": round(executed / useful, 4) if useful else None,
+        "attn_mask_bytes": mask,
+        "unpacked_attn_mask_bytes": unpacked_mask,
+        "note": "segments of one request (its images, a video's temporal patches) share a ViT call through a "
+        "block-diagonal mask, each pack in its segments' own bucket; requests are never packed together",
     }
 
 
@@ -465,6 +512,9 @@ def optimize_section(
     _nothing_to_optimise(counts, res, max_bucket)
     top = res.buckets[-1]
     base = baselines(counts, cost, current=plan.vit_buckets, top=top)
+    packed = plan.runtime.get("vit_packing", True)
+    if packed:  # optimise the packed cost instead; every list is costed packed too
+        res, base = _optimize_packed(work, k, cost, max_bucket, res, base, force_max=replanned is not None)
     ps = plan.geometry.vision.patch_size
     total = sum(counts.values())
     speedup, speedup_note = _speedup(res, base["preset"])
@@ -483,7 +533,50 @@ def optimize_section(
         "baselines": {name: e.to_dict() for name, e in base.items()},
         "speedup_vs_preset": speedup,
         "speedup_note": speedup_note,
+        "cost": "packed" if packed else "unpacked",
+        "vit_calls_packed": getattr(res, "packed_calls", None),
     }
+
+
+def _request_groups(items: Iterable[dict[str, Any]]) -> dict[tuple[int, int], int]:
+    """(patches per segment, segments per request) -> requests, over the planned items."""
+    groups: dict[tuple[int, int], int] = {}
+    for it in items:
+        if it["patches"] is not None:
+            key = (it["patches"], it["vit_calls"])
+            groups[key] = groups.get(key, 0) + it["count"]
+    return groups
+
+
+def _optimize_packed(
+    work: list[dict[str, Any]],
+    k: int,
+    cost: Callable[[int], int],
+    max_bucket: int | None,
+    res: Any,
+    base: Any,
+    *,
+    force_max: bool = False,
+) -> tuple[Any, dict[str, Any]]:
+    """The K buckets minimising the packed executed cost, and the baselines costed packed (same lists)."""
+    from qwenvl_rbln.buckets import OptimizeResult
+    from qwenvl_rbln.packing import evaluate_packed, optimize_packed
+
+    groups = _request_groups(work)
+    chosen = optimize_packed(groups, k, cost, max_bucket, force_max=force_max) or res.buckets
+    ev = evaluate_packed(groups, chosen, cost)
+    out = OptimizeResult(
+        buckets=chosen,
+        k=k,
+        executed=ev.executed,
+        useful=ev.useful,
+        covered_calls=ev.covered_calls,
+        uncovered_calls=res.uncovered_calls,
+        uncovered_max=res.uncovered_max,
+        distinct_values=res.distinct_values,
+    )
+    out.packed_calls = ev.packed_calls  # type: ignore[attr-defined]
+    return out, {name: evaluate_packed(groups, b.buckets, cost) for name, b in base.items()}
 
 
 def decoder_section(trace: dict[int, int], plan: Any, k: int | None) -> tuple[dict[str, Any], list[str]]:
@@ -588,8 +681,12 @@ def _print_header(console: Any, data: dict[str, Any]) -> None:
     s = data["summary"]
     p = s["processor"]
     console.print(
-        f"[bold]{s['preset']}[/bold]: ViT buckets {', '.join(str(b) for b in s['vit_buckets'])} "
-        f"[dim]({s['unit']})[/dim]"
+        markup(
+            "[bold]{}[/bold]: ViT buckets {} [dim]({})[/dim]",
+            s["preset"],
+            ", ".join(str(b) for b in s["vit_buckets"]),
+            s["unit"],
+        )
     )
     console.print(
         f"processor: images {p['min_pixels']:,}..{p['max_pixels']:,} px, videos {p['video_min_pixels']:,}.."
@@ -599,8 +696,8 @@ def _print_header(console: Any, data: dict[str, Any]) -> None:
     if data.get("workload"):
         w = data["workload"]
         console.print(
-            f"workload {w['path']}: {w['requests']:,} requests on {w['lines']:,} lines, aggregated into "
-            f"{w['distinct']:,} distinct sizes",
+            f"workload {w['path']}: {plural(w['requests'], 'request')} on {plural(w['lines'], 'line')}, aggregated "
+            f"into {plural(w['distinct'], 'distinct size')}",
             markup=False,
         )
 
@@ -620,6 +717,7 @@ def _item_row(it: dict[str, Any]) -> list[str]:
         "-" if it["padding_pct"] is None else f"{it['padding_pct']:.1f}",
         _fmt_int(it["lm_tokens"]),
         _fmt_int(it["vit_calls"]),
+        _fmt_int(it.get("vit_calls_packed")),
         _fmt_int(it["count"]),
     ]
 
@@ -637,9 +735,12 @@ def _print_inputs(console: Any, data: dict[str, Any], rows_limit: int) -> None:
         Col("pad %"),
         Col("LM tokens", drop=1),
         Col("ViT calls", drop=3),
+        Col("packed", drop=3),
         Col("count"),
     ]
     rows = [_item_row(it) for it in shown]
+    if "packed" not in s:  # --no-vit-packing / runtime.vit_packing: false
+        cols, rows = cols[:-2] + cols[-1:], [r[:-2] + r[-1:] for r in rows]
     if not any(it["count"] != 1 for it in items):
         cols, rows = cols[:-1], [r[:-1] for r in rows]
     _left_out(console, print_table(console, cols, rows, title="inputs"))
@@ -729,7 +830,23 @@ def _print_buckets(console: Any, s: dict[str, Any]) -> None:
     )
     if s.get("workspace_note"):
         console.print(f"[dim]{s['workspace_note']}[/dim]")
+    _print_packed(console, s)
     _print_memory_line(console, s.get("memory"))
+
+
+def _print_packed(console: Any, s: dict[str, Any]) -> None:
+    """Unpacked and packed side by side: calls, executed compute, mask bytes (each request's segments packed)."""
+    p = s.get("packed")
+    if not p:
+        return
+    console.print(
+        f"packed ViT calls (a request's images / temporal patches share calls): {s['vit_calls']:,} -> "
+        f"{p['vit_calls']:,} calls, executed {fmt_flops(s['executed_flops'])} -> {fmt_flops(p['executed_flops'])} "
+        f"({_ratio(s['executed_over_useful'])} -> {_ratio(p['executed_over_useful'])} useful), attn mask "
+        f"{fmt_bytes(p['unpacked_attn_mask_bytes'])} -> {fmt_bytes(p['attn_mask_bytes'])} sent "
+        "(--no-vit-packing: one call each)",
+        markup=False,
+    )
 
 
 def _print_memory_line(console: Any, mem: dict[str, Any] | None) -> None:
@@ -973,7 +1090,7 @@ def _plan_workload(planner: ItemPlanner, workload: Path) -> tuple[list[dict[str,
         render.warn(
             escape(
                 f"{wl.path}: ignored {'keys' if wl.format != 'csv' else 'columns'} {', '.join(sorted(wl.ignored))} "
-                "(only width, height, count, frames, fps and kind are read)"
+                "(only width, height, count, frames, fps, kind and images are read)"
             )
         )
     return items, info
@@ -991,8 +1108,10 @@ def run_bucket_plan(
     max_bucket: int | None,
     batch_trace: Path | None,
     optimize_decoder: int | None,
+    vit_packing: bool = True,
 ) -> tuple[dict[str, Any], list[str]]:
-    """The whole command without printing: (JSON document, warnings)."""
+    """The whole command without printing: (JSON document, warnings). ``vit_packing=False``
+    (``--no-vit-packing``) overrides the preset's ``runtime.vit_packing``: today's figures, no ``packed``."""
     from qwenvl_rbln.buckets import vit_cost_fn
     from qwenvl_rbln.media import expand_inputs_report, parse_size
     from qwenvl_rbln.plan import build_plan
@@ -1010,6 +1129,8 @@ def run_bucket_plan(
         raise _nothing_to_plan(inputs, expansion)
 
     plan = build_plan(preset, sets, model=model)
+    if not vit_packing:
+        plan.runtime = {**plan.runtime, "vit_packing": False}
     planner = ItemPlanner(plan)
     items = [planner.file(path) for path in expansion.files]
     items += [planner.size(text, w, h) for text, w, h in parsed_sizes]
@@ -1079,6 +1200,12 @@ def register(app: typer.Typer) -> None:
             None, "--optimize-decoder", help="Find the K decoder_batch_sizes minimising padded rows over --batch-trace."
         ),
         rows: int = typer.Option(50, "--rows", help="Table rows to print (0 = all); --json always has every item."),
+        no_vit_packing: bool = typer.Option(
+            False,
+            "--no-vit-packing",
+            help="One ViT call per image / temporal patch (today's optimum-rbln); default: each request's segments "
+            "packed into shared calls, unless the preset says runtime.vit_packing: false.",
+        ),
         as_json: bool = JsonOpt,
     ) -> None:
         """Where each image / video frame lands in the ViT buckets, its padding and compute, and the best buckets
@@ -1097,6 +1224,7 @@ def register(app: typer.Typer) -> None:
             max_bucket=max_bucket,
             batch_trace=batch_trace,
             optimize_decoder=optimize_decoder,
+            vit_packing=not no_vit_packing,
         )
         print_warnings(warnings)
         render.emit(data, as_json=as_json, human=lambda console, d: print_human(console, d, rows))
