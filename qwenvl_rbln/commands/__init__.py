@@ -13,6 +13,7 @@ COMMAND_MODULES = [
     "infer_cmd",
     "bucket_plan_cmd",
     "compare_cmd",
+    "serve_cmd",
     "presets_cmd",
     "tiny_model_cmd",
 ]

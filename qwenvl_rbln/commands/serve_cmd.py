@@ -1,0 +1,160 @@
+"""`qvl serve` and `qvl bench-serve`: hand a compiled artifact to vllm-rbln, checked before anything starts.
+
+Both commands build their command line in ``qwenvl_rbln/serving.py`` (preflight, argv, environment, as data) and
+then either print it (``--dry-run``; ``--json``: ``{"argv": [...], "env": {...}, "checks": [...]}``) or exec
+``vllm`` with exactly that argv and environment. The human ``--dry-run`` output is a shell script: the checks as
+comments, the environment as ``export``/``unset`` lines, then the command.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from qwenvl_rbln.commands.common import JsonOpt
+
+DirArg = typer.Argument(
+    None,
+    metavar="[DIR]",
+    help="Compiled artifact directory; default as for `qvl infer`: the directory the last `qvl compile` wrote, "
+    "else the preset's output_dir.",
+    show_default=False,
+)
+PassThrough = typer.Argument(
+    None,
+    metavar="[-- VLLM_ARGS...]",
+    help="Anything after `--` goes to vllm unchanged (conflicts are refused).",
+    show_default=False,
+)
+DryRunOpt = typer.Option(
+    False, "--dry-run", help="Print the checks, the environment and the exact argv; start nothing."
+)
+HostOpt = typer.Option("127.0.0.1", "--host", help="Address the server listens on (0.0.0.0: every interface).")
+PortOpt = typer.Option(8000, "--port", min=1, max=65535, help="Server port.")
+NameOpt = typer.Option(
+    None, "--served-model-name", help="Model name clients send (default: the compiled model's hub id, else DIR's name)."
+)
+PresetArgOpt = typer.Option(
+    None, "--preset", "-p", help="Preset for the default DIR and runtime choices (default: the artifact's own)."
+)
+
+
+def _split(directory: Path | None, extra: list[str] | None) -> tuple[Path | None, list[str]]:
+    """`qvl serve -- --flag x` (no DIR): click hands the first pass-through word over as DIR; give it back."""
+    extra = list(extra or [])
+    if directory is not None and str(directory).startswith("-"):
+        return None, [str(directory), *extra]
+    return directory, extra
+
+
+def human(console: Any, d: dict[str, Any]) -> None:
+    import shlex
+
+    for check in d["checks"]:
+        console.print(f"# ok  {check['check']}: {check['detail']}", markup=False, highlight=False, soft_wrap=True)
+    for key, value in d["env"].items():
+        line = f"unset {key}" if value is None else f"export {key}={shlex.quote(value)}"
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    console.print(shlex.join(d["argv"]), markup=False, highlight=False, soft_wrap=True)
+
+
+def _run(launch: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> None:
+    import os
+    import shlex
+    import sys
+
+    from qwenvl_rbln import render, serving
+
+    for line in warnings:
+        render.warn(line)
+    if dry_run:
+        render.emit(launch.to_dict(), as_json=as_json, human=human)
+        return
+    env = launch.exec_env(os.environ)
+    serving.find_vllm(env)
+    render.info(f"qvl: exec {shlex.join(launch.argv)}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(launch.argv[0], launch.argv, env)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve")
+    def serve(
+        directory: Path = DirArg,
+        vllm_args: list[str] = PassThrough,
+        preset: str = PresetArgOpt,
+        device: str = typer.Option(
+            None, "--device", help="NPU id(s) for the LM graphs, e.g. 0 or 0,1 (default: as compiled)."
+        ),
+        visual_device: str = typer.Option(
+            None, "--visual-device", help="NPU id(s) for the ViT (default: as compiled, else --device)."
+        ),
+        host: str = HostOpt,
+        port: int = PortOpt,
+        served_model_name: str = NameOpt,
+        vit_packing: bool = typer.Option(
+            None,
+            "--vit-packing/--no-vit-packing",
+            help="Packed ViT calls inside vLLM (default: the preset's runtime.vit_packing, else on).",
+            show_default=False,
+        ),
+        dry_run: bool = DryRunOpt,
+        as_json: bool = JsonOpt,
+    ) -> None:
+        """Serve a compiled artifact with vllm-rbln (OpenAI API), after checking it: `vllm serve DIR ...`."""
+        from qwenvl_rbln import serving
+        from qwenvl_rbln.commands.load_check_cmd import parse_device
+
+        directory, extra = _split(directory, vllm_args)
+        opts = serving.ServeOptions(
+            directory=directory,
+            preset=preset,
+            device=parse_device(device, "--device"),
+            visual_device=parse_device(visual_device, "--visual-device"),
+            host=host,
+            port=port,
+            served_model_name=served_model_name,
+            vit_packing=vit_packing,
+            extra=extra,
+        )
+        import os
+
+        launch, warnings = serving.serve_command(opts, os.environ)
+        _run(launch, warnings, dry_run=dry_run, as_json=as_json)
+
+    @app.command("bench-serve")
+    def bench_serve(
+        directory: Path = DirArg,
+        vllm_args: list[str] = PassThrough,
+        preset: str = PresetArgOpt,
+        host: str = HostOpt,
+        port: int = PortOpt,
+        served_model_name: str = NameOpt,
+        num_prompts: int = typer.Option(100, "--num-prompts", min=1, help="Requests to send."),
+        input_len: int = typer.Option(128, "--input-len", min=1, help="Random text tokens per request."),
+        output_len: int = typer.Option(128, "--output-len", min=1, help="Tokens to generate per request."),
+        seed: int = typer.Option(0, "--seed", help="Random seed of the generated requests."),
+        dry_run: bool = DryRunOpt,
+        as_json: bool = JsonOpt,
+    ) -> None:
+        """Load-test a running `qvl serve` with vLLM's own `vllm bench serve` (random images sized to the buckets)."""
+        from qwenvl_rbln import serving
+
+        directory, extra = _split(directory, vllm_args)
+        opts = serving.BenchOptions(
+            directory=directory,
+            preset=preset,
+            host=host,
+            port=port,
+            served_model_name=served_model_name,
+            num_prompts=num_prompts,
+            input_len=input_len,
+            output_len=output_len,
+            seed=seed,
+            extra=extra,
+        )
+        launch, warnings = serving.bench_command(opts)
+        _run(launch, warnings, dry_run=dry_run, as_json=as_json)
