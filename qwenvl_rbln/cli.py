@@ -146,7 +146,27 @@ def _hide_bool_metavar() -> None:
     TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
 
 
+def _single_brackets() -> None:
+    """An optional argument written ``metavar="[DIR]"`` shows as ``[DIR]`` in the usage line, not ``[[DIR]]``."""
+    try:
+        from typer.core import TyperArgument
+    except ImportError:  # pragma: no cover
+        return
+    original = getattr(TyperArgument, "_usage_display_name", None)
+    if original is None or getattr(original, "_qvl", False):
+        return
+
+    def usage_display_name(self: Any) -> str:
+        import re
+
+        return re.sub(r"^\[\[(.*)\]\](\.\.\.)?$", r"[\1]\2", original(self))
+
+    usage_display_name._qvl = True  # type: ignore[attr-defined]
+    TyperArgument._usage_display_name = usage_display_name  # type: ignore[method-assign]
+
+
 _hide_bool_metavar()
+_single_brackets()
 
 
 def main() -> None:

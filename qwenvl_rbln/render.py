@@ -247,3 +247,8 @@ def print_table(
         finally:
             console.width = width
     return [cols[i].header for i in range(len(cols)) if i not in keep]
+
+
+def plural(n: int, noun: str) -> str:
+    """``1 request``, ``2 requests``, ``1,200 lines``: a count with its noun in the right number."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"

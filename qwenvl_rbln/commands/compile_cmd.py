@@ -16,12 +16,14 @@ def plan_summary(console: Any, plan: dict[str, Any]) -> None:
 
     from rich.table import Table
 
+    from qwenvl_rbln.render import markup
+
     r = plan["resolved"]
     table = Table(box=None, show_header=False, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("preset", f"{plan['preset']}  ({plan['description']})")
-    table.add_row("model", f"{plan['model_id']}  [dim]{plan['model_geometry']['source']}[/dim]")
+    table.add_row("preset", markup("{}  ({})", plan["preset"], plan["description"]))
+    table.add_row("model", markup("{}  [dim]{}[/dim]", plan["model_id"], plan["model_geometry"]["source"]))
     table.add_row("backend / npu", f"{plan['backend']} / {plan['npu']} ({plan['device_spec']['product']})")
     table.add_row("ViT buckets", ", ".join(str(b) for b in r["vit_buckets"]) + " patches")
     table.add_row(
@@ -38,7 +40,7 @@ def plan_summary(console: Any, plan: dict[str, Any]) -> None:
     table.add_row(
         "placement", f"LM on device {plan['placement']['device']}, visual on {plan['placement']['visual_device']}"
     )
-    table.add_row("output", plan["output_dir"])
+    table.add_row("output", markup("{}", plan["output_dir"]))
     console.print(table)
     console.print("[bold]compile rbln_config[/bold] (from_pretrained(export=True))")
     console.print(json.dumps(plan["rbln_config"], indent=2), markup=False, highlight=False)

@@ -36,10 +36,9 @@ def _vision_row(it: dict[str, Any]) -> list[str]:
 
 
 def human(console: Any, d: dict[str, Any]) -> None:
-    from rich.markup import escape
     from rich.table import Table
 
-    from qwenvl_rbln.render import fmt_bytes
+    from qwenvl_rbln.render import fmt_bytes, markup
 
     rt = d["runtime"]
     if d.get("placement"):
@@ -47,16 +46,23 @@ def human(console: Any, d: dict[str, Any]) -> None:
     else:
         where = f"{rt.get('device')}, {rt.get('dtype')}"
     console.print(
-        f"[bold]qvl infer[/bold] {escape(d['artifact_dir'])} [dim]({d['backend']} backend, {escape(where)}; "
-        f"preset {escape(d['preset'])}; {d['generation']['mode']})[/dim]"
+        markup(
+            "[bold]qvl infer[/bold] {} [dim]({} backend, {}; preset {}; {})[/dim]",
+            d["artifact_dir"],
+            d["backend"],
+            where,
+            d["preset"],
+            d["generation"]["mode"],
+        )
     )
     for req in d["requests"]:
         if not req["streamed"]:
-            console.print(f"[bold][{escape(req['id'])}][/bold] {escape(req['text'])}")
+            console.print(markup("[bold][{}][/bold] {}", req["id"], req["text"]))
         ids = req["token_ids"]
         shown = " ".join(str(t) for t in ids[:16]) + (" ..." if len(ids) > 16 else "")
         console.print(
-            f"[dim][{escape(req['id'])}] {len(ids)} tokens ({req['finish_reason']}): {shown}[/dim]", soft_wrap=True
+            markup("[dim][{}] {} tokens ({}): {}[/dim]", req["id"], len(ids), req["finish_reason"], shown),
+            soft_wrap=True,
         )
     vis = [(req["id"], it) for req in d["requests"] for it in req["vision"]]
     if vis:
@@ -64,7 +70,7 @@ def human(console: Any, d: dict[str, Any]) -> None:
         for col in ("req", "input", "size -> resized", "patches", "bucket", "padding"):
             t.add_column(col, overflow="fold")
         for rid, it in vis:
-            t.add_row(escape(rid), *[escape(c) for c in _vision_row(it)])
+            t.add_row(*[markup("{}", c) for c in [rid, *_vision_row(it)]])
         console.print(t)
     by_batch: dict[int, list[dict[str, Any]]] = {}
     for req in d["requests"]:
@@ -78,11 +84,13 @@ def human(console: Any, d: dict[str, Any]) -> None:
         )
         rate = "-" if tm["decode_tokens_per_s"] is None else f"{tm['decode_tokens_per_s']:.1f} tok/s"
         console.print(
-            f"[bold]batch {b['index']}[/bold] [{escape(', '.join(b['request_ids']))}]: {b['decoder_graph']} with "
+            markup(f"[bold]batch {b['index']}[/bold] [{{}}]: ", ", ".join(b["request_ids"])),
+            f"{b['decoder_graph']} with "
             f"{b['padded_rows']} padded row{'s' if b['padded_rows'] != 1 else ''} of {b['graph_batch']}; "
             f"prompt tokens {prompt}; preprocess {_fmt_s(tm['preprocess_s'])}, vision {_fmt_s(tm['vision_s'])}, "
             f"prefill {_fmt_s(tm['prefill_s'])}, TTFT {_fmt_s(tm['ttft_s'])}, decode {rate} "
-            f"({tm['decode_steps']} steps)"
+            f"({tm['decode_steps']} steps)",
+            sep="",
         )
     mem = d.get("memory") or {}
     if mem.get("peak_rss_bytes") is not None:
@@ -105,7 +113,7 @@ def register(app: typer.Typer) -> None:
     def infer(
         directory: Path = typer.Argument(
             None,
-            metavar="[DIR]",
+            metavar="DIR",
             help="Artifacts from `qvl compile` (or a Hugging Face Qwen3-VL directory); default: the directory the "
             "last `qvl compile` wrote (if deleted: its preset's output_dir); with --preset P: P's output_dir.",
             show_default=False,

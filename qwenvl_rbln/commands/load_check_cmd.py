@@ -547,7 +547,7 @@ def register(app: typer.Typer) -> None:
     @app.command("load-check")
     def load_check(
         directory: Path = typer.Argument(
-            None, metavar="[DIR]", help="Artifact directory (default: the preset's output_dir).", show_default=False
+            None, metavar="DIR", help="Artifact directory (default: the preset's output_dir).", show_default=False
         ),
         preset: str = typer.Option(
             None,

@@ -26,9 +26,11 @@ def register(app: typer.Typer) -> None:
         def human(console: Any, data: dict) -> None:
             from rich.table import Table
 
+            from qwenvl_rbln.render import markup
+
             table = Table("preset", "description", box=None, pad_edge=False)
             for item in data["presets"]:
-                table.add_row(item["name"], item["description"])
+                table.add_row(markup("{}", item["name"]), markup("{}", item["description"]))
             console.print(table)
 
         render.emit({"presets": items}, as_json=as_json, human=human)
@@ -60,7 +62,9 @@ def register(app: typer.Typer) -> None:
         def human(console: Any, d: dict) -> None:
             import yaml
 
-            console.print(f"[bold]{d['name']}[/bold]  ({' -> '.join(d['chain'])})")
+            from qwenvl_rbln.render import markup
+
+            console.print(markup("[bold]{}[/bold]  ({})", d["name"], " -> ".join(d["chain"])))
             console.print(yaml.safe_dump(d["preset"], sort_keys=False).rstrip(), markup=False)
 
         render.emit(data, as_json=as_json, human=human)

@@ -1,0 +1,196 @@
+"""The CLI contract scripts and people rely on (issue 14): user text printed literally by every human renderer,
+one JSON error shape with --json, help that works when pasted.
+
+Everything runs in-process through ``cli.main`` (``run_main``), as a user meets it: exit code, stdout, stderr.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes_rbln import run_main
+
+# Each of these was once read as rich markup: '/x' closed a tag that was never opened (MarkupError, exit 1, the
+# results lost), '[bold]' vanished, '[red]' coloured the rest of the line.
+MARKUP = "[bold]rot[/bold] [/x] [red]"
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Path:
+    from qwenvl_rbln.tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model()
+
+
+@pytest.fixture(scope="module")
+def odd(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Files and directories whose names are markup."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("markup") / "[bold]proj"
+    root.mkdir()
+    image = root / "[bold]cat[red].png"
+    Image.new("RGB", (96, 64), (200, 30, 30)).save(image)
+    preset = root / "[red]preset.yaml"
+    preset.write_text(f"extends: rebel100-1npu\ndescription: 'mine {MARKUP}'\n")
+    return {"root": root, "image": image, "preset": preset}
+
+
+def _literal(text: str, *needles: str) -> None:
+    for needle in needles:
+        assert needle in text, f"{needle!r} not printed literally in:\n{text}"
+
+
+def test_infer_batch_ids_prompts_and_file_names_are_printed_literally(tiny, odd, capsys, tmp_path):
+    batch = tmp_path / "requests.jsonl"
+    rows = [
+        {"id": "/x", "prompt": f"say {MARKUP}", "images": [str(odd["image"])]},
+        {"id": "[bold]rot", "prompt": "hi"},
+    ]
+    batch.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out, err = run_main(
+        ["infer", str(tiny), "--preset", "cpu-tiny", "--batch-file", str(batch), "--max-new-tokens", "2"], capsys
+    )
+    assert code == 0, err
+    _literal(out, "[/x] ", "[[bold]rot] ", odd["image"].name, "batch 0 [/x, [bold]rot]")
+    assert "internal error" not in err
+
+
+def test_compare_ids_are_printed_literally(tmp_path, capsys):
+    doc = {"backend": "torch", "generation": {}, "requests": [{"id": MARKUP, "token_ids": [1, 2]}]}
+    a = tmp_path / "[bold]a.json"
+    a.write_text(json.dumps(doc))
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps({**doc, "requests": [{"id": MARKUP, "token_ids": [1, 3]}]}))
+    code, out, err = run_main(["compare", str(a), str(b)], capsys)
+    assert code == 7, err
+    _literal(out, MARKUP, "[bold]a.json")
+
+
+def test_presets_compile_bucket_plan_and_load_check_print_names_literally(odd, capsys):
+    code, out, err = run_main(["presets", "show", str(odd["preset"])], capsys)
+    assert code == 0, err
+    _literal(out, "[red]preset", MARKUP)
+    code, out, err = run_main(
+        ["compile", "--preset", str(odd["preset"]), "--dry-run", "-o", str(odd["root"] / "[bold]out")], capsys
+    )
+    assert code == 0, err
+    _literal(out, "[red]preset", f"mine {MARKUP}", "[bold]out")
+    code, out, err = run_main(["bucket-plan", "--preset", str(odd["preset"]), str(odd["image"])], capsys)
+    assert code == 0, err
+    _literal(out, "[red]preset", odd["image"].name[:10])
+    code, out, err = run_main(["load-check", str(odd["root"]), "--no-runtime"], capsys)
+    assert code == 2
+    _literal(err, "[bold]proj")
+
+
+def test_a_warning_quoting_user_text_is_printed_literally(capsys):
+    from qwenvl_rbln import render
+
+    render.reset_consoles()
+    render.warn(f"request {MARKUP} was capped")
+    assert f"warning: request {MARKUP} was capped" in capsys.readouterr().err
+
+
+def test_markup_fills_fields_literally_with_the_style_around_them():
+    from rich.console import Console
+
+    from qwenvl_rbln.render import markup
+
+    text = markup("[bold][{}][/bold] {} [dim]{}[/dim]", "/x", "[red]a", "b\\")
+    assert text.plain == "[/x] [red]a b\\"
+    console = Console(record=True, width=80, color_system="truecolor", force_terminal=True)
+    console.print(text)
+    assert "[/x] [red]a b\\" in console.export_text()
+    with pytest.raises(ValueError):
+        markup("{} {}", "one")
+
+
+# --- one JSON error shape --------------------------------------------------------------------------------------
+
+JSON_FAILURES = [
+    (["compile", "--preset", "nope", "--dry-run", "--json"], 2),
+    (["compile", "--dry-run", "--set", "max_seq_len", "--json"], 2),
+    (["compile", "--dry-run=true", "--json"], 2),  # a usage error, still JSON when --json was given
+    (["presets", "show", "nope", "--json"], 2),
+    (["bucket-plan", "--size", "0x10", "--json"], 2),
+    (["bucket-plan", "--rows", "abc", "--json"], 2),
+    (["load-check", "/nonexistent/qvl-artifact", "--no-runtime", "--json"], 2),
+    (["compare", "/nonexistent/a.json", "/nonexistent/b.json", "--json"], 2),
+    (["infer", "/nonexistent/qvl-artifact", "--prompt", "hi", "--json"], 2),
+    (["infer", "--image", "/nonexistent/x.png", "--prompt", "hi", "--json"], 2),
+    (["nosuch-command", "--json"], 2),
+]
+
+
+@pytest.mark.parametrize(("argv", "code"), JSON_FAILURES, ids=lambda v: " ".join(v) if isinstance(v, list) else v)
+def test_every_failure_with_json_is_one_error_document_on_stdout(argv, code, capsys):
+    got, out, err = run_main(argv, capsys)
+    assert got == code, err
+    doc = json.loads(out)  # exactly one JSON document
+    assert set(doc) == {"error"} and set(doc["error"]) >= {"message", "hint", "exit_code"}
+    assert doc["error"]["exit_code"] == code and doc["error"]["message"]
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("qvl: ")]  # stderr keeps its line
+    assert line.startswith("qvl: error: ")
+
+
+def test_a_report_that_fails_carries_the_error_in_the_same_document(capsys):
+    argv = ["compile", "--preset", "rebel100-1npu-batch4", "--set", "max_seq_len=262144", "--dry-run", "--json"]
+    code, out, _ = run_main(argv, capsys)
+    assert code == 4
+    doc = json.loads(out)
+    assert doc["memory"]["fits"] is False and doc["error"]["exit_code"] == 4 and doc["error"]["hint"]
+
+
+def test_without_json_stdout_stays_empty_on_failure(capsys):
+    code, out, err = run_main(["compile", "--preset", "nope", "--dry-run"], capsys)
+    assert code == 2 and out == "" and err.startswith("qvl: error: unknown preset")
+
+
+# --- help that works when pasted -------------------------------------------------------------------------------
+
+
+def _help(argv: list[str], capsys: Any) -> str:
+    code, out, err = run_main([*argv, "--help"], capsys)
+    assert code == 0, err
+    return out
+
+
+def _all_commands() -> list[list[str]]:
+    """Every command and subcommand the app registers (commands added later are checked too)."""
+    import typer.main
+
+    from qwenvl_rbln.cli import app
+
+    out: list[list[str]] = []
+
+    def walk(command: Any, path: list[str]) -> None:
+        subs = getattr(command, "commands", None)
+        if not subs:
+            out.append(path)
+            return
+        for name, sub in subs.items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return out
+
+
+@pytest.mark.parametrize("argv", _all_commands(), ids=" ".join)
+def test_help_shows_no_bool_type_and_no_doubled_brackets(argv, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    out = _help(argv, capsys)
+    assert "<bool>" not in out and "[[" not in out
+    assert "Usage:" in out
+
+
+def test_a_flag_given_a_value_points_at_its_own_commands_help(capsys):
+    code, _, err = run_main(["compile", "--dry-run=true"], capsys)
+    assert code == 2
+    assert "--dry-run is a flag" in err and "`qvl compile --help`" in err
+    code, _, err = run_main(["presets", "list", "--json=1"], capsys)
+    assert code == 2 and "`qvl presets list --help`" in err
