@@ -60,7 +60,6 @@ def npu_spec(name: str) -> NpuSpec:
 
 
 _UNITS = {
-    "": 1,
     "b": 1,
     "k": 1 << 10,
     "kb": 1 << 10,
@@ -76,16 +75,56 @@ _UNITS = {
     "tib": 1 << 40,
 }
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+SIZE_SPELLINGS = "a number with a unit: B, KiB, MiB, GiB, TiB (KB/MB/GB/TB and K/M/G/T read as binary too), e.g. 120GiB"
+
+# The largest DRAM of any NPU in the catalogue: a --device-memory above it is no card at all.
+MAX_CARD_BYTES = 144 * GiB
 
 
 def parse_byte_size(value: str | int | float, what: str = "size") -> int:
-    """'120GiB', '512MB', 2**30 -> bytes. Binary units, as optimum-rbln's parse_byte_size."""
+    """qvl's own sizes ('120GiB', '512MB', '1.5TiB'): binary units, and a unit is required in text
+    ('120' would silently mean 120 bytes). An int from Python code is bytes."""
     if isinstance(value, bool):
-        raise InputError(f"{what}={value!r} is not a size", "write e.g. 120GiB or 512MiB")
+        raise InputError(f"{what}={value!r} is not a size", f"write {SIZE_SPELLINGS}")
     if isinstance(value, int | float):
         return int(value)
     match = _SIZE.match(str(value))
     unit = match.group(2).lower() if match else None
-    if not match or unit not in _UNITS:
-        raise InputError(f"{what}={value!r} is not a size", "write e.g. 120GiB, 512MiB or a number of bytes")
+    if not match or not unit or unit not in _UNITS:
+        why = "has no unit" if match and not unit else "is not a size"
+        raise InputError(f"{what}={value!r} {why}", f"write {SIZE_SPELLINGS}")
     return int(float(match.group(1)) * _UNITS[unit])
+
+
+# optimum-rbln 0.12 utils/runtime_utils.py::parse_byte_size: re.fullmatch(r"\s*(\d+)\s*([KMGT]?B)?\s*", re.I)
+_OPTIMUM_SIZE = re.compile(r"\s*(\d+)\s*([KMGT]?B)?\s*", re.IGNORECASE)
+_OPTIMUM_UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+OPTIMUM_SIZE_SPELLINGS = (
+    "a whole number of bytes, optionally with B, KB, MB, GB or TB (binary: GB = 2**30), e.g. '100GB' or '512MB'"
+)
+
+
+def parse_optimum_byte_size(value: str | int) -> int | None:
+    """Bytes exactly as optimum-rbln's ``parse_byte_size`` reads them, or None where it raises
+    (``'100GiB'``, ``'1.5GB'``, ``'100G'`` are all refused there, after every LM graph has compiled)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value > 0 else None
+    if not isinstance(value, str):
+        return None
+    match = _OPTIMUM_SIZE.fullmatch(value)
+    if not match:
+        return None
+    unit = match.group(2)
+    nbytes = int(match.group(1)) * (_OPTIMUM_UNITS[unit.upper()] if unit else 1)
+    return nbytes if nbytes > 0 else None
+
+
+def optimum_size_text(nbytes: int) -> str:
+    """A spelling of ``nbytes`` (rounded down to a whole unit) that optimum-rbln's parse_byte_size accepts."""
+    for unit in ("TB", "GB", "MB", "KB"):
+        size = _OPTIMUM_UNITS[unit]
+        if nbytes >= size:
+            return f"{nbytes // size}{unit}"
+    return f"{nbytes}B"

@@ -1,18 +1,27 @@
-"""Memory planner: will ViT + LM + KV cache fit on each NPU, decided from the plan alone.
+"""Memory planner: will ViT + LM + KV cache fit on each NPU, decided from the plan alone, with honest margins.
 
 Per device, the items below are summed and compared with the usable DRAM (docs/memory-model.md):
 
-* ``lm.weights``       exact: decoder layers + final norm + lm_head (the token embedding stays on the host)
-* ``lm.kv_cache``      exact for a given block count: 2 x layers tensors [blocks, kv_heads, block, head_dim],
-                       each aligned up to 2 MiB; the block count is what optimum-rbln 0.12 would choose
-* ``lm.workspace``     modelled: activations of the prefill graph and of every decoder graph
-* ``visual.weights``   exact: ViT blocks + merger + deepstack mergers (patch/pos embeddings stay on the host)
-* ``visual.workspace`` modelled: attention over the largest bucket S, ~(heads x (4 + 2) + 2 x 2) x S^2 bytes
+* ``lm.weights``        exact: decoder layers + final norm + lm_head (the token embedding stays on the host);
+                        with ``quantization``, the q/k/v/o/gate/up/down weights at 8 or 4 bits + fp32 scales and
+                        the rest in fp32 (optimum-rbln loads quantized models in float32)
+* ``lm.kv_cache``       exact for a given block count: 2 x layers tensors [blocks, kv_heads, block, head_dim],
+                        each aligned up to 2 MiB (fp8 KV: 1 byte); the block count is what optimum-rbln 0.12 chooses
+* ``lm.attention_mask`` exact (``use_attention_mask``): the prefill [1, 1, chunk, max_seq_len] and decoder
+                        [B, 1, 1, max_seq_len] mask inputs
+* ``lm.workspace``      modelled: activations of the prefill graph and of every decoder graph
+* ``visual.weights``    exact: ViT blocks + merger + deepstack mergers (patch/pos embeddings stay on the host)
+* ``visual.workspace``  modelled: attention over the largest bucket S, ~(heads x (4 + 2) + 2 x 2) x S^2 bytes
+
+Every modelled item has a low / high range besides its estimate. The planner runs three scenarios (every
+modelled item at its low end, at its estimate, at its high end; automatic KV sizing re-run in each) and a
+device's verdict is ``fits`` when it fits in all three, ``does_not_fit`` when it fits in none, ``uncertain``
+otherwise. A configuration the product document observed keeps the observed verdict and cites it.
 
 Automatic KV sizing (flash attention, ``kvcache_num_blocks`` 0) is modelled the way optimum-rbln 0.12
-does it: after compiling the LM *alone*, against the nominal DRAM (x ``memory_budget``), fullest chiplet
-deciding. The ViT that shares the card is not counted there, which is why a shared card can be filled
-by the KV pool and the ViT then fails to load.
+does it: after compiling the LM *alone*, against the nominal DRAM of one device (x ``memory_budget``),
+fullest chiplet deciding. The ViT that shares the card is not counted there, which is why a shared card
+can be filled by the KV pool and the ViT then fails to load.
 
 Pure Python: no torch, no transformers.
 """
@@ -24,21 +33,47 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from qwenvl_rbln import calibration as cal
-from qwenvl_rbln.devices import GiB, MiB, NpuSpec, parse_byte_size
+from qwenvl_rbln.devices import MAX_CARD_BYTES, SIZE_SPELLINGS, GiB, MiB, NpuSpec, parse_byte_size
 from qwenvl_rbln.errors import DoesNotFit, InputError
-from qwenvl_rbln.modelinfo import ModelGeometry, TextGeometry, VisionGeometry
+from qwenvl_rbln.modelinfo import QWEN3_VL_2B, ModelGeometry, TextGeometry, VisionGeometry
 from qwenvl_rbln.plan import kv_block_counts
 
 KV_ALIGN = 2 * MiB  # optimum-rbln aligns every KV tensor to 2 MiB
 FP32 = 4  # attention scores and logits are accumulated in fp32 (modelled)
 RBLN_DTYPE_BYTES = 2  # optimum-rbln artifacts of Qwen3-VL are bf16
-THIN_MARGIN = 2 * GiB  # verdicts closer than this rest on the modelled workspaces
+QUANT_MODEL_DTYPE = 4  # optimum-rbln get_quantized_model loads the model in float32 (its FIXME: no bf16 yet)
+QUANT_WEIGHT_BYTES = {"int8": 1.0, "fp8": 1.0, "int4": 0.5}
 SOURCE_SPEC = "optimum-rbln 0.12 DRAM spec"
 SOURCE_OVERRIDE = "--device-memory"
+SCENARIOS = ("low", "mid", "high")
+FITS, DOES_NOT_FIT, UNCERTAIN = "fits", "does_not_fit", "uncertain"
 
 # optimum-rbln 0.12 attention limits (plan.ATTENTION_LIMITS), for the max_seq_len suggestion.
 _EAGER_MAX = {"REBEL": 16384, "ATOM": 32768}
 _MIN_FLASH_LEN = 2048
+
+SEED_DOC = "the product document (Qwen3-VL-2B on Rebel100, shared/seed)"
+# (batch_size, max_seq_len, ViT shares the LM's card) -> (verdict, what the document says).
+OBSERVED = {
+    (1, 262144, True): (
+        FITS,
+        f"{SEED_DOC}: the Model Zoo baseline (batch 1, max_seq_len 262144, ViT bucket 16384) loads ViT, LM graphs "
+        "and KV cache on one NPU (device 0)",
+    ),
+    (4, 262144, True): (
+        DOES_NOT_FIT,
+        f"{SEED_DOC}: at batch_size=4 the 262,144-token context does not fit on one Rebel100 together with the ViT; "
+        "loading fails with 'Failed to create RBLN runtime ... Lack of device memory'",
+    ),
+    (4, 32768, True): (
+        FITS,
+        f"{SEED_DOC}: at batch_size=4 with max_seq_len 32,768 both submodules load together on one NPU",
+    ),
+    (4, 262144, False): (
+        FITS,
+        f"{SEED_DOC}: to keep the full context at a larger batch, place the ViT on another NPU (the documented remedy)",
+    ),
+}
 
 
 def gib(n: float) -> float:
@@ -72,13 +107,27 @@ def model_key(geometry: ModelGeometry) -> str:
 
 def text_layer_params(t: TextGeometry) -> int:
     """One Qwen3VLTextDecoderLayer: q/k/v/o without bias, q_norm/k_norm of head_dim, gate/up/down, 2 RMSNorms."""
+    return quantizable_layer_params(t) + 2 * t.head_dim + 2 * t.hidden_size
+
+
+def quantizable_layer_params(t: TextGeometry) -> int:
+    """The q/k/v/o/gate/up/down weights of one layer: what optimum-rbln's quantization replaces."""
     q = t.hidden_size * t.num_attention_heads * t.head_dim
     kv = 2 * t.hidden_size * t.num_key_value_heads * t.head_dim
     o = t.num_attention_heads * t.head_dim * t.hidden_size
-    qk_norm = 2 * t.head_dim
     mlp = 3 * t.hidden_size * t.intermediate_size
-    norms = 2 * t.hidden_size
-    return q + kv + o + qk_norm + mlp + norms
+    return q + kv + o + mlp
+
+
+def quantized_out_features(t: TextGeometry) -> int:
+    """Output channels of the 7 quantized linears of one layer (one fp32 weight_scale each)."""
+    return (
+        t.num_attention_heads * t.head_dim
+        + 2 * t.num_key_value_heads * t.head_dim
+        + t.hidden_size
+        + 2 * t.intermediate_size
+        + t.hidden_size
+    )
 
 
 def lm_params(t: TextGeometry) -> dict[str, int]:
@@ -90,6 +139,7 @@ def lm_params(t: TextGeometry) -> dict[str, int]:
     return {
         "layer": text_layer_params(t),
         "layers": layers,
+        "quantizable": t.num_hidden_layers * quantizable_layer_params(t),
         "norm": norm,
         "lm_head": lm_head,
         "device": layers + norm + lm_head,
@@ -193,6 +243,7 @@ LM_WORKSPACE_FORMULA = (
     "+ inputs (inputs_embeds, deepstack embeds, position_emb) + logits_rows x vocab x 4; summed over graphs "
     "(each .rbln is its own runtime with its own buffers)"
 )
+LM_WORKSPACE_RANGE = "range: low = without the score block (attention tiled away), high = 2 x the estimate"
 
 
 def visual_workspace(geometry: ModelGeometry, bucket: int, dtype_bytes: int = 2) -> dict[str, int]:
@@ -203,18 +254,44 @@ def visual_workspace(geometry: ModelGeometry, bucket: int, dtype_bytes: int = 2)
     linear    = S x d x (6 h + I)                 residual, normed, q/k/v, attention out, fc1
     io        = S x d x (h + 2 head_dim) + S/m^2 x out x d x (1 + deepstack)   inputs, cos/sin, outputs
     """
+    parts = visual_workspace_parts(geometry, bucket, dtype_bytes, "mid")
+    return {k: parts[k] for k in ("attention", "linear", "io", "total")}
+
+
+def visual_workspace_parts(geometry: ModelGeometry, bucket: int, dtype_bytes: int, scenario: str) -> dict[str, Any]:
+    """The ViT workspace in one scenario, split into single tensors (placed whole on one chiplet) and the rest.
+
+    low:  attention tiled: only the S x S attn_mask input stays (S^2 x d)
+    mid:  the hypothesis: fp32 scores [heads, S, S] + probs in d + the input mask and its additive copy
+    high: scores and probs both fp32 + the two masks
+    """
     v, d, s = geometry.vision, dtype_bytes, bucket
     head_dim = v.hidden_size // v.num_heads
-    attention = s * s * (v.num_heads * (FP32 + d) + 2 * d)
+    mask = s * s * d
+    scores = v.num_heads * s * s * FP32
+    probs = v.num_heads * s * s * (FP32 if scenario == "high" else d)
+    whole = {"low": [mask], "mid": [scores, probs, mask, mask], "high": [scores, probs, mask, mask]}[scenario]
     linear = s * d * (6 * v.hidden_size + v.intermediate_size)
     merged = s // (v.spatial_merge_size**2)
     io = s * d * (v.hidden_size + 2 * head_dim) + merged * v.out_hidden_size * d * (1 + v.num_deepstack)
-    return {"attention": attention, "linear": linear, "io": io, "total": attention + linear + io}
+    attention = sum(whole)
+    return {
+        "attention": attention,
+        "linear": linear,
+        "io": io,
+        "total": attention + linear + io,
+        "whole": sorted(whole, reverse=True),
+        "spread": linear + io,
+    }
 
 
 VISUAL_WORKSPACE_FORMULA = (
     "largest bucket S: S^2 x (heads x (4 + d) + 2d) [fp32 scores + probs of all heads + two S x S masks] "
     "+ S x d x (6h + I) [linear activations] + S x d x (h + 2 head_dim) + S/4 x out x d x (1 + deepstack) [io]"
+)
+VISUAL_WORKSPACE_RANGE = (
+    "range: low = attention tiled (only the S x S mask input, S^2 x d), high = scores and probs both fp32 "
+    "(S^2 x (heads x 8 + 2d)); the document's batch-4/262144 failure needs >= ~93 bytes x S^2 for Qwen3-VL-2B"
 )
 
 
@@ -226,8 +303,10 @@ def estimate_for_bucket(
     calibration: dict[str, Any] | None = None,
     npu: str | None = None,
 ) -> dict[str, Any]:
-    """Visual workspace for one ViT bucket (bucket-plan's per-bucket column)."""
+    """Visual workspace for one ViT bucket (bucket-plan's per-bucket column), with its low / high range."""
     ws = visual_workspace(geometry, bucket, dtype_bytes)
+    low = visual_workspace_parts(geometry, bucket, dtype_bytes, "low")["total"]
+    high = visual_workspace_parts(geometry, bucket, dtype_bytes, "high")["total"]
     weights = vision_params(geometry.vision)["device"] * dtype_bytes
     measured = None
     if calibration and npu:
@@ -236,6 +315,8 @@ def estimate_for_bucket(
     return {
         "bucket": bucket,
         "workspace_bytes": workspace,
+        "workspace_low_bytes": measured if measured is not None else low,
+        "workspace_high_bytes": measured if measured is not None else high,
         "attention_bytes": ws["attention"],
         "linear_bytes": ws["linear"],
         "io_bytes": ws["io"],
@@ -244,6 +325,7 @@ def estimate_for_bucket(
         "exact": False,
         "calibrated": measured is not None,
         "formula": VISUAL_WORKSPACE_FORMULA,
+        "range": VISUAL_WORKSPACE_RANGE,
     }
 
 
@@ -258,9 +340,14 @@ class MemoryItem:
     formula: str
     note: str = ""
     calibrated: bool = False
+    low_bytes: int | None = None  # filled from the low / high scenarios (exact items: = bytes)
+    high_bytes: int | None = None
+    whole: list[int] = field(default_factory=list)  # single tensors the chiplet view places whole
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d.pop("whole")
+        return d
 
 
 @dataclass
@@ -269,8 +356,13 @@ class DeviceMemory:
     usable_bytes: int
     items: list[MemoryItem]
     chiplets: dict[str, Any]
-    fits: bool
+    fits: bool | None
     notes: list[str] = field(default_factory=list)
+    verdict: str = FITS
+    verdict_source: str = "planner"
+    total_low_bytes: int | None = None
+    total_high_bytes: int | None = None
+    ok: bool = True  # this scenario alone: pooled and fullest chiplet within usable, KV search not insufficient
 
     @property
     def total_bytes(self) -> int:
@@ -281,12 +373,20 @@ class DeviceMemory:
         return self.usable_bytes - self.total_bytes
 
     def to_dict(self) -> dict[str, Any]:
+        low = self.total_low_bytes if self.total_low_bytes is not None else self.total_bytes
+        high = self.total_high_bytes if self.total_high_bytes is not None else self.total_bytes
         return {
             "device": self.device,
             "usable_bytes": self.usable_bytes,
             "items": [i.to_dict() for i in self.items],
             "total_bytes": self.total_bytes,
+            "total_low_bytes": low,
+            "total_high_bytes": high,
             "free_bytes": self.free_bytes,
+            "free_low_bytes": self.usable_bytes - high,
+            "free_high_bytes": self.usable_bytes - low,
+            "verdict": self.verdict,
+            "verdict_source": self.verdict_source,
             "fits": self.fits,
             "chiplets": self.chiplets,
             "notes": self.notes,
@@ -305,12 +405,25 @@ class MemoryReport:
     notes: list[str]
 
     @property
-    def fits(self) -> bool:
-        return all(d.fits for d in self.devices)
+    def verdict(self) -> str:
+        verdicts = {d.verdict for d in self.devices}
+        if DOES_NOT_FIT in verdicts:
+            return DOES_NOT_FIT
+        return UNCERTAIN if UNCERTAIN in verdicts else FITS
+
+    @property
+    def fits(self) -> bool | None:
+        """True: fits in every scenario; False: does not fit; None: uncertain (the margin is inside the range)."""
+        return {FITS: True, DOES_NOT_FIT: False, UNCERTAIN: None}[self.verdict]
 
     @property
     def margin_bytes(self) -> int:
         return min(d.free_bytes for d in self.devices)
+
+    @property
+    def margin_low_bytes(self) -> int:
+        """The worst-case margin: every modelled item at its high end."""
+        return min(d.usable_bytes - (d.total_high_bytes or d.total_bytes) for d in self.devices)
 
     def device(self, device_id: int) -> DeviceMemory:
         for d in self.devices:
@@ -324,8 +437,10 @@ class MemoryReport:
             "usable_bytes": self.usable_bytes,
             "usable_source": self.usable_source,
             "devices": [d.to_dict() for d in self.devices],
+            "verdict": self.verdict,
             "fits": self.fits,
             "margin_bytes": self.margin_bytes,
+            "margin_low_bytes": self.margin_low_bytes,
             "kv": self.kv,
             "notes": self.notes,
             "suggestions": self.suggestions,
@@ -334,51 +449,60 @@ class MemoryReport:
 
 
 ASSUMPTIONS = [
-    "verdict: a device fits when the sum of its items <= its usable bytes (pooled over the card's chiplets); "
-    "the per-chiplet view (KV tensors whole, round-robin over chiplets; everything else split evenly) is shown "
-    "next to it because optimum-rbln sizes the KV cache per chiplet",
+    "verdict: each device is estimated three times, every modelled item at its low end, at its estimate and at its "
+    "high end (automatic KV sizing re-run each time); 'fits' when the device fits in all three, 'does_not_fit' "
+    "when in none, 'uncertain' otherwise; a device fits a scenario when the sum of its items <= its usable bytes "
+    "AND the fullest chiplet fits its share",
+    "observed: a configuration the product document describes (Qwen3-VL-2B, RBLN-CR13, ViT bucket 16384, flash "
+    "partition 8192, automatic KV blocks, bf16) keeps the verdict the document reports, cited in verdict_source",
+    "chiplets: KV tensors whole, round-robin over the chiplets; single ViT workspace tensors (the S x S score and "
+    "probability buffers, the masks) placed whole on the least-filled chiplet, largest first; weights and the rest "
+    "split evenly",
     "usable bytes: chiplets x (DRAM / chiplets - reserve) as optimum-rbln 0.12 computes it (Rebel100: "
     "4 x (36 - 1) GiB = 140 GiB), unless --device-memory gives a measured figure",
     "weights: exact parameter counts x dtype bytes (bf16 = 2 for RBLN artifacts); token embedding, ViT patch "
-    "and position embeddings run on the host",
-    "KV cache: 2 x layers tensors [blocks, kv_heads, block, head_dim] in the model dtype (no fp8 KV), "
-    "each aligned up to 2 MiB; one pool shared by prefill and all decoder graphs",
+    "and position embeddings run on the host; with rbln_config.quantization the q/k/v/o/gate/up/down weights take "
+    "1 byte (int8, fp8) or 0.5 (int4) + an fp32 scale per output channel and everything else fp32 (optimum-rbln "
+    "0.12 get_quantized_model loads quantized models in float32), range low = the rest in bf16",
+    "KV cache: 2 x layers tensors [blocks, kv_heads, block, head_dim] in the model dtype (fp8 kv_caches: 1 byte; "
+    "a quantized model without fp8 KV: fp32), each aligned up to 2 MiB; one pool shared by prefill and all "
+    "decoder graphs",
     "automatic KV blocks (flash, kvcache_num_blocks 0): optimum-rbln 0.12 sizes the pool for the LM graphs alone "
-    "(the ViT is not counted), against the nominal DRAM x memory_budget, fullest chiplet deciding",
-    "lm.workspace (modelled): " + LM_WORKSPACE_FORMULA,
+    "(the ViT is not counted), against one device's nominal DRAM x memory_budget (a byte budget is per device), "
+    "fullest chiplet deciding",
+    "lm.workspace (modelled): " + LM_WORKSPACE_FORMULA + "; " + LM_WORKSPACE_RANGE,
     "visual.workspace (modelled, hypothesis): " + VISUAL_WORKSPACE_FORMULA + "; bucket graphs share one .rbln "
-    "and one buffer region, so the largest bucket decides",
+    "and one buffer region, so the largest bucket decides; " + VISUAL_WORKSPACE_RANGE,
     "not counted: host memory, other processes on the NPU, runtime overhead beyond the per-chiplet reserve, "
-    "profiler buffers",
+    "profiler buffers, LoRA adapters",
 ]
 
 
 # --- the estimate ----------------------------------------------------------------------------------
 
 
-def parse_device_memory(device_memory: int | str | None) -> int | None:
-    """--device-memory as bytes (None when not given); one-line input errors for anything unusable."""
-    return _parse_device_memory(device_memory)
-
-
-def _parse_device_memory(device_memory: int | str | None) -> int | None:
+def parse_device_memory(device_memory: int | str | None, spec: NpuSpec | None = None) -> int | None:
+    """--device-memory as bytes (None when not given); one-line input errors for anything unusable: no unit,
+    not positive, or more than the card's physical DRAM (``spec``; without it, the largest card qvl knows)."""
     if device_memory is None:
         return None
     try:
         nbytes = parse_byte_size(device_memory, "--device-memory")
     except InputError as exc:
-        raise InputError(exc.message, "pass --device-memory as the usable bytes per NPU, e.g. 120GiB") from None
+        raise InputError(exc.message, f"pass --device-memory as the usable bytes per NPU, {SIZE_SPELLINGS}") from None
     if nbytes <= 0:
-        what = "is less than one byte" if _positive_number(device_memory) else "must be positive"
-        raise InputError(f"--device-memory={device_memory!r} {what}", "e.g. --device-memory 120GiB")
+        raise InputError(f"--device-memory={device_memory!r} must be positive", f"write {SIZE_SPELLINGS}")
+    limit = spec.total_bytes if spec is not None else MAX_CARD_BYTES
+    if nbytes > limit:
+        card = f"one {spec.product} ({spec.sku})" if spec is not None else "any NPU qvl knows (Rebel100)"
+        raise InputError(
+            f"--device-memory={device_memory!r} is more than the {_fmt_gib(limit)} of DRAM on {card}",
+            f"pass at most {limit // GiB}GiB (the usable bytes you measured, e.g. with rbln-smi)",
+        )
     return nbytes
 
 
-def _positive_number(value: Any) -> bool:
-    try:
-        return float(str(value).strip()) > 0
-    except ValueError:
-        return False
+_parse_device_memory = parse_device_memory
 
 
 def _resolve_budget(budget: float | int | None, available_total: int) -> int:
@@ -398,10 +522,61 @@ class _Ctx:
     usable_source: str
     calibration: dict[str, Any]
     dtype_bytes: int
+    scenario: str = "mid"
+
+
+def _quant(resolved: Any) -> dict[str, Any] | None:
+    return getattr(resolved, "quantization", None) or None
+
+
+def _model_dtype(ctx: _Ctx, resolved: Any) -> int:
+    """Bytes per element of the compiled model: fp32 for a quantized one (optimum-rbln loads it in float32)."""
+    return QUANT_MODEL_DTYPE if _quant(resolved) else ctx.dtype_bytes
+
+
+def _kv_dtype(ctx: _Ctx, resolved: Any) -> int:
+    """optimum-rbln get_input_info: the KV dtype is the model dtype, float8_e4m3fn with kv_caches fp8."""
+    q = _quant(resolved)
+    if q and q.get("kv_caches") == "fp8":
+        return 1
+    return _model_dtype(ctx, resolved)
+
+
+def _lm_weights_item(ctx: _Ctx, resolved: Any, n_lm: int) -> MemoryItem:
+    g = ctx.geometry
+    lp = lm_params(g.text)
+    q = _quant(resolved)
+    if not q:
+        d = ctx.dtype_bytes
+        return MemoryItem(
+            "lm.weights",
+            -(-lp["device"] * d // n_lm),
+            True,
+            f"(layers {g.text.num_hidden_layers} x {lp['layer']:,} + norm {lp['norm']:,} + lm_head {lp['lm_head']:,}) "
+            f"params x {d} B" + (f" / {n_lm} devices" if n_lm > 1 else ""),
+            f"{lp['device']:,} params; embed_tokens ({lp['embed_tokens_host']:,} params) stays on the host",
+        )
+    wbytes = QUANT_WEIGHT_BYTES[q["weights"]]
+    if ctx.scenario == "high" and q["weights"] == "int4":
+        wbytes = 1.0  # if the compiler kept int4 weights in int8 containers
+    rest_d = 2 if ctx.scenario == "low" else QUANT_MODEL_DTYPE
+    scales = g.text.num_hidden_layers * quantized_out_features(g.text) * QUANT_MODEL_DTYPE
+    rest = lp["device"] - lp["quantizable"]
+    total = int(lp["quantizable"] * wbytes) + scales + rest * rest_d
+    return MemoryItem(
+        "lm.weights",
+        -(-total // n_lm),
+        False,
+        f"quantized q/k/v/o/gate/up/down {lp['quantizable']:,} params x {wbytes:g} B ({q['weights']}) + fp32 "
+        f"weight_scale per output channel ({scales:,} B) + the rest ({rest:,} params: norms, lm_head) x {rest_d} B"
+        + (f" / {n_lm} devices" if n_lm > 1 else ""),
+        "quantization (optimum-rbln 0.12 rbln_quantization.py: QUANTIZED_WEIGHTS, get_quantized_model loads the "
+        "model in float32); modelled from the source, not measured",
+    )
 
 
 def _lm_workspace_item(ctx: _Ctx, resolved: Any) -> tuple[int, MemoryItem]:
-    g, d = ctx.geometry, ctx.dtype_bytes
+    g, d = ctx.geometry, _model_dtype(ctx, resolved)
     block = resolved.kvcache_block_size
     keys = cal.graph_keys(resolved)
     models = [model_key(g), g.name]
@@ -419,7 +594,8 @@ def _lm_workspace_item(ctx: _Ctx, resolved: Any) -> tuple[int, MemoryItem]:
             parts.append(f"{name} {measured / MiB:.0f} MiB (calibrated)")
         else:
             ws = lm_graph_workspace(g, rows, block, logits_rows, d, prefill=is_prefill)
-            total += ws["total"]
+            value = {"low": ws["linear"] + ws["io"], "mid": ws["total"], "high": 2 * ws["total"]}[ctx.scenario]
+            total += value
             parts.append(f"{name} {ws['total'] / MiB:.0f} MiB")
     all_cal = len(calibrated) == len(graphs)
     note = ", ".join(parts)
@@ -430,10 +606,31 @@ def _lm_workspace_item(ctx: _Ctx, resolved: Any) -> tuple[int, MemoryItem]:
         bytes=total,
         exact=False,
         formula=(f"measured by load-check ({', '.join(calibrated)})" if all_cal else LM_WORKSPACE_FORMULA),
-        note=("estimate: " if not all_cal else "") + note,
+        note=("estimate: " if not all_cal else "") + note + ("" if all_cal else f"; {LM_WORKSPACE_RANGE}"),
         calibrated=all_cal,
     )
     return total, item
+
+
+def _attention_mask_item(ctx: _Ctx, resolved: Any, n_lm: int) -> MemoryItem | None:
+    """optimum-rbln get_input_info with use_attention_mask: prefill [1, 1, chunk, max_seq_len] and each decoder
+    [B, 1, 1, max_seq_len] in the model dtype ([B, max_seq_len] with use_position_ids)."""
+    if not getattr(resolved, "use_attention_mask", False):
+        return None
+    d, L = _model_dtype(ctx, resolved), resolved.max_seq_len
+    rows = 1 if getattr(resolved, "use_position_ids", False) else resolved.prefill_chunk_size
+    prefill = rows * L * d
+    decoders = sum(b * L * d for b in resolved.decoder_batch_sizes)
+    total = prefill + decoders
+    return MemoryItem(
+        "lm.attention_mask",
+        -(-total // n_lm),
+        True,
+        f"prefill attention_mask [1, 1, {rows}, {L}] x {d} B + decoder masks [B, 1, 1, {L}] x {d} B for B in "
+        f"{resolved.decoder_batch_sizes}",
+        f"use_attention_mask: prefill input {prefill / MiB:.0f} MiB, decoder inputs {decoders / MiB:.1f} MiB",
+        whole=[prefill],
+    )
 
 
 def _visual_workspace_item(ctx: _Ctx, resolved: Any) -> MemoryItem:
@@ -449,21 +646,24 @@ def _visual_workspace_item(ctx: _Ctx, resolved: Any) -> MemoryItem:
             f"largest bucket {largest} (calibrated)",
             calibrated=True,
         )
-    ws = visual_workspace(g, largest, ctx.dtype_bytes)
+    parts = visual_workspace_parts(g, largest, _model_dtype(ctx, resolved), ctx.scenario)
+    mid = visual_workspace(g, largest, _model_dtype(ctx, resolved))
     return MemoryItem(
         "visual.workspace",
-        ws["total"],
+        parts["total"],
         False,
         VISUAL_WORKSPACE_FORMULA,
-        f"estimate for the largest bucket S={largest}: attention {_fmt_gib(ws['attention'])} "
-        f"(hypothesis: scores materialised, not tiled) + linear {ws['linear'] / MiB:.0f} MiB "
-        f"+ io {ws['io'] / MiB:.0f} MiB",
+        f"estimate for the largest bucket S={largest}: attention {_fmt_gib(mid['attention'])} "
+        f"(hypothesis: scores materialised, not tiled; the fp32 score buffer is one "
+        f"{_fmt_gib(g.vision.num_heads * largest * largest * FP32)} tensor) + linear {mid['linear'] / MiB:.0f} MiB "
+        f"+ io {mid['io'] / MiB:.0f} MiB; {VISUAL_WORKSPACE_RANGE}",
+        whole=parts["whole"],
     )
 
 
 def _kv_blocks(ctx: _Ctx, resolved: Any, lm_nonkv_per_device: int, shards: int) -> dict[str, Any]:
     """The block count optimum-rbln 0.12 ends up with, and how it got there."""
-    g, d = ctx.geometry, ctx.dtype_bytes
+    g, d = ctx.geometry, _kv_dtype(ctx, resolved)
     block, full, minimum = resolved.kvcache_block_size, resolved.num_full_blocks, resolved.num_min_blocks
     chiplets = ctx.spec.chiplets
     tensors = kv_tensor_count(g)
@@ -472,6 +672,7 @@ def _kv_blocks(ctx: _Ctx, resolved: Any, lm_nonkv_per_device: int, shards: int) 
         "attn_impl": resolved.attn_impl,
         "block_size": block,
         "tensors": tensors,
+        "dtype_bytes": d,
         "bytes_per_block": tensors * kv_block_bytes_per_tensor(g, block, d, shards),
         "num_full_blocks": full,
         "num_min_blocks": minimum,
@@ -483,10 +684,12 @@ def _kv_blocks(ctx: _Ctx, resolved: Any, lm_nonkv_per_device: int, shards: int) 
     if resolved.kvcache_num_blocks:
         n = resolved.kvcache_num_blocks
         return {**info, "mode": "explicit", "num_blocks": n, "outcome": "explicit"}
-    # Automatic: optimum-rbln _search_num_kvcache_blocks against the nominal DRAM, LM graphs only.
-    nominal_total = ctx.spec.usable_per_chiplet * chiplets * shards
-    budget_total = _resolve_budget(resolved.memory_budget, nominal_total)
-    budget_chiplet = budget_total // (chiplets * shards)
+    # Automatic: optimum-rbln _search_num_kvcache_blocks against the nominal DRAM, LM graphs only. Each device
+    # (node) of a num_devices > 1 compile has its own chiplets; the budget is resolved against one device's DRAM
+    # (_collect_chiplet_kvcache_inputs: num_chiplets = max chiplet id + 1), so a byte budget is per device.
+    nominal_device = ctx.spec.usable_per_chiplet * chiplets
+    budget_device = _resolve_budget(resolved.memory_budget, nominal_device)
+    budget_chiplet = budget_device // chiplets
     nonkv_chiplet = -(-lm_nonkv_per_device // chiplets)
 
     def fits(n: int) -> bool:
@@ -508,7 +711,18 @@ def _kv_blocks(ctx: _Ctx, resolved: Any, lm_nonkv_per_device: int, shards: int) 
         outcome = "partial"
     else:
         outcome = "insufficient"
-    return {**info, "mode": "auto", "num_blocks": n, "outcome": outcome, "budget_bytes": budget_total // shards}
+    return {**info, "mode": "auto", "num_blocks": n, "outcome": outcome, "budget_bytes": budget_device}
+
+
+def _chiplet_loads(chiplets: int, kv_tensors: int, kv_tensor: int, whole: list[int], spread: int) -> list[int]:
+    """Bytes per chiplet: KV tensors round-robin, single tensors whole (largest first, least-filled chiplet),
+    the rest split evenly."""
+    loads = [(kv_tensors // chiplets + (1 if i < kv_tensors % chiplets else 0)) * kv_tensor for i in range(chiplets)]
+    for size in sorted(whole, reverse=True):
+        i = loads.index(min(loads))
+        loads[i] += size
+    share = -(-spread // chiplets)
+    return [x + share for x in loads]
 
 
 def estimate(
@@ -523,7 +737,7 @@ def estimate(
     suggest: bool = True,
 ) -> MemoryReport:
     """Per-device memory of a resolved LM + ViT placement; ``calibration`` None reads the default file."""
-    override = _parse_device_memory(device_memory)
+    override = parse_device_memory(device_memory, spec)
     ctx = _Ctx(
         geometry=geometry,
         spec=spec,
@@ -532,41 +746,101 @@ def estimate(
         calibration=cal.load_calibration() if calibration is None else calibration,
         dtype_bytes=dtype_bytes or geometry.dtype_bytes,
     )
-    report = _estimate(ctx, resolved, placement)
-    if override is not None and override > spec.total_bytes:
-        report.notes.append(
-            f"--device-memory {_fmt_gib(override)} is more than the {_fmt_gib(spec.total_bytes)} of DRAM on one "
-            f"{spec.product} ({spec.sku}); the verdict assumes memory the card does not have"
-        )
+    report = _evaluate(ctx, resolved, placement)
     if suggest:
         report.suggestions = _suggestions(ctx, resolved, placement, report)
     return report
 
 
+def observed_case(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> tuple[str, str] | None:
+    """(verdict, citation) when the configuration is one the product document reports on, else None.
+
+    The document's cases: Qwen3-VL-2B in bf16 on RBLN-CR13 with its nominal DRAM, ViT bucket 16384, flash
+    attention with partition 8192 and prefill chunk 512, automatic KV blocks, no memory_budget, num_devices 1,
+    decoder graphs [batch] or the document's [1, 2, 4]."""
+    r = resolved
+    lm_devs, vis_devs = _devices(placement["device"]), _devices(placement.get("visual_device", placement["device"]))
+    if (
+        ctx.usable_source != SOURCE_SPEC
+        or ctx.spec.sku != "RBLN-CR13"
+        or ctx.dtype_bytes != 2
+        or model_key(ctx.geometry) != model_key(QWEN3_VL_2B)
+        or _quant(r)
+        or getattr(r, "use_attention_mask", False)
+        or r.attn_impl != "flash_attn"
+        or r.kvcache_block_size != 8192
+        or r.prefill_chunk_size != 512
+        or r.kvcache_num_blocks
+        or r.memory_budget is not None
+        or list(r.vit_buckets) != [16384]
+        or r.num_devices != 1
+        or r.visual_num_devices != 1
+        or len(lm_devs) != 1
+        or len(vis_devs) != 1
+        or sorted(r.decoder_batch_sizes) not in ([r.batch_size], [1, 2, 4] if r.batch_size == 4 else None)
+    ):
+        return None
+    return OBSERVED.get((r.batch_size, r.max_seq_len, lm_devs == vis_devs))
+
+
+def _evaluate(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryReport:
+    """The estimate, its low / high ranges from the two other scenarios, and a verdict per device."""
+    runs = {s: _estimate(replace(ctx, scenario=s), resolved, placement) for s in SCENARIOS}
+    report = runs["mid"]
+    observed = observed_case(ctx, resolved, placement)
+    for dev in report.devices:
+        others = [run.device(dev.device) for run in runs.values()]
+        for item in dev.items:
+            sizes = [next((i.bytes for i in o.items if i.name == item.name), item.bytes) for o in others]
+            item.low_bytes, item.high_bytes = min(sizes), max(sizes)
+        totals = [o.total_bytes for o in others]
+        dev.total_low_bytes, dev.total_high_bytes = min(totals), max(totals)
+        oks = [o.ok for o in others]
+        dev.verdict = FITS if all(oks) else DOES_NOT_FIT if not any(oks) else UNCERTAIN
+        chip_high = max(o.chiplets["fullest_bytes"] for o in others)
+        chip_low = min(o.chiplets["fullest_bytes"] for o in others)
+        dev.chiplets["fullest_low_bytes"], dev.chiplets["fullest_high_bytes"] = chip_low, chip_high
+        if observed:
+            verdict, source = observed
+            if verdict != dev.verdict:
+                dev.notes.append(
+                    f"the planner alone says {dev.verdict.replace('_', ' ')} (margin "
+                    f"{(dev.usable_bytes - dev.total_high_bytes) / GiB:+.2f} .. "
+                    f"{(dev.usable_bytes - dev.total_low_bytes) / GiB:+.2f} GiB); the observed verdict is kept"
+                )
+            dev.verdict, dev.verdict_source = verdict, "observed: " + source
+        elif dev.verdict == UNCERTAIN:
+            dev.notes.append(
+                f"uncertain: the margin is {(dev.usable_bytes - dev.total_high_bytes) / GiB:+.2f} GiB with every "
+                f"modelled item at its high end and {(dev.usable_bytes - dev.total_low_bytes) / GiB:+.2f} GiB at its "
+                "low end; calibrate with `qvl load-check` on the NPU host, or take a suggestion that fits"
+            )
+        dev.fits = {FITS: True, DOES_NOT_FIT: False, UNCERTAIN: None}[dev.verdict]
+    low_kv, high_kv = runs["low"].kv["num_blocks"], runs["high"].kv["num_blocks"]
+    report.kv["num_blocks_range"] = [min(low_kv, high_kv, report.kv["num_blocks"]), max(low_kv, high_kv)]
+    return report
+
+
 def _estimate(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryReport:
-    g, d, spec = ctx.geometry, ctx.dtype_bytes, ctx.spec
+    """One scenario: the items per device and whether each device fits (``ok``); no verdict, no ranges."""
+    g, spec = ctx.geometry, ctx.spec
     lm_devs = _devices(placement["device"])
     vis_devs = _devices(placement.get("visual_device", placement["device"]))
     n_lm, n_vis = len(lm_devs), len(vis_devs)
+    d = _model_dtype(ctx, resolved)
 
     # LM items (per device; sharded over n_lm devices when num_devices > 1)
-    lp = lm_params(g.text)
-    lm_w = lp["device"] * d
-    lm_weights = MemoryItem(
-        "lm.weights",
-        -(-lm_w // n_lm),
-        True,
-        f"(layers {g.text.num_hidden_layers} x {lp['layer']:,} + norm {lp['norm']:,} + lm_head {lp['lm_head']:,}) "
-        f"params x {d} B" + (f" / {n_lm} devices" if n_lm > 1 else ""),
-        f"{lp['device']:,} params; embed_tokens ({lp['embed_tokens_host']:,} params) stays on the host",
-    )
+    lm_weights = _lm_weights_item(ctx, resolved, n_lm)
     lm_ws_total, lm_ws = _lm_workspace_item(ctx, resolved)
     lm_ws.bytes = -(-lm_ws_total // n_lm)
-    kv = _kv_blocks(ctx, resolved, lm_weights.bytes + lm_ws.bytes, n_lm)
+    mask = _attention_mask_item(ctx, resolved, n_lm)
+    lm_nonkv = lm_weights.bytes + lm_ws.bytes + (mask.bytes if mask else 0)
+    kv = _kv_blocks(ctx, resolved, lm_nonkv, n_lm)
+    kv_d = kv["dtype_bytes"]
     n_blocks = kv["num_blocks"]
     insufficient = kv["outcome"] == "insufficient"
     shown_blocks = resolved.num_min_blocks if insufficient else n_blocks
-    tensor_bytes = kv_tensor_bytes(g, kv["block_size"], shown_blocks, d, n_lm)
+    tensor_bytes = kv_tensor_bytes(g, kv["block_size"], shown_blocks, kv_d, n_lm)
     kv_total = kv["tensors"] * tensor_bytes
     kv["bytes"] = kv_total
     kv_note = {
@@ -578,15 +852,16 @@ def _estimate(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryRepo
         "explicit": f"kvcache_num_blocks={n_blocks} (full {resolved.num_full_blocks})",
         "eager": f"eager: {n_blocks} blocks of max_seq_len (= batch_size)",
     }[kv["outcome"]]
-    per_block = kv_block_bytes_per_tensor(g, kv["block_size"], d, n_lm)
+    per_block = kv_block_bytes_per_tensor(g, kv["block_size"], kv_d, n_lm)
+    dtype_note = {1: "fp8 (kv_caches: fp8)", 2: "bf16", 4: "fp32"}.get(kv_d, f"{kv_d} B")
     lm_kv = MemoryItem(
         "lm.kv_cache",
         kv_total,
         kv["outcome"] != "partial",
         f"2 x {g.text.num_hidden_layers} layers x align_2MiB({shown_blocks} blocks x "
-        f"{-(-g.text.num_key_value_heads // n_lm)} kv_heads x {kv['block_size']} x {g.text.head_dim} x {d} B) "
+        f"{-(-g.text.num_key_value_heads // n_lm)} kv_heads x {kv['block_size']} x {g.text.head_dim} x {kv_d} B) "
         f"= {kv['tensors']} x {tensor_bytes / MiB:.0f} MiB",
-        kv_note + f"; {per_block * kv['tensors'] / MiB:.0f} MiB per block",
+        kv_note + f"; {per_block * kv['tensors'] / MiB:.0f} MiB per block; {dtype_note}",
     )
 
     # ViT items
@@ -595,18 +870,22 @@ def _estimate(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryRepo
     vis_weights = MemoryItem(
         "visual.weights",
         -(-vis_w // n_vis),
-        True,
+        not _quant(resolved),
         f"({g.vision.depth} blocks x {vp['block']:,} + merger {vp['merger']:,} + {g.vision.num_deepstack} deepstack "
         f"mergers {vp['deepstack_mergers']:,}) params x {d} B" + (f" / {n_vis} devices" if n_vis > 1 else ""),
         f"{vp['device']:,} params; patch_embed ({vp['patch_embed_host']:,}) and pos_embed "
-        f"({vp['pos_embed_host']:,}) stay on the host",
+        f"({vp['pos_embed_host']:,}) stay on the host"
+        + ("; fp32: a quantized model is loaded in float32 and the ViT is not quantized" if _quant(resolved) else ""),
     )
+    if _quant(resolved) and ctx.scenario == "low":
+        vis_weights.bytes = -(-vp["device"] * 2 // n_vis)
     vis_ws = _visual_workspace_item(ctx, resolved)
     vis_ws.bytes = -(-vis_ws.bytes // n_vis)
 
+    lm_items = [lm_weights, lm_kv, lm_ws] + ([mask] if mask else [])
     by_dev: dict[int, list[MemoryItem]] = {}
     for dev in lm_devs:
-        by_dev.setdefault(dev, []).extend(replace(i) for i in (lm_weights, lm_kv, lm_ws))
+        by_dev.setdefault(dev, []).extend(replace(i) for i in lm_items)
     for dev in vis_devs:
         by_dev.setdefault(dev, []).extend(replace(i) for i in (vis_weights, vis_ws))
 
@@ -617,8 +896,10 @@ def _estimate(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryRepo
     for dev in sorted(by_dev):
         items = by_dev[dev]
         kv_here = sum(i.bytes for i in items if i.name == "lm.kv_cache")
+        whole = [w for i in items for w in i.whole]
         other = sum(i.bytes for i in items if i.name != "lm.kv_cache")
-        fullest = (per_chiplet_tensors * tensor_bytes if kv_here else 0) + -(-other // chiplets)
+        loads = _chiplet_loads(chiplets, kv["tensors"] if kv_here else 0, tensor_bytes, whole, other - sum(whole))
+        fullest = max(loads)
         usable_chiplet = ctx.usable // chiplets
         chip = {
             "count": chiplets,
@@ -627,19 +908,20 @@ def _estimate(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryRepo
             "free_bytes": usable_chiplet - fullest,
             "fits": fullest <= usable_chiplet,
             "assumption": f"KV tensors whole and round-robin ({per_chiplet_tensors} of {kv['tensors']} on the fullest "
-            "chiplet); weights and workspaces split evenly",
+            "chiplet); single ViT workspace tensors whole (largest first, least-filled chiplet); weights and the "
+            "rest split evenly",
         }
         total = kv_here + other
         has_lm = dev in lm_devs
         has_vis = dev in vis_devs
-        fits = total <= ctx.usable and not (insufficient and has_lm)
+        ok = total <= ctx.usable and chip["fits"] and not (insufficient and has_lm)
         notes: list[str] = []
         if has_lm and insufficient:
             notes.append(
                 f"optimum-rbln's compile fails: 'Insufficient memory for the required KV cache: only {n_blocks} "
                 f"blocks can be allocated, but at least {resolved.num_min_blocks} blocks are required'"
             )
-        elif has_lm and has_vis and not fits and kv["mode"] == "auto":
+        elif has_lm and has_vis and not ok and kv["mode"] == "auto":
             lm_only = sum(i.bytes for i in items if i.name.startswith("lm."))
             vis_only = total - lm_only
             lead = (
@@ -654,36 +936,40 @@ def _estimate(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryRepo
                 f"{_fmt_gib(vis_only)} more, so loading fails with 'Failed to create RBLN runtime ... "
                 "Lack of device memory'"
             )
-        elif has_lm and not fits and kv["mode"] == "auto" and ctx.usable_source == SOURCE_OVERRIDE:
+        elif has_lm and not ok and kv["mode"] == "auto" and ctx.usable_source == SOURCE_OVERRIDE:
             notes.append(
                 f"auto KV sizing aims at optimum-rbln's nominal {_fmt_gib(spec.usable_bytes)}, not the "
                 f"{_fmt_gib(ctx.usable)} given with --device-memory"
             )
-        elif not fits:
+        elif not ok:
             notes.append(
-                f"needs {_fmt_gib(total)} of {_fmt_gib(ctx.usable)} usable: loading fails with "
-                "'Failed to create RBLN runtime ... Lack of device memory'"
+                f"needs {_fmt_gib(total)} of {_fmt_gib(ctx.usable)} usable (fullest chiplet {_fmt_gib(fullest)} of "
+                f"{_fmt_gib(usable_chiplet)}): loading fails with 'Failed to create RBLN runtime ... Lack of device "
+                "memory'"
             )
-        if has_lm and kv["outcome"] == "partial" and fits:
+        if has_lm and kv["outcome"] == "partial" and ok:
             notes.append(
                 f"only {n_blocks} of {resolved.num_full_blocks} full KV blocks: fine for vllm-rbln (it pages blocks); "
                 "optimum-rbln's own generate() can run out of blocks when every row runs long"
             )
-        if not insufficient and abs(ctx.usable - total) < THIN_MARGIN:
+        if total <= ctx.usable and not chip["fits"]:
             notes.append(
-                f"thin margin ({(ctx.usable - total) / GiB:+.2f} GiB): the verdict rests on the modelled workspaces; "
-                "calibrate with `qvl load-check` on the NPU host"
+                f"the fullest chiplet is over ({_fmt_gib(fullest)} of {_fmt_gib(usable_chiplet)}) although the card "
+                "total fits: a single tensor is placed whole on one chiplet"
             )
-        if chip["fits"] != (total <= ctx.usable):
-            notes.append(
-                f"the per-chiplet view disagrees (fullest chiplet {_fmt_gib(fullest)} of {_fmt_gib(usable_chiplet)}): "
-                "optimum-rbln sizes per chiplet, so treat this verdict as uncertain"
-            )
-        devices.append(DeviceMemory(dev, ctx.usable, items, chip, fits, notes))
+        dm = DeviceMemory(dev, ctx.usable, items, chip, ok, notes, ok=ok)
+        devices.append(dm)
     if ctx.usable_source == SOURCE_OVERRIDE:
         report_notes.append(
             f"usable bytes per device from --device-memory ({_fmt_gib(ctx.usable)}); optimum-rbln's own auto KV "
             f"sizing still assumes {_fmt_gib(spec.usable_bytes)}"
+        )
+    if _quant(resolved):
+        q = _quant(resolved)
+        report_notes.append(
+            f"quantization weights={q['weights']} activations={q['activations']} kv_caches={q['kv_caches']}: "
+            "optimum-rbln 0.12 loads a quantized model in float32 (rbln_quantization.get_quantized_model), so the "
+            "unquantized parts, the ViT and a non-fp8 KV cache are fp32; modelled from the source, not measured"
         )
     return MemoryReport(
         npu=spec.sku,
@@ -724,16 +1010,41 @@ def estimate_plan(
     )
 
 
-def ensure_fits(report: MemoryReport | dict[str, Any], *, force: bool = False) -> None:
-    """Raise DoesNotFit (exit 4) when the planner predicts a failure, unless ``force``."""
+def verdict_of(report: MemoryReport | dict[str, Any]) -> str:
     data = report.to_dict() if isinstance(report, MemoryReport) else report
-    if force or data.get("fits") is not False:
+    if data.get("verdict") in (FITS, DOES_NOT_FIT, UNCERTAIN):
+        return data["verdict"]
+    return {True: FITS, False: DOES_NOT_FIT}.get(data.get("fits"), UNCERTAIN)
+
+
+def ensure_fits(report: MemoryReport | dict[str, Any], *, force: bool = False, uncertain_ok: bool = False) -> None:
+    """Raise DoesNotFit (exit 4) when the planner predicts a failure, or cannot tell (``uncertain``) unless
+    ``uncertain_ok``; never with ``force``."""
+    data = report.to_dict() if isinstance(report, MemoryReport) else report
+    verdict = verdict_of(data)
+    if force or verdict == FITS or (verdict == UNCERTAIN and uncertain_ok):
         return
-    over = [d for d in data["devices"] if not d["fits"]]
+    raise DoesNotFit(gate_message(data), fit_hint(data))
+
+
+def gate_message(data: dict[str, Any], lead: str = "the memory planner") -> str:
+    """The one-line reason a gate stops: which devices do not fit, or which are uncertain and by how much."""
+    if verdict_of(data) == DOES_NOT_FIT:
+        over = [d for d in data["devices"] if d.get("verdict", "fits" if d.get("fits") else "") == DOES_NOT_FIT]
+        where = "; ".join(
+            f"device {d['device']} needs {_fmt_gib(d['total_bytes'])} of {_fmt_gib(d['usable_bytes'])}" for d in over
+        )
+        return f"{lead} predicts this will not fit: {where}"
+    unsure = [d for d in data["devices"] if d.get("verdict") == UNCERTAIN]
     where = "; ".join(
-        f"device {d['device']} needs {_fmt_gib(d['total_bytes'])} of {_fmt_gib(d['usable_bytes'])}" for d in over
+        f"device {d['device']} margin {(d['usable_bytes'] - d['total_high_bytes']) / GiB:+.2f} .. "
+        f"{(d['usable_bytes'] - d['total_low_bytes']) / GiB:+.2f} GiB"
+        for d in unsure
     )
-    raise DoesNotFit(f"the memory planner predicts this will not fit: {where}", fit_hint(data))
+    return (
+        f"{lead} cannot tell whether this fits (verdict uncertain: {where}, the modelled items' range straddles "
+        "the limit); --uncertain-ok accepts it"
+    )
 
 
 def fit_hint(data: dict[str, Any], more_where: str = "in `qvl compile --dry-run`") -> str:
@@ -744,9 +1055,9 @@ def fit_hint(data: dict[str, Any], more_where: str = "in `qvl compile --dry-run`
         more = f" ({len(hints) - 1} more {more_where})" if len(hints) > 1 else ""
         return f"try {hints[0]}{more}, or pass --force to compile anyway"
     return (
-        "no single change the planner tries fits (context, batch, ViT bucket, ViT placement, memory_budget): "
-        "see the items per device in `qvl compile --dry-run`, combine changes, or pass --device-memory if the "
-        "card really has more; --force compiles anyway"
+        "no single change the planner tries fits with margin to spare (context, batch, ViT bucket, ViT placement, "
+        "memory_budget): see the items per device in `qvl compile --dry-run`, combine changes, or pass "
+        "--device-memory if the card really has more; --force compiles anyway"
     )
 
 
@@ -763,18 +1074,31 @@ def _with(resolved: Any, **changes: Any) -> Any:
 
 def _summary(report: MemoryReport) -> dict[str, Any]:
     return {
+        "verdict": report.verdict,
         "fits": report.fits,
         "margin_bytes": report.margin_bytes,
+        "margin_low_bytes": report.margin_low_bytes,
         "devices": [
-            {"device": d.device, "total_bytes": d.total_bytes, "free_bytes": d.free_bytes} for d in report.devices
+            {
+                "device": d.device,
+                "verdict": d.verdict,
+                "total_bytes": d.total_bytes,
+                "total_high_bytes": d.total_high_bytes,
+                "free_bytes": d.free_bytes,
+                "free_low_bytes": d.usable_bytes - (d.total_high_bytes or d.total_bytes),
+            }
+            for d in report.devices
         ],
+        "chiplet_margin_low_bytes": min(
+            d.chiplets["usable_per_chiplet_bytes"] - d.chiplets.get("fullest_high_bytes", d.chiplets["fullest_bytes"])
+            for d in report.devices
+        ),
         "kv_blocks": report.kv["num_blocks"],
     }
 
 
 def _sug(kind: str, text: str, sets: list[str], report: MemoryReport, **extra: Any) -> dict[str, Any]:
-    if report.margin_bytes < THIN_MARGIN:
-        text += f" (thin margin: {report.margin_bytes / GiB:.2f} GiB against modelled workspaces)"
+    """A fix is offered only when its own estimate fits in every scenario (margin to spare at the high end)."""
     return {
         "kind": kind,
         "text": text,
@@ -794,9 +1118,9 @@ def _suggestions(ctx: _Ctx, resolved: Any, placement: dict[str, Any], report: Me
     auto = flash and not resolved.kvcache_num_blocks
 
     def run(res: Any = resolved, pl: dict[str, Any] = placement) -> MemoryReport:
-        return _estimate(ctx, res, pl)
+        return _evaluate(ctx, res, pl)
 
-    if report.fits:
+    if report.verdict == FITS:
         if shared and auto and report.kv["outcome"] == "partial":
             sug = _memory_budget_suggestion(ctx, resolved, placement, report, run, vis_devs)
             if sug:

@@ -11,6 +11,24 @@ def _gib(n: float | int | None) -> str:
     return "-" if n is None else f"{n / GiB:.2f}"
 
 
+VERDICT_STYLE = {"fits": "green", "does_not_fit": "red bold", "uncertain": "yellow bold"}
+VERDICT_TEXT = {"fits": "fits", "does_not_fit": "does not fit", "uncertain": "uncertain"}
+
+
+def verdict_of(data: dict[str, Any]) -> str | None:
+    """``verdict`` (fits | does_not_fit | uncertain), read from an older ``fits`` boolean when absent."""
+    if data.get("verdict") in VERDICT_TEXT:
+        return data["verdict"]
+    return {True: "fits", False: "does_not_fit"}.get(data.get("fits"))
+
+
+def _range(item: dict[str, Any]) -> str:
+    low, high = item.get("low_bytes"), item.get("high_bytes")
+    if low is None or high is None or low == high:
+        return ""
+    return f"{_gib(low)}-{_gib(high)}"
+
+
 def _kind(item: dict[str, Any]) -> str:
     if item.get("calibrated"):
         return "calibrated"
@@ -37,6 +55,7 @@ def print_memory(console: Any, report: dict[str, Any] | None, *, show_assumption
         )
         table.add_column("item")
         table.add_column("GiB", justify="right")
+        table.add_column("range", justify="right")
         table.add_column("kind")
         table.add_column("how", overflow="fold")
         for item in dev["items"]:
@@ -45,11 +64,13 @@ def print_memory(console: Any, report: dict[str, Any] | None, *, show_assumption
             table.add_row(
                 item["name"],
                 _gib(item["bytes"]),
+                _range(item),
                 f"[{style}]{kind}[/{style}]" if style else kind,
                 escape(item.get("note") or item.get("formula") or ""),
             )
         table.add_section()
-        table.add_row("[bold]total[/bold]", f"[bold]{_gib(dev['total_bytes'])}[/bold]", "", "")
+        total_range = _range({"low_bytes": dev.get("total_low_bytes"), "high_bytes": dev.get("total_high_bytes")})
+        table.add_row("[bold]total[/bold]", f"[bold]{_gib(dev['total_bytes'])}[/bold]", total_range, "", "")
         console.print(table)
         free = dev.get("free_bytes", usable - dev["total_bytes"])
         chip = dev.get("chiplets") or {}
@@ -57,29 +78,51 @@ def print_memory(console: Any, report: dict[str, Any] | None, *, show_assumption
         if chip:
             chip_text = (
                 f"  [dim](fullest of {chip['count']} chiplets {_gib(chip['fullest_bytes'])} of "
-                f"{_gib(chip['usable_per_chiplet_bytes'])} GiB: {'fits' if chip['fits'] else 'over'})[/dim]"
+                f"{_gib(chip['usable_per_chiplet_bytes'])} GiB at the estimate, up to "
+                f"{_gib(chip.get('fullest_high_bytes', chip['fullest_bytes']))})[/dim]"
             )
-        if dev["fits"]:
-            console.print(f"[green]device {dev['device']}: fits[/green], {free / GiB:.2f} GiB free{chip_text}")
+        verdict = verdict_of(dev) or "uncertain"
+        style = VERDICT_STYLE[verdict]
+        high, low = dev.get("total_high_bytes"), dev.get("total_low_bytes")
+        if high is not None and low is not None and high != low:
+            margin = (
+                f"margin {(usable - high) / GiB:+.2f} .. {(usable - low) / GiB:+.2f} GiB (estimate {free / GiB:+.2f})"
+            )
         else:
-            over = f"over by {-free / GiB:.2f} GiB" if free < 0 else f"{free / GiB:.2f} GiB free but see below"
-            console.print(f"[red bold]device {dev['device']}: does not fit[/red bold], {over}{chip_text}")
+            margin = f"{free / GiB:.2f} GiB free" if free >= 0 else f"over by {-free / GiB:.2f} GiB"
+        console.print(f"[{style}]device {dev['device']}: {VERDICT_TEXT[verdict]}[/{style}], {margin}{chip_text}")
+        source = dev.get("verdict_source") or ""
+        if source.startswith("observed"):
+            console.print(f"  [cyan]•[/cyan] {escape(source)}")
         for note in dev.get("notes") or []:
             console.print(f"  [yellow]•[/yellow] {escape(note)}")
     for note in report.get("notes") or []:
         console.print(f"[yellow]•[/yellow] {escape(note)}")
-    verdict = report.get("fits")
-    if verdict is True:
-        console.print("[green bold]memory: fits[/green bold]")
-    elif verdict is False:
-        console.print("[red bold]memory: does not fit[/red bold]")
+    verdict = verdict_of(report)
+    if verdict:
+        style = VERDICT_STYLE[verdict]
+        console.print(f"[{style}]memory: {VERDICT_TEXT[verdict]}[/{style}]")
+        if verdict == "uncertain":
+            console.print(
+                "[yellow]uncertain: the margin lies inside the range of the modelled items; a dry run exits 4 "
+                "unless --uncertain-ok[/yellow]"
+            )
     suggestions = report.get("suggestions") or []
     if suggestions:
-        console.print("[bold]suggestions[/bold] (each re-estimated; append to the same command):")
+        console.print(
+            "[bold]suggestions[/bold] (each re-estimated and fitting in every scenario; append to the same command):"
+        )
         for i, sug in enumerate(suggestions, 1):
             sets = " ".join(f"--set {s}" for s in sug.get("set") or [])
-            margin = sug.get("margin_bytes")
-            margin_text = f"  [dim]-> fits, {margin / GiB:.2f} GiB free[/dim]" if margin is not None else ""
+            margin = sug.get("margin_low_bytes", sug.get("margin_bytes"))
+            chip = sug.get("chiplet_margin_low_bytes")
+            margin_text = (
+                f"  [dim]-> fits with every modelled item at its high end: >= {margin / GiB:.2f} GiB free"
+                + (f", fullest chiplet >= {chip / GiB:.2f} GiB free" if chip is not None else "")
+                + "[/dim]"
+                if margin is not None
+                else ""
+            )
             console.print(f"  {i}. [bold]{escape(sets)}[/bold]{margin_text}")
             console.print(f"     {escape(sug.get('text', ''))}")
     if show_assumptions:

@@ -1,7 +1,9 @@
 """Model geometry: the numbers every planner needs, read from config.json or built in.
 
-Reading a local config.json is the truth; the built-in table exists so a build host can plan a
-hub id (no downloads ever) before the weights are on disk.
+Reading a local config.json is the truth, for any dense Qwen3-VL size. The built-in table exists so
+a build host can plan a hub id (no downloads ever) before the weights are on disk, and it holds only
+model ids whose config facts are cited below; any other id without a local config.json is refused
+(exit 2) rather than planned with another model's numbers.
 """
 
 from __future__ import annotations
@@ -63,11 +65,7 @@ QWEN3_VL_2B = ModelGeometry(
     text=TextGeometry(2048, 28, 16, 8, 128, 6144, 151936, 262144, True),
     vision=VisionGeometry(depth=24, hidden_size=1024, num_heads=16, intermediate_size=4096, out_hidden_size=2048),
 )
-QWEN3_VL_4B = ModelGeometry(
-    name="Qwen3-VL-4B",
-    text=TextGeometry(2560, 36, 32, 8, 128, 9728, 151936, 262144, True),
-    vision=VisionGeometry(depth=24, hidden_size=1024, num_heads=16, intermediate_size=4096, out_hidden_size=2560),
-)
+# Another Qwen3-VL shape, for tests of the formulas only: its numbers are not cited, so no model id maps to it.
 QWEN3_VL_8B = ModelGeometry(
     name="Qwen3-VL-8B",
     text=TextGeometry(4096, 36, 32, 8, 128, 12288, 151936, 262144, False),
@@ -81,7 +79,14 @@ QWEN3_VL_TINY = ModelGeometry(
     dtype_bytes=4,
 )
 
-BUILTIN = {"2b": QWEN3_VL_2B, "4b": QWEN3_VL_4B, "8b": QWEN3_VL_8B}
+# Hub ids (compared case-insensitively) -> built-in geometry, each with the source of its config facts.
+# Qwen/Qwen3-VL-2B-Instruct config.json: text hidden 2048, 28 layers, 16 heads, 8 kv heads, head_dim 128,
+# intermediate 6144, vocab 151936, max_position_embeddings 262144, tied embeddings; vision depth 24, hidden 1024,
+# 16 heads, intermediate 4096, out_hidden 2048, deepstack [5, 11, 17] (shared/reference/optimum-rbln-0.12-qwen3vl.md
+# section 6; parameter totals checked against transformers 5.15.1 modules in tests/test_memory.py).
+BUILTIN = {"qwen/qwen3-vl-2b-instruct": QWEN3_VL_2B}
+BUILTIN_IDS = {"qwen/qwen3-vl-2b-instruct": "Qwen/Qwen3-VL-2B-Instruct"}
+MOE_MODEL_TYPE = "qwen3_vl_moe"
 
 
 def qvl_home() -> Path:
@@ -153,6 +158,12 @@ def read_model_config(path: Path) -> dict[str, Any]:
         raise InputError(f"{path} has no config.json", "point --model at a Hugging Face model directory") from None
     except (OSError, ValueError) as exc:
         raise InputError(f"{cfg_path}: unreadable config.json ({exc})", "re-download or re-save the model") from None
+    if isinstance(cfg, dict) and cfg.get("model_type") == MOE_MODEL_TYPE:
+        raise InputError(
+            f"{cfg_path}: model_type 'qwen3_vl_moe' (Qwen3-VL-MoE): qvl does not count its expert weights, so it "
+            "refuses to plan or compile it rather than give a wrong memory verdict",
+            "point --model at a dense Qwen3-VL directory (config.json with model_type qwen3_vl, any size)",
+        )
     if not isinstance(cfg, dict) or cfg.get("model_type") != "qwen3_vl":
         got = cfg.get("model_type") if isinstance(cfg, dict) else type(cfg).__name__
         raise InputError(
@@ -162,23 +173,28 @@ def read_model_config(path: Path) -> dict[str, Any]:
     return cfg
 
 
-def load_geometry(model: str) -> tuple[ModelGeometry, list[str]]:
-    """Geometry for a model id or directory, plus warnings about how it was obtained."""
+def load_geometry(model: str, what: str = "--model") -> tuple[ModelGeometry, list[str]]:
+    """Geometry for a model id or directory, plus warnings about how it was obtained.
+
+    ``what`` names where the id came from (``--model`` or the preset's ``model`` key) for the refusal.
+    """
     path = resolve_model_path(model)
     if model == TINY_MODEL_ID and (path is None or not (path / "config.json").is_file()):
         return replace(QWEN3_VL_TINY, source="built-in (tiny model not created yet)"), []
     if path is not None:
         cfg = read_model_config(path)
         return geometry_from_config(cfg, name=path.name, source=str(path / "config.json")), []
-    lowered = model.lower()
-    for key, geom in BUILTIN.items():
-        if f"-{key}" in lowered and "qwen3-vl" in lowered:
-            return replace(geom, source=f"built-in numbers for {geom.name} (no local config.json)"), []
-    warning = (
-        f"no local config.json for model '{model}' and no built-in geometry; planning with Qwen3-VL-2B numbers "
-        "(pass --model DIR for exact figures)"
+    key = model.strip().lower()
+    if key in BUILTIN:
+        geom = BUILTIN[key]
+        return replace(geom, source=f"built-in numbers for {BUILTIN_IDS[key]} (config facts cited in modelinfo.py)"), []
+    ids = ", ".join(BUILTIN_IDS[k] for k in BUILTIN)
+    raise InputError(
+        f"{what}={model!r}: no local config.json and no built-in geometry for it (built-in, with cited config "
+        f"facts: {ids}); qvl does not plan one model with another model's numbers",
+        f"pass {'--model' if what == '--model' else 'model: (or --model)'} DIR, a directory holding the model's "
+        "config.json (e.g. its downloaded snapshot)",
     )
-    return replace(QWEN3_VL_2B, source="built-in Qwen3-VL-2B numbers (fallback)"), [warning]
 
 
 def processor_defaults(model: str) -> dict[str, int]:

@@ -274,14 +274,49 @@ def _bucket_verdicts(plan: Any, buckets: list[int]) -> dict[int, bool | None]:
 
 def _memory_summary(plan: Any) -> dict[str, Any]:
     """The plan's memory verdict, as `compile --dry-run` gives it, in short."""
-    from qwenvl_rbln.memory import estimate_plan
+    from qwenvl_rbln.memory import estimate_plan, fit_hint, gate_message
 
     report = estimate_plan(plan).to_dict()
+    keys = ("device", "verdict", "total_bytes", "total_low_bytes", "total_high_bytes", "usable_bytes", "fits")
     return {
+        "verdict": report["verdict"],
         "fits": report["fits"],
-        "devices": [{k: d[k] for k in ("device", "total_bytes", "usable_bytes", "fits")} for d in report["devices"]],
+        "devices": [{k: d[k] for k in keys} for d in report["devices"]],
         "suggestions": [s["cli"] for s in report.get("suggestions") or []],
+        "gate": None if report["verdict"] == "fits" else gate_message(report),
+        "fix": None if report["verdict"] == "fits" else fit_hint(report),
     }
+
+
+def own_dry_run(preset: str, sets: list[str] | None, model: str | None, extra: str) -> dict[str, Any]:
+    """The memory verdict of a recommended configuration, by its own dry run (the preset, the user's --sets and
+    the recommended ``--set ...`` string applied), so nothing is recommended that `compile --dry-run` refuses."""
+    from qwenvl_rbln.errors import QvlError
+    from qwenvl_rbln.memory import estimate_plan
+    from qwenvl_rbln.plan import build_plan
+
+    added = [part.strip() for part in extra.split("--set") if part.strip()]
+    try:
+        report = estimate_plan(build_plan(preset, [*(sets or []), *added], model=model)).to_dict()
+    except QvlError as exc:
+        return {"verdict": "invalid", "set": added, "reason": exc.one_line(), "fix": None}
+    fix = (report.get("suggestions") or [{}])[0].get("cli")
+    return {"verdict": report["verdict"], "set": added, "reason": None, "fix": fix}
+
+
+def _recommendation_line(console: Any, use: str, own: dict[str, Any] | None) -> None:
+    """'use: --set ...' only for a configuration whose own dry run fits; otherwise say plainly that it does not."""
+    if own is None or own["verdict"] == "fits":
+        console.print(f"use: {use}", markup=False)
+        return
+    what = {
+        "does_not_fit": "does not fit",
+        "uncertain": "is uncertain to fit (verdict uncertain)",
+        "invalid": "is refused by the planner",
+    }[own["verdict"]]
+    extra = f" ({own['reason']})" if own.get("reason") else ""
+    fix = f"; its dry run's first fix: {use} {own['fix']}" if own.get("fix") else ""
+    console.print(f"not recommended as is: {use} {what} in its own dry run{extra}{fix}", markup=False)
 
 
 def summarize(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], int]) -> dict[str, Any]:
@@ -856,11 +891,13 @@ def _print_memory_line(console: Any, mem: dict[str, Any] | None) -> None:
     devices = ", ".join(
         f"device {d['device']} {fmt_bytes(d['total_bytes'])} of {fmt_bytes(d['usable_bytes'])}" for d in mem["devices"]
     )
-    if mem["fits"]:
+    verdict = mem.get("verdict") or {True: "fits", False: "does_not_fit"}.get(mem.get("fits"), "uncertain")
+    if verdict == "fits":
         console.print(f"[dim]memory (whole plan, as compile --dry-run): fits: {devices}[/dim]")
         return
     fix = f"; try {mem['suggestions'][0]}" if mem["suggestions"] else "; see `qvl compile --dry-run`"
-    console.print(f"[red]memory (whole plan): does not fit: {devices}{fix}[/red]")
+    style, text = ("red", "does not fit") if verdict == "does_not_fit" else ("yellow", "uncertain")
+    console.print(f"[{style}]memory (whole plan): {text}: {devices}{fix}[/{style}]")
 
 
 def _print_optimized(console: Any, opt: dict[str, Any], preset: str) -> None:
@@ -908,7 +945,7 @@ def _print_optimized(console: Any, opt: dict[str, Any], preset: str) -> None:
             f"(up to {opt['uncovered_max']:,} patches) and have no bucket in any list",
             markup=False,
         )
-    console.print(f"use: {opt['set']}", markup=False)
+    _recommendation_line(console, opt["set"], opt.get("memory"))
     if not rep:
         console.print(
             f"[dim]with this list qvl caps processor.max_pixels at {opt['processor_max_pixels']:,} px "
@@ -941,7 +978,7 @@ def _print_decoder_optimized(console: Any, do: dict[str, Any]) -> None:
         extra = f" ({b['uncovered_steps']:,} steps do not fit)" if b["uncovered_steps"] else ""
         rows.append(row(label + extra, b))
     print_table(console, cols, rows)
-    console.print(f"use: {do['set']}", markup=False)
+    _recommendation_line(console, do["set"], do.get("memory"))
 
 
 def _print_decoder(console: Any, dec: dict[str, Any], rows_limit: int) -> None:
@@ -1148,10 +1185,13 @@ def run_bucket_plan(
         data["workload"] = wl_info
     if optimize is not None:
         data["optimized"] = optimize_section(items, plan, optimize, max_bucket, cost, planner)
+        data["optimized"]["memory"] = own_dry_run(preset, sets, model, data["optimized"]["set"])
     if batch_trace is not None:
         from qwenvl_rbln.workload import read_batch_trace
 
         dec, _ = decoder_section(read_batch_trace(batch_trace), plan, optimize_decoder)
+        if dec.get("optimized"):
+            dec["optimized"]["memory"] = own_dry_run(preset, sets, model, dec["optimized"]["set"])
         data["decoder"] = dec
     return data, [*plan.warnings, *_skip_warnings(expansion)]
 
@@ -1206,6 +1246,11 @@ def register(app: typer.Typer) -> None:
             help="One ViT call per image / temporal patch (today's optimum-rbln); default: each request's segments "
             "packed into shared calls, unless the preset says runtime.vit_packing: false.",
         ),
+        uncertain_ok: bool = typer.Option(
+            False,
+            "--uncertain-ok",
+            help="Accept a memory verdict of 'uncertain' for the plan (exit 0 instead of 4), as compile --dry-run.",
+        ),
         as_json: bool = JsonOpt,
     ) -> None:
         """Where each image / video frame lands in the ViT buckets, its padding and compute, and the best buckets
@@ -1232,3 +1277,13 @@ def register(app: typer.Typer) -> None:
         if line:
             render.err().print(line, markup=False, highlight=False)
             raise SystemExit(2)
+        mem = data["summary"].get("memory") or {}
+        if mem.get("verdict") == "does_not_fit" or (mem.get("verdict") == "uncertain" and not uncertain_ok):
+            from qwenvl_rbln.errors import DoesNotFit
+
+            raise DoesNotFit(  # the same CI gate as compile --dry-run: exit 4
+                f"bucket-plan: {mem['gate']}",
+                mem["fix"].replace(
+                    "in `qvl compile --dry-run`", "in `qvl compile --dry-run` or the JSON summary.memory"
+                ),
+            )

@@ -69,6 +69,12 @@ def register(app: typer.Typer) -> None:
         device_memory: str = typer.Option(
             None, "--device-memory", help="Usable bytes per NPU you measured, e.g. 120GiB."
         ),
+        uncertain_ok: bool = typer.Option(
+            False,
+            "--uncertain-ok",
+            help="Accept a memory verdict of 'uncertain' (the margin lies inside the modelled items' range): "
+            "exit 0 instead of 4.",
+        ),
         as_json: bool = JsonOpt,
     ) -> None:
         """Compile Qwen3-VL with a preset (optimum-rbln on an RBLN host, transformers for backend torch)."""
@@ -94,19 +100,25 @@ def register(app: typer.Typer) -> None:
                 console.print("[dim]dry run: nothing was compiled[/dim]")
 
             gate = None
-            if memory.fits is False:  # a dry run is also a CI gate: exit 4 when it would not fit
+            # A dry run is also a CI gate: exit 4 when it would not fit, and when the planner cannot tell
+            # (verdict uncertain) unless --uncertain-ok accepts that.
+            if memory.verdict == "does_not_fit" or (memory.verdict == "uncertain" and not uncertain_ok):
                 from qwenvl_rbln.errors import DoesNotFit
-                from qwenvl_rbln.memory import fit_hint
+                from qwenvl_rbln.memory import fit_hint, gate_message
 
                 where = "in the JSON's memory.suggestions" if as_json else "above"
                 gate = DoesNotFit(
-                    "dry run: the memory planner predicts this configuration will not fit",
+                    "dry run: " + gate_message(data["memory"]).replace("predicts this", "predicts this configuration"),
                     fit_hint(data["memory"], where),
                 )
             render.emit({**data, "dry_run": True}, as_json=as_json, human=human, error=gate)
             if gate is not None:
                 raise gate
             return
+        if memory.verdict == "uncertain" and not (uncertain_ok or force):
+            from qwenvl_rbln.memory import ensure_fits
+
+            ensure_fits(memory)  # exit 4 before a long compile whose load the planner cannot vouch for
         from qwenvl_rbln.compile_job import run_compile
 
         result = run_compile(plan, memory, force=force, cache_dir=cache_dir, use_cache=not no_cache, as_json=as_json)
