@@ -17,7 +17,7 @@ from qwenvl_rbln.compile_job import run_compile
 from qwenvl_rbln.errors import DoesNotFit
 from qwenvl_rbln.plan import build_plan
 from tests.fakes_rbln import TINY_CONFIG, install, make_auto, run_main, temp_entries, write_hf_model
-from tests.helpers_cli import REPO, run_qvl
+from tests.helpers_cli import REPO, Result, run_qvl
 
 
 @pytest.fixture
@@ -29,9 +29,16 @@ def _compile_argv(preset, model, out, cache, *extra):
     return ["compile", "--preset", preset, "--model", str(model), "-o", str(out), "--cache-dir", str(cache), *extra]
 
 
+HIDE_OPTIMUM_RBLN = "import sys; sys.modules['optimum.rbln'] = None; sys.modules['rebel'] = None; "
+
+
 def test_missing_optimum_rbln_exit_3_one_line_nothing_created(tmp_path):
+    """optimum-rbln is installed in the dev venv (the emulator runs it): its absence is simulated."""
     out = tmp_path / "sub" / "out"
-    r = run_qvl("compile", "--preset", "rebel100-1npu", "-o", str(out), cwd=tmp_path)
+    code = HIDE_OPTIMUM_RBLN + "from qwenvl_rbln.entry import main; sys.argv[0] = 'qvl'; main()"
+    argv = [sys.executable, "-c", code, "compile", "--preset", "rebel100-1npu", "-o", str(out)]
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    r = Result(proc.returncode, proc.stdout, proc.stderr)
     assert r.exit_code == 3, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("qvl: error: optimum-rbln")
