@@ -194,3 +194,31 @@ def test_a_flag_given_a_value_points_at_its_own_commands_help(capsys):
     assert "--dry-run is a flag" in err and "`qvl compile --help`" in err
     code, _, err = run_main(["presets", "list", "--json=1"], capsys)
     assert code == 2 and "`qvl presets list --help`" in err
+
+
+# --- defaults never cross projects -----------------------------------------------------------------------------
+
+
+def test_the_last_compile_is_remembered_per_working_directory(tiny, tmp_path, monkeypatch, capsys):
+    """`qvl load-check` in another folder once checked this folder's artifact and said ok."""
+    a, b = tmp_path / "project-a", tmp_path / "project-b"
+    a.mkdir()
+    b.mkdir()
+    monkeypatch.chdir(a)
+    code, _, err = run_main(["compile", "--preset", "cpu-tiny", "--no-cache"], capsys)
+    assert code == 0, err
+    code, out, err = run_main(["load-check", "--no-runtime", "--json"], capsys)
+    assert code == 0, err
+    assert Path(json.loads(out)["artifact_dir"]) == a / "qvl-out" / "cpu-tiny"
+    monkeypatch.chdir(b)
+    for command in (["load-check", "--no-runtime"], ["infer", "--prompt", "hi"]):
+        code, _, err = run_main(command, capsys)
+        assert code == 2, err
+        assert str(a) not in err and "no artifacts at qvl-out/rebel100-1npu " in err
+        assert f"`qvl {command[0]} DIR ...`" in err
+
+
+def test_load_check_help_states_the_rule_infer_follows(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")
+    out = " ".join(_help(["load-check"], capsys).split())
+    assert "as for `qvl infer`" in out and "last `qvl compile` run from this working directory" in out

@@ -547,13 +547,19 @@ def register(app: typer.Typer) -> None:
     @app.command("load-check")
     def load_check(
         directory: Path = typer.Argument(
-            None, metavar="DIR", help="Artifact directory (default: the preset's output_dir).", show_default=False
+            None,
+            metavar="DIR",
+            help="Artifact directory. Default, as for `qvl infer`: with --preset P, P's output_dir; else the "
+            "directory the last `qvl compile` run from this working directory wrote (if deleted: its preset's "
+            f"output_dir); with no compile recorded here, {DEFAULT_PRESET}'s output_dir.",
+            show_default=False,
         ),
         preset: str = typer.Option(
             None,
             "--preset",
             "-p",
-            help=f"Preset whose output_dir is checked when DIR is omitted (default {DEFAULT_PRESET}).",
+            help="Preset whose output_dir is checked when DIR is omitted, and whose placement is the fallback "
+            "when the artifact records none.",
         ),
         device: str = typer.Option(
             None,
@@ -581,19 +587,18 @@ def register(app: typer.Typer) -> None:
         from qwenvl_rbln import render
 
         fallback = None
-        if directory is None and preset is None:
-            from qwenvl_rbln.artifacts import last_compile
+        if directory is None:  # exactly the rule `qvl infer` follows (inference.runner.default_directory)
+            from qwenvl_rbln.inference.runner import default_directory
 
-            last = last_compile()  # the directory the latest `qvl compile` wrote
-            if last is not None:
-                directory, preset = Path(last["output_dir"]), last["preset"]
-        if directory is None or preset is not None:
+            directory, used, notes = default_directory(preset, [], command="load-check")
+            for line in notes:
+                render.warn(line)
+            preset = preset or used
+        if preset is not None:
             from qwenvl_rbln.plan import build_plan
 
-            plan = build_plan(preset or DEFAULT_PRESET)
+            plan = build_plan(preset)
             fallback = {"preset": plan.preset, "placement": plan.placement}
-            if directory is None:
-                directory = Path(plan.output_dir)
         report, error = run_load_check(
             directory,
             device=parse_device(device, "--device"),

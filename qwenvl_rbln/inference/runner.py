@@ -232,11 +232,15 @@ def _preset_output_dir(preset: str, sets: list[str]) -> Path:
     return user_path(build_plan(preset, sets).output_dir, "output_dir")
 
 
-def default_directory(preset: str | None, sets: list[str]) -> tuple[Path, str | None, list[str]]:
-    """(directory, the preset to fall back on, warnings) when no DIR is given.
+def default_directory(
+    preset: str | None, sets: list[str], command: str = "infer"
+) -> tuple[Path, str | None, list[str]]:
+    """(directory, the preset to fall back on, warnings) when no DIR is given: the one rule `infer` and
+    `load-check` share (``command`` only names the one that asked, in the fixes).
 
-    ``--preset P``: P's output_dir. Else the last compile's directory; when it is gone, the output_dir of the
-    preset that compile used (never an unrelated default); with no compile recorded, rebel100-1npu's.
+    ``--preset P``: P's output_dir. Else the directory the last ``qvl compile`` run from this working directory
+    wrote; when it is gone, the output_dir of the preset that compile used (never an unrelated default); with no
+    compile recorded here, rebel100-1npu's.
     """
     record = None if preset is not None else _last_compile_record()
     if record and Path(record["output_dir"]).is_dir():
@@ -248,13 +252,15 @@ def default_directory(preset: str | None, sets: list[str]) -> tuple[Path, str | 
         if not directory.is_dir():
             raise InputError(
                 f"no artifacts: {gone}, and neither does {directory} (preset {name}'s output_dir)",
-                f"compile again: `qvl compile --preset {name}`, or pass the artifact directory: `qvl infer DIR ...`",
+                f"compile again: `qvl compile --preset {name}`, or pass the artifact directory: "
+                f"`qvl {command} DIR ...`",
             )
         return directory, name, [f"{gone}: running {directory} (preset {name}'s output_dir)"]
     if not directory.exists():
         raise InputError(
             f"no artifacts at {directory} (the output_dir of preset {name})",
-            f"compile them first: `qvl compile --preset {name}`, or pass the artifact directory: `qvl infer DIR ...`",
+            f"compile them first: `qvl compile --preset {name}`, or pass the artifact directory: "
+            f"`qvl {command} DIR ...`",
         )
     return directory, name, []
 
