@@ -294,7 +294,9 @@ def parse_flags(tokens: Sequence[str]) -> list[tuple[str, str | None, int, int]]
         tok = tokens[i]
         if tok.startswith("-") and not _is_number(tok):
             name, eq, value = tok.partition("=")
-            name = name.replace("_", "-") if name.startswith("--") else name
+            if name.startswith("--"):  # the flag's own name, not a dotted JSON key after it
+                head, dot, key = name.partition(".")
+                name = head.replace("_", "-") + dot + key
             if eq:
                 out.append((name, value, i, 1))
             elif i + 1 < len(tokens) and (not tokens[i + 1].startswith("-") or _is_number(tokens[i + 1])):
