@@ -206,7 +206,26 @@ class _Checker:
         self.loaded = loaded
 
     def fail(self, key: str, message: str, hint: str) -> None:
-        raise InputError(f"{self.loaded.source_of(key)}: {message}", hint)
+        raise InputError(f"{self.origin(key, message)}: {message}", hint)
+
+    def origin(self, key: str, message: str) -> str:
+        """Where the problem comes from: the latest of the key's source and the sources of the other keys the
+        message names, ``--set`` first, then the preset given (``--set kvcache_partition_len=3000`` breaks the
+        base file's max_seq_len: that is --set's problem, not the base file's)."""
+        import re
+
+        from qwenvl_rbln.presets import display_path
+
+        own = self.loaded.source_of(key)
+        named = {own}
+        for dotted, source in self.loaded.sources.items():
+            name = dotted.removeprefix("rbln_config.")
+            if re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", message):
+                named.add(source)
+        for source in ("--set", display_path(self.loaded.path)):
+            if source in named:
+                return source
+        return own
 
     def int_(self, key: str, value: Any, *, minimum: int | None = None, allowed: str = "") -> int:
         if isinstance(value, bool) or not isinstance(value, int):

@@ -428,6 +428,11 @@ def _display(path: Path) -> str:
         return str(path)
 
 
+def display_path(path: Path) -> str:
+    """A preset file as errors name it (the spelling ``LoadedPreset.sources`` records)."""
+    return _display(path)
+
+
 def check_keys(data: dict[str, Any], origin: str) -> None:
     """Top-level and fixed-schema sections; rbln_config keys are checked by plan.py against optimum-rbln."""
     for key in data:
@@ -450,6 +455,16 @@ def check_keys(data: dict[str, Any], origin: str) -> None:
                 raise InputError(f"{origin}: unknown key '{section}.{key}'", hint)
 
 
+def _first_missing(data: dict[str, Any], route: list[str]) -> int:
+    """Index of the first mapping on ``route`` that ``data`` does not have yet (``len(route)`` if all exist)."""
+    node: Any = data
+    for i, part in enumerate(route[:-1]):
+        if not isinstance(node, dict) or part not in node:
+            return i
+        node = node[part]
+    return len(route)
+
+
 def load_preset(ref: str, sets: list[str] | None = None) -> LoadedPreset:
     """Load a preset by name or path, apply ``extends:`` then ``--set`` overrides."""
     path = resolve_ref(ref)
@@ -467,7 +482,10 @@ def load_preset(ref: str, sets: list[str] | None = None) -> LoadedPreset:
                 f"keep only --set {dotted.removeprefix('rbln_config.')}=...",
             )
         spelled[dotted] = renamed
+        fresh = _first_missing(data, route)
         _assign(data, route, value, "--set")
+        for i in range(fresh, len(route) - 1):  # mappings this --set created are its own, not the file's
+            sources[".".join(route[: i + 1])] = "--set"
         for key in [k for k in sources if k == dotted or k.startswith(dotted + ".")]:
             del sources[key]
         if isinstance(value, dict):

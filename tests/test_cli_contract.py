@@ -222,3 +222,24 @@ def test_load_check_help_states_the_rule_infer_follows(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "300")
     out = " ".join(_help(["load-check"], capsys).split())
     assert "as for `qvl infer`" in out and "last `qvl compile` run from this working directory" in out
+
+
+# --- errors name their origin ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("foo.bar=1", "unknown rbln_config key 'rbln_config.foo'"),
+        ("kvcache_partition_len=3000", "must be a multiple of kvcache_partition_len (3000)"),
+    ],
+)
+def test_a_problem_a_set_causes_names_set_not_the_preset_file(value, needle, tmp_path, capsys):
+    code, _, err = run_main(["compile", "--dry-run", "--set", value], capsys)
+    assert code == 2 and err.startswith("qvl: error: --set: ") and needle in err, err
+    assert "rebel100-1npu.yaml" not in err
+    own = tmp_path / "mine.yaml"  # the same value written in a preset file is that file's problem
+    key, raw = value.split("=")
+    own.write_text(f"extends: rebel100-1npu\nrbln_config:\n  {key.replace('.', ': {')}: {raw}{'}' * key.count('.')}\n")
+    code, _, err = run_main(["compile", "--dry-run", "--preset", str(own)], capsys)
+    assert code == 2 and err.startswith(f"qvl: error: {own}: ") and needle in err, err
