@@ -753,11 +753,14 @@ def estimate(
 
 
 def observed_case(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> tuple[str, str] | None:
-    """(verdict, citation) when the configuration is one the product document reports on, else None.
+    """(verdict, citation) when the product document's observations decide the configuration, else None.
 
     The document's cases: Qwen3-VL-2B in bf16 on RBLN-CR13 with its nominal DRAM, ViT bucket 16384, flash
-    attention with partition 8192 and prefill chunk 512, automatic KV blocks, no memory_budget, num_devices 1,
-    decoder graphs [batch] or the document's [1, 2, 4]."""
+    attention with partition 8192 and prefill chunk 512, automatic (or the full) KV blocks, no memory_budget,
+    num_devices 1 (OBSERVED). A configuration of the same kind that needs no more memory than one observed to
+    fit (batch, context, largest ViT bucket and decoder graphs all at most its) fits; one that needs at least as
+    much as the one observed to fail (batch >= 4 at the full 262144 context beside a ViT bucket >= 16384) fails.
+    Smaller ViT buckets beside the largest add no buffer (one .rbln, the largest decides)."""
     r = resolved
     lm_devs, vis_devs = _devices(placement["device"]), _devices(placement.get("visual_device", placement["device"]))
     if (
@@ -770,17 +773,36 @@ def observed_case(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> tuple[
         or r.attn_impl != "flash_attn"
         or r.kvcache_block_size != 8192
         or r.prefill_chunk_size != 512
-        or r.kvcache_num_blocks
+        or r.kvcache_num_blocks not in (0, r.num_full_blocks)  # an explicit full count compiles the same pool
         or r.memory_budget is not None
-        or list(r.vit_buckets) != [16384]
         or r.num_devices != 1
         or r.visual_num_devices != 1
         or len(lm_devs) != 1
         or len(vis_devs) != 1
-        or sorted(r.decoder_batch_sizes) not in ([r.batch_size], [1, 2, 4] if r.batch_size == 4 else None)
     ):
         return None
-    return OBSERVED.get((r.batch_size, r.max_seq_len, lm_devs == vis_devs))
+    shared, top = lm_devs == vis_devs, max(r.vit_buckets)
+    exact = list(r.vit_buckets) == [16384]
+    for (batch, length, on_one_card), (verdict, source) in OBSERVED.items():
+        if on_one_card != shared:
+            continue
+        graphs = {1} if batch == 1 else {1, 2, 4}
+        same = exact and r.batch_size == batch and r.max_seq_len == length and set(r.decoder_batch_sizes) <= graphs
+        if same:
+            return verdict, source
+        if verdict == FITS:
+            smaller = r.batch_size <= batch and r.max_seq_len <= length and top <= 16384
+            if smaller and set(r.decoder_batch_sizes) <= graphs:
+                return verdict, (
+                    f"{source} (this configuration needs no more memory: batch {r.batch_size} <= {batch}, "
+                    f"max_seq_len {r.max_seq_len} <= {length}, largest ViT bucket {top} <= 16384)"
+                )
+        elif r.batch_size >= batch and r.max_seq_len >= length and top >= 16384:
+            return verdict, (
+                f"{source} (this configuration needs at least as much: batch {r.batch_size} >= {batch}, "
+                f"max_seq_len {r.max_seq_len}, largest ViT bucket {top} >= 16384)"
+            )
+    return None
 
 
 def _evaluate(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryReport:

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from qwenvl_rbln import buckets as bk
 from qwenvl_rbln import render
 from qwenvl_rbln.cli import app
-from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.errors import DoesNotFit, InputError
 from qwenvl_rbln.modelinfo import QWEN3_VL_2B
 from tests.helpers_cli import run_qvl
 
@@ -462,14 +462,18 @@ def test_each_bucket_says_whether_the_whole_plan_fits_with_it_as_the_largest():
     """Issue: memory per bucket in bucket-plan. Batch 4 at 262144 does not fit beside a 16384 ViT bucket; the
     summary carries the plan's verdict and the planner's first fix, as `compile --dry-run` does."""
     sets = ["--set", "max_seq_len=262144", "--set", "visual.max_seq_len=[1024,4096,16384]"]
-    code, data = _json("--preset", "rebel100-1npu-batch4", *sets, "--size", "1920x1080")
-    assert code == 0
+    r = _invoke("--preset", "rebel100-1npu-batch4", *sets, "--size", "1920x1080", "--json")
+    assert isinstance(r.exception, DoesNotFit), r.exception  # the plan does not fit: exit 4, as compile --dry-run
+    data = json.loads(r.stdout)
     verdicts = {r["bucket"]: r["plan_fits_with_this_as_largest"] for r in data["summary"]["buckets"]}
     assert verdicts == {1024: True, 4096: True, 16384: False}
     mem = data["summary"]["memory"]
     assert mem["fits"] is False and mem["devices"][0]["device"] == 0 and not mem["devices"][0]["fits"]
-    assert mem["suggestions"][0] == "--set max_seq_len=253952"
+    assert mem["verdict"] == "does_not_fit" and mem["devices"][0]["verdict"] == "does_not_fit"
+    assert mem["suggestions"][0] == "--set max_seq_len=163840"
     code, data = _json("--preset", "rebel100-1npu", "--size", "1920x1080")
+    assert code == 0
     assert data["summary"]["memory"]["fits"] is True and data["summary"]["memory"]["suggestions"] == []
     result = _invoke("--preset", "rebel100-1npu-batch4", *sets, "--size", "1920x1080")
-    assert "memory (whole plan): does not fit" in result.stdout and "try --set max_seq_len=253952" in result.stdout
+    assert isinstance(result.exception, DoesNotFit)
+    assert "memory (whole plan): does not fit" in result.stdout and "try --set max_seq_len=163840" in result.stdout
