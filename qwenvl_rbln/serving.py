@@ -472,7 +472,7 @@ def placement(art: Artifact, device: Any, visual_device: Any, preset_placement: 
 
 
 def _served_name(art: Artifact) -> str:
-    model = (art.manifest or {}).get("model") if isinstance((art.manifest or {}).get("model"), dict) else {}
+    model = (art.manifest or {}).get("model")
     ident = model.get("id") if isinstance(model, dict) else None
     if isinstance(ident, str) and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", ident):
         return ident

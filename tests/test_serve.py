@@ -91,7 +91,7 @@ def dry(argv: list[str], capsys) -> dict:
 def refused(argv: list[str], capsys, code: int = 2) -> str:
     got, out, err = run_main(argv, capsys)
     assert got == code, (got, out, err)
-    lines = [line for line in err.strip().splitlines() if not line.startswith("warning:")]
+    lines = [line for line in err.strip().splitlines() if not line.startswith(("warning:", "qvl: exec "))]
     assert len(lines) == 1 and lines[0].startswith("qvl: error:"), err
     assert "fix:" in lines[0] and "Traceback" not in err
     return lines[0]
@@ -613,3 +613,13 @@ def test_serve_packing_switches(art, tmp_path, capsys, monkeypatch, no_exec):
     assert dry(["serve", str(art), "--preset", str(preset), "--vit-packing"], capsys)["env"][serving.PACKING_ENV] == "1"
     monkeypatch.setenv("VLLM_PLUGINS", f"rbln,{serving.PLUGIN_NAME}")
     assert "VLLM_PLUGINS" not in dry(["serve", str(art)], capsys)["env"]  # already allowed: left alone
+
+
+def test_a_vllm_that_cannot_start_is_one_line(art, capsys, monkeypatch, stand_in):
+    def broken(*args, **kwargs):
+        raise OSError(8, "Exec format error")
+
+    monkeypatch.setattr(os, "execvpe", broken)
+    monkeypatch.setenv("PATH", stand_in.env["PATH"])
+    line = refused(["serve", str(art)], capsys, code=3)
+    assert "could not be started" in line and "Exec format error" in line

@@ -24,7 +24,7 @@ DirArg = typer.Argument(
 )
 PassThrough = typer.Argument(
     None,
-    metavar="[-- VLLM_ARGS...]",
+    metavar="[-- VLLM_ARGS]",
     help="Anything after `--` goes to vllm unchanged (conflicts are refused).",
     show_default=False,
 )
@@ -73,11 +73,16 @@ def _run(launch: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> N
         render.emit(launch.to_dict(), as_json=as_json, human=human)
         return
     env = launch.exec_env(os.environ)
-    serving.find_vllm(env)
+    found = serving.find_vllm(env)
     render.info(f"qvl: exec {shlex.join(launch.argv)}")
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execvpe(launch.argv[0], launch.argv, env)
+    try:
+        os.execvpe(launch.argv[0], launch.argv, env)
+    except OSError as exc:  # found but not runnable (bad interpreter line, no permission)
+        from qwenvl_rbln.errors import DependencyMissing
+
+        raise DependencyMissing(f"`vllm` ({found}) could not be started: {exc}", serving.VLLM_INSTALL_HINT) from None
 
 
 def register(app: typer.Typer) -> None:
@@ -105,6 +110,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JsonOpt,
     ) -> None:
         """Serve a compiled artifact with vllm-rbln (OpenAI API), after checking it: `vllm serve DIR ...`."""
+        import os
+
         from qwenvl_rbln import serving
         from qwenvl_rbln.commands.load_check_cmd import parse_device
 
@@ -120,8 +127,6 @@ def register(app: typer.Typer) -> None:
             vit_packing=vit_packing,
             extra=extra,
         )
-        import os
-
         launch, warnings = serving.serve_command(opts, os.environ)
         _run(launch, warnings, dry_run=dry_run, as_json=as_json)
 
