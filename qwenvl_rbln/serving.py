@@ -246,6 +246,15 @@ def preflight(directory: Path, *, verify_hashes: bool = True) -> Artifact:
             "compiled graph named by rbln_config.json)",
             f"restore the files or {RECOMPILE}",
         )
+    from qwenvl_rbln.emulator.graph import is_emulated_file  # reads a safetensors header only
+
+    emulated = [rel for rel in graphs if is_emulated_file(root / rel)]
+    if emulated:
+        raise InputError(
+            f"{root}: {', '.join(emulated[:3])} {'was' if len(emulated) == 1 else 'were'} written by qvl's CPU "
+            "emulator, not compiled for an NPU; vllm-rbln cannot run it",
+            "compile it for real on an RBLN host (`qvl compile --preset P`, without --emulate) and serve that",
+        )
     _ok(checks, "graph files", ", ".join(graphs))
     for what, groups in PROCESSOR_GROUPS:
         if _missing_group(root, groups):

@@ -267,6 +267,16 @@ def test_emulated_artifact_is_refused(tmp_path, plans, capsys, no_exec):
     assert "emulated" in refused(["bench-serve", str(root)], capsys)
 
 
+def test_emulated_graph_without_a_manifest_is_refused(tmp_path, plans, capsys, no_exec):
+    from qwenvl_rbln.emulator.graph import FORMAT
+
+    root = make_artifact(tmp_path / "emu", plans["rebel100-1npu"], manifest=False)
+    header = json.dumps({"__metadata__": {"format": FORMAT, "emulated": "true"}}).encode()
+    (root / "prefill.rbln").write_bytes(len(header).to_bytes(8, "little") + header)
+    line = refused(["serve", str(root), "--dry-run"], capsys)
+    assert "prefill.rbln was written by qvl's CPU emulator" in line
+
+
 def test_chat_template_inside_tokenizer_config_is_enough(tmp_path, plans, capsys, no_exec):
     root = make_artifact(tmp_path / "art", plans["rebel100-1npu"], manifest=False)
     (root / "chat_template.jinja").unlink()
