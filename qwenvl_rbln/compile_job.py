@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -57,6 +58,18 @@ def _fits(memory: Any) -> bool | None:
         return None
     value = memory.get("fits") if isinstance(memory, dict) else getattr(memory, "fits", None)
     return value if isinstance(value, bool) else None
+
+
+EMULATION_NOTE = (
+    "optimum-rbln's real compile ran against qvl's CPU emulator of rebel: graphs are traced torch graphs, not NPU "
+    "graphs; this proves glue and host logic, never NPU numerics, memory or compile errors"
+)
+
+
+def _emulated() -> bool:
+    from qwenvl_rbln import emulator
+
+    return emulator.is_active()
 
 
 def refuse_if_not_fit(plan: Any, memory: Any, force: bool) -> None:
@@ -210,6 +223,9 @@ def _run(
         progress.stage("hashing model files", str(local) if local else f"{plan.model_id} (hub id, not hashed)")
         model_fp = artifacts.model_fingerprint(plan.model_id, local)
         versions = artifacts.collect_versions()
+        emulated = plan.backend == "rbln" and _emulated()
+        if emulated:  # part of the cache key and the manifest: never mistaken for a real NPU compile
+            versions["rebel-compiler"] = f"emulated by qvl ({sys.modules['rebel'].__version__})"
         cache_root = user_path(cache_dir, "cache dir").absolute() if cache_dir else artifacts.default_cache_dir()
         key: str | None = None
         cache_note: str | None
@@ -255,6 +271,9 @@ def _run(
                     },
                     "stages": list(progress.stages),
                 }
+                if emulated:
+                    extra["emulated"] = True
+                    extra["emulation"] = EMULATION_NOTE
                 manifest = artifacts.manifest_for_plan(
                     plan, model=model_fp, versions=versions, cache_key=key, timings=progress.timings(), extra=extra
                 )
@@ -275,6 +294,8 @@ def _run(
         summary = f"reused the cached compile {key} for preset {plan.preset} -> {target} in {elapsed} (cache hit)"
     else:
         what = "compiled" if plan.backend == "rbln" else "prepared (torch backend: copied, nothing to compile)"
+        if emulated:
+            what = "compiled on the CPU emulator (emulated: no NPU compile ran)"
         cache_txt = (
             f"cache miss, stored as {key}"
             if stored

@@ -91,7 +91,11 @@ def model_class(model_cls: Any = None) -> Any:
         return model_cls
     check_dependencies()
     try:
-        module = importlib.import_module("optimum.rbln")
+        from qwenvl_rbln import emulator
+
+        quiet = emulator.quiet_optimum_import() if emulator.is_active() else contextlib.nullcontext()
+        with quiet:
+            module = importlib.import_module("optimum.rbln")
         return getattr(module, AUTO_CLASS)
     except ImportError as exc:
         name = getattr(exc, "name", None) or str(exc)
@@ -109,6 +113,74 @@ def _first_line(exc: BaseException) -> str:
 def _debug_traceback() -> None:
     if os.environ.get("QVL_DEBUG"):
         traceback.print_exc(file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------------- emulation
+
+
+def use_emulator(flag: bool = False, flag_name: str = "--emulate") -> bool:
+    """Serve qvl's CPU emulator as ``rebel`` when asked (``flag`` or QVL_EMULATE_NPU=1); True when it is active.
+
+    InputError (exit 2) when a real rebel-compiler is importable: two rebels in one process is a trap.
+    """
+    from qwenvl_rbln import emulator
+
+    if emulator.requested(flag):
+        emulator.activate(flag_name)
+    return emulator.is_active()
+
+
+def artifact_problem(root: Path, cfg: dict[str, Any], manifest: dict[str, Any] | None, graphs: dict) -> Any:
+    """The InputError that stops loading ``root`` here, or None.
+
+    An emulated artifact (manifest ``emulated: true`` or emulated graph files) needs the emulator; the emulator
+    runs only graph files it wrote, unmodified; an artifact from another optimum-rbln version is refused
+    (optimum-rbln rejects or misreads another version's rbln_config.json).
+    """
+    from importlib import metadata
+
+    from qwenvl_rbln import emulator
+    from qwenvl_rbln.emulator import graph as emulated_graph
+    from qwenvl_rbln.errors import InputError
+
+    root = Path(root)
+    files = [root / info["file"] for info in graphs.values() if (root / info["file"]).is_file()]
+    marked = bool(manifest and manifest.get("emulated") is True) or any(
+        emulated_graph.is_emulated_file(f) for f in files
+    )
+    if emulator.is_active():
+        if not marked:
+            return InputError(
+                f"{root} holds NPU graphs that qvl's emulator did not write, so --emulate cannot run them",
+                "drop --emulate (and unset QVL_EMULATE_NPU) and run it on an RBLN host",
+            )
+        for f in files:
+            problem = emulated_graph.check_file(f)
+            if problem:
+                return InputError(
+                    f"{f}: the emulator refuses this graph file: it {problem}",
+                    "recompile the artifact with `qvl compile --emulate --force` (graph files are never executed "
+                    "as code, only read back)",
+                )
+    elif marked:
+        return InputError(
+            f"{root} was compiled by qvl's CPU emulator (qvl-manifest.json emulated: true): it holds no NPU graphs",
+            "run it on the CPU with --emulate, or compile it for real on an RBLN host (`qvl compile` without "
+            "--emulate)",
+        )
+    version = cfg.get("optimum_rbln_version")
+    try:
+        installed = metadata.version("optimum-rbln")
+    except metadata.PackageNotFoundError:
+        installed = None
+    if isinstance(version, str) and installed and version != installed:
+        return InputError(
+            f"{root / 'rbln_config.json'}: compiled with optimum-rbln {version}, but this host has optimum-rbln "
+            f"{installed} (another version's artifact is refused or misread at load)",
+            f"recompile it here with `qvl compile --force`{' --emulate' if marked else ''}, or install "
+            f"optimum-rbln=={version}",
+        )
+    return None
 
 
 # ------------------------------------------------------------------------------------------- progress

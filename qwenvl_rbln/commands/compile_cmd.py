@@ -75,6 +75,13 @@ def register(app: typer.Typer) -> None:
             help="Accept a memory verdict of 'uncertain' (the margin lies inside the modelled items' range): "
             "exit 0 instead of 4.",
         ),
+        emulate: bool = typer.Option(
+            False,
+            "--emulate",
+            help="rbln presets: run optimum-rbln's real compile on the CPU against qvl's emulated rebel (also "
+            "QVL_EMULATE_NPU=1); the artifact is marked emulated: it proves glue and host logic, never NPU "
+            "numerics, memory or compile errors.",
+        ),
         as_json: bool = JsonOpt,
     ) -> None:
         """Compile Qwen3-VL with a preset (optimum-rbln on an RBLN host, transformers for backend torch)."""
@@ -119,8 +126,19 @@ def register(app: typer.Typer) -> None:
             from qwenvl_rbln.memory import ensure_fits
 
             ensure_fits(memory)  # exit 4 before a long compile whose load the planner cannot vouch for
+        from qwenvl_rbln.backends.rbln import use_emulator
         from qwenvl_rbln.compile_job import run_compile
 
+        if emulate and plan.backend != "rbln":
+            from qwenvl_rbln.errors import InputError
+
+            raise InputError(
+                f"--emulate emulates the NPU backend, but preset {plan.preset} uses backend {plan.backend} "
+                "(nothing to emulate)",
+                "drop --emulate, or compile an rbln preset such as --preset cpu-tiny-rbln --emulate",
+            )
+        if plan.backend == "rbln":
+            use_emulator(emulate)
         result = run_compile(plan, memory, force=force, cache_dir=cache_dir, use_cache=not no_cache, as_json=as_json)
 
         def human_done(console: Any, d: dict[str, Any]) -> None:

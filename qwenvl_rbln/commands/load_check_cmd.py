@@ -171,11 +171,25 @@ def _memory(
         except InputError:
             spec = None
         exact = rbln_backend.read_allocations(root, layout["graphs"], placement, spec)
+        if exact is not None and _emulated():
+            exact["source"] = "emulated"
+            exact["method"] = (
+                "qvl's CPU emulator: byte sizes of each emulated graph's tensors (Weight: constants, IOBuffer: "
+                "inputs and outputs, DramTensor: the KV cache), never NPU figures; the planner's estimate is beside"
+            )
+            exact["estimate"] = estimate
+            return exact
         if exact is not None:
             exact["suggestions"] = estimate.get("suggestions") or []
             exact["estimate_fits"] = estimate.get("fits")
             return exact
     return estimate
+
+
+def _emulated() -> bool:
+    from qwenvl_rbln import emulator
+
+    return emulator.is_active()
 
 
 def _calibrate(root: Path, cfg: dict[str, Any], memory: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
@@ -351,8 +365,12 @@ def run_load_check(
     fallback: dict[str, Any] | None = None,
     model_cls: Any = None,
     calibrate: bool = False,
+    emulate: bool = False,
 ) -> tuple[dict[str, Any], Exception | None]:
-    """The whole check; returns (report, the error to raise after printing it, or None)."""
+    """The whole check; returns (report, the error to raise after printing it, or None).
+
+    ``emulate`` (or QVL_EMULATE_NPU=1): an rbln artifact is loaded through qvl's CPU emulator of rebel.
+    """
     from qwenvl_rbln import artifacts, render
     from qwenvl_rbln.backends import rbln as rbln_backend
     from qwenvl_rbln.errors import DoesNotFit, InputError
@@ -363,6 +381,13 @@ def run_load_check(
 
         parse_device_memory(device_memory)
     kind, cfg = artifacts.read_artifact_config(root)
+    if emulate and kind != "rbln":
+        raise InputError(
+            f"--emulate emulates the NPU backend, but {root} is a {kind}-backend artifact (nothing to emulate)",
+            "drop --emulate",
+        )
+    if kind == "rbln":
+        rbln_backend.use_emulator(emulate)
     manifest = artifacts.read_manifest(root)
     if manifest is not None:
         entries = list((manifest.get("files") or {}).values())
@@ -373,6 +398,14 @@ def run_load_check(
             f"qvl load-check: verifying {n} files ({render.fmt_bytes(total)}) against {artifacts.MANIFEST_NAME}"
         )
     layout = artifacts.check_layout(root, kind, cfg, manifest)
+    guard = None
+    if kind == "rbln" and not layout["missing"]:  # emulated vs real graphs, tampered graphs, optimum-rbln version
+        guard = rbln_backend.artifact_problem(root, cfg, manifest, layout["graphs"])
+        if guard is not None:
+            layout["problems"].insert(0, guard.message)
+            layout["ok"] = False
+    if _emulated() and kind == "rbln":
+        layout["notes"].append("emulated: loaded through qvl's CPU emulator of rebel (no NPU)")
     target = artifacts.compile_target(cfg, manifest)
     target["problems"].extend(_unknown_npus(target))
     layout["problems"].extend(target["problems"])
@@ -390,7 +423,7 @@ def run_load_check(
     error: Exception | None = None
     if not layout["ok"]:
         runtime: dict[str, Any] = {"attempted": False, "ok": None, "reason": "layout problems (fix them first)"}
-        error = InputError(
+        error = guard or InputError(
             f"{root}: {artifacts.describe_layout_problem(layout)}",
             "recompile with `qvl compile --force` (or restore the files); the report (or --json's layout) lists every "
             "problem",
@@ -426,9 +459,12 @@ def run_load_check(
                 "the runtimes were created although the memory check predicted otherwise; `qvl load-check` results "
                 "on hardware beat estimates"
             )
+    if runtime.get("ok") is True and _emulated():
+        runtime["note"] = "runtimes created on qvl's CPU emulator (emulated: no NPU memory was used)"
     report = {
         "artifact_dir": str(root),
         "kind": kind,
+        "emulated": kind == "rbln" and _emulated(),
         "ok": error is None,
         "layout": layout,
         "target": target,
@@ -486,8 +522,13 @@ def _human(console: Any, d: dict[str, Any]) -> None:
     table.add_row("placement", "\n".join(pl))
     console.print(table)
 
-    if memory.get("source") == "exact":
-        mt = Table(title="memory per device (exact: from the compiled graphs)", title_justify="left", show_edge=False)
+    if memory.get("source") in ("exact", "emulated"):
+        title = (
+            "memory per device (exact: from the compiled graphs)"
+            if memory["source"] == "exact"
+            else "memory per device (emulated: tensor sizes of the emulated graphs, not NPU figures)"
+        )
+        mt = Table(title=title, title_justify="left", show_edge=False)
         for col in ("device", "graphs", "allocated", "usable", "fullest chiplet", "verdict"):
             mt.add_column(col)
         for dev in memory["devices"]:
@@ -504,6 +545,22 @@ def _human(console: Any, d: dict[str, Any]) -> None:
                 verdict,
             )
         console.print(mt)
+        if memory["source"] == "emulated":
+            gt = Table(title="graphs (emulated sizes)", title_justify="left", show_edge=False)
+            for col in ("graph", "device", "weights", "io buffers", "KV cache"):
+                gt.add_column(col)
+            for name, g in (memory.get("graphs") or {}).items():
+                by_key = g.get("by_key") or {}
+                kv = fmt_bytes(by_key.get("DramTensor")) if "DramTensor" in by_key else "-"
+                if g.get("kv_shared"):
+                    kv += " (shared)"
+                gt.add_row(
+                    name, str(g["device"]), fmt_bytes(by_key.get("Weight")), fmt_bytes(by_key.get("IOBuffer")), kv
+                )
+            console.print(gt)
+            if (memory.get("estimate") or {}).get("source") == "estimate":
+                console.print("[bold]planner estimate[/bold] [dim](beside the emulated sizes)[/dim]")
+                print_memory(console, memory["estimate"])
     elif memory.get("source") == "estimate":
         console.print("[bold]memory per device[/bold] [dim](planner estimate: rebel is not importable here)[/dim]")
         print_memory(console, memory)
@@ -581,6 +638,12 @@ def register(app: typer.Typer) -> None:
         device_memory: str = typer.Option(
             None, "--device-memory", help="Usable bytes per NPU for the estimate, e.g. 120GiB (default: the NPU spec)."
         ),
+        emulate: bool = typer.Option(
+            False,
+            "--emulate",
+            help="Load an artifact compiled with `qvl compile --emulate` through qvl's CPU emulator of rebel "
+            "(also QVL_EMULATE_NPU=1); sizes are labelled emulated.",
+        ),
         as_json: bool = JsonOpt,
     ) -> None:
         """Check a compiled artifact: files, target NPU, placement, memory per device, then create the runtimes."""
@@ -607,6 +670,7 @@ def register(app: typer.Typer) -> None:
             calibrate=calibrate,
             device_memory=device_memory,
             fallback=fallback,
+            emulate=emulate,
         )
         render.emit(report, as_json=as_json, human=_human, error=error)
         if error is not None:

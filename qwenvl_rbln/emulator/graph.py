@@ -267,6 +267,15 @@ def is_emulated_file(path: Path) -> bool:
     return bool(meta) and meta.get("format") == FORMAT
 
 
+def check_file(path: Path) -> str | None:
+    """Why the emulator would refuse ``path`` (reads and verifies it), or None."""
+    try:
+        load_file(Path(path))
+    except GraphFileError as exc:
+        return str(exc)
+    return None
+
+
 def load_file(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(header, tensors) of an emulated graph file; GraphFileError for anything the emulator did not write."""
     from safetensors import SafetensorError
