@@ -549,11 +549,18 @@ def serve_command(opts: ServeOptions, environ: Mapping[str, str]) -> tuple[Launc
     }
     replaced = check_pass_through(opts.extra, art, owned)
     where = placement(art, opts.device, opts.visual_device, getattr(plan, "placement", None))
+    visible = ",".join(map(str, where["visible"]))
+    inherited = environ.get("RBLN_VISIBLE_DEVICES")
     _ok(
         checks,
         "placement",
         f"LM on NPU {where['device']}, ViT on NPU {where['visual_device']} ({where['source']}); "
-        f"RBLN_VISIBLE_DEVICES={','.join(map(str, where['visible']))}",
+        f"RBLN_VISIBLE_DEVICES={visible}"
+        + (
+            f" (replaces the inherited {inherited}: qvl's ids are physical NPU ids)"
+            if inherited not in (None, visible)
+            else ""
+        ),
     )
     limits, limits_source = limit_mm_per_prompt(art, plan)
     cfg = art.cfg
@@ -579,7 +586,7 @@ def serve_command(opts: ServeOptions, environ: Mapping[str, str]) -> tuple[Launc
         argv += ["--limit-mm-per-prompt", json.dumps(limits)]
         _ok(checks, "limit_mm_per_prompt", f"{json.dumps(limits)} ({limits_source})")
     argv += ["--rbln-optimum-overrides", json.dumps(where["overrides"]), *opts.extra]
-    env: dict[str, str | None] = {"RBLN_VISIBLE_DEVICES": ",".join(map(str, where["visible"]))}
+    env: dict[str, str | None] = {"RBLN_VISIBLE_DEVICES": visible}
     if "RBLN_DEVICES" in environ:
         env["RBLN_DEVICES"] = None  # the deprecated alias must not pick other devices
     if opts.vit_packing is not None:

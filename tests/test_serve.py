@@ -397,6 +397,13 @@ def test_device_alone_moves_both_when_they_were_compiled_together(art, capsys, n
     assert json.loads(flag_value(data["argv"], "--rbln-optimum-overrides")) == {"device": 0, "visual": {"device": 0}}
 
 
+def test_inherited_visible_devices_are_replaced_and_said_so(art, capsys, monkeypatch, no_exec):
+    monkeypatch.setenv("RBLN_VISIBLE_DEVICES", "4,5")
+    data = dry(["serve", str(art), "--device", "1"], capsys)
+    assert data["env"]["RBLN_VISIBLE_DEVICES"] == "1"
+    assert any("replaces the inherited 4,5" in c["detail"] for c in data["checks"])
+
+
 def test_no_manifest_places_both_on_device_0(tmp_path, plans, capsys, no_exec):
     root = make_artifact(tmp_path / "art", plans["rebel100-2npu-batch4"], manifest=False)
     data = dry(["serve", str(root)], capsys)
