@@ -261,7 +261,8 @@ def test_an_artifact_config_optimum_rbln_would_refuse_is_exit_2_not_ok(tmp_path,
 
 def test_bad_device_memory_and_a_file_instead_of_a_directory_are_one_line_errors(tmp_path, capsys, no_npu_stack):
     _, root = _artifact(tmp_path)
-    for value, says in (("12XB", "is not a size"), ("0", "must be positive"), ("0.5", "is less than one byte")):
+    cases = (("12XB", "is not a size"), ("0", "has no unit"), ("0.5", "has no unit"), ("0GiB", "must be positive"))
+    for value, says in cases:
         code, out, err = run_main(["load-check", str(root), "--no-runtime", "--device-memory", value], capsys)
         assert code == 2 and out == "" and err.strip().startswith(f"qvl: error: --device-memory={value!r} {says}")
         assert "recompile" not in err  # a flag typo, not a damaged artifact

@@ -160,7 +160,7 @@ def test_compile_errors_map_to_exit_codes(tmp_path, monkeypatch):
     install(monkeypatch, make_auto(big, export_error=kv))
     with pytest.raises(DoesNotFit) as info:
         backend.compile_model(big, staging, Progress())
-    assert info.value.hint.startswith("try --set max_seq_len=253952 or --set batch_size=3")
+    assert info.value.hint.startswith("try --set max_seq_len=163840 or --set batch_size=2")
     install(monkeypatch, make_auto(plan, export_error="Unknown npu name: RBLN-XX99"))
     with pytest.raises(BackendError, match="Unknown npu name") as info:
         backend.compile_model(plan, staging, Progress())
