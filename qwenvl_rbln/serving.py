@@ -158,10 +158,27 @@ def _has_chat_template(root: Path) -> str | None:
     return None
 
 
+EMULATED_FIX = "compile it for real on an RBLN host (`qvl compile --preset P`, without --emulate) and serve that"
+
+
 def preflight(directory: Path, *, verify_hashes: bool = True) -> Artifact:
     """Every check vllm-rbln would fail on (late) or silently work around, in order; InputError on the first."""
     root = user_path(directory, "artifact directory").absolute()
     checks: list[dict[str, Any]] = []
+    cfg, manifest = _load(root, checks)
+    _check_config(cfg, root / artifacts.RBLN_CONFIG_NAME, checks)
+    _check_graphs(root, cfg, checks)
+    _check_processor(root, checks)
+    if manifest is None:
+        _ok(checks, "manifest hashes", "no qvl-manifest.json: edits after compile cannot be detected")
+    elif verify_hashes:
+        _check_hashes(root, manifest, checks)
+    model_config = artifacts.read_json(root / "config.json")
+    return Artifact(root=root, cfg=cfg, manifest=manifest, model_config=model_config, checks=checks)
+
+
+def _load(root: Path, checks: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """rbln_config.json and qvl-manifest.json of an optimum-rbln artifact that qvl's emulator did not write."""
     if not root.is_dir():
         what = "is a file, not a directory" if root.exists() else "does not exist"
         raise InputError(f"artifact directory {root} {what}", "compile first (`qvl compile --preset P -o DIR`)")
@@ -185,20 +202,25 @@ def preflight(directory: Path, *, verify_hashes: bool = True) -> Artifact:
         raise InputError(
             f"{root} was compiled by qvl's CPU emulator (qvl-manifest.json emulated: true): it holds no NPU graphs "
             "vllm-rbln can run",
-            "compile it for real on an RBLN host (`qvl compile --preset P`, without --emulate) and serve that",
+            EMULATED_FIX,
         )
     _ok(checks, "not emulated", "a real NPU compile" if manifest else "no qvl-manifest.json (not compiled by qvl)")
+    return cfg, manifest
+
+
+def _check_config(cfg: dict[str, Any], path: Path, checks: list[dict[str, Any]]) -> None:
+    """Qwen3-VL, optimum-rbln 0.12.x, and every key vllm-rbln asserts on."""
     cls_name = cfg.get("cls_name")
     if cls_name != artifacts.QWEN3_VL_CONFIG_CLS:
         raise InputError(
-            f"{rbln_config}: cls_name={cls_name!r}, not {artifacts.QWEN3_VL_CONFIG_CLS} (not a Qwen3-VL artifact)",
+            f"{path}: cls_name={cls_name!r}, not {artifacts.QWEN3_VL_CONFIG_CLS} (not a Qwen3-VL artifact)",
             "serve a Qwen3-VL artifact compiled by `qvl compile` (or optimum-rbln 0.12 for Qwen3-VL)",
         )
     _ok(checks, "cls_name", str(cls_name))
     version = cfg.get("optimum_rbln_version")
     if not (isinstance(version, str) and re.fullmatch(r"0\.12\.\d+(\S*)", version)):
         raise InputError(
-            f"{rbln_config}: optimum_rbln_version={version!r}, but vllm-rbln 0.12 pins optimum-rbln 0.12.x (a "
+            f"{path}: optimum_rbln_version={version!r}, but vllm-rbln 0.12 pins optimum-rbln 0.12.x (a "
             "different version fails at load: 'compiled with newer/older version of optimum-rbln')",
             f"{RECOMPILE} with optimum-rbln 0.12.0",
         )
@@ -209,34 +231,39 @@ def preflight(directory: Path, *, verify_hashes: bool = True) -> Artifact:
     if missing:
         shown = ", ".join(f"{k}={cfg.get(k)!r}" if k in cfg else k for k in missing)
         raise InputError(
-            f"{rbln_config}: missing or not a positive integer: {shown} (vllm-rbln asserts on these at start-up)",
-            RECOMPILE,
+            f"{path}: missing or not a positive integer: {shown} (vllm-rbln asserts on these at start-up)", RECOMPILE
         )
     partition, block = cfg.get("kvcache_partition_len"), cfg.get("kvcache_block_size")
     if partition is not None and block is not None and partition != block:
         raise InputError(
-            f"{rbln_config}: kvcache_partition_len={partition} differs from kvcache_block_size={block} (vllm-rbln "
+            f"{path}: kvcache_partition_len={partition} differs from kvcache_block_size={block} (vllm-rbln "
             "asserts they are equal)",
             RECOMPILE,
         )
+    visual = cfg.get("visual")
+    buckets = visual.get("max_seq_len") if isinstance(visual, dict) else None
+    buckets = [buckets] if type(buckets) is int else buckets
+    if not (isinstance(buckets, list) and buckets and all(type(b) is int and b > 0 for b in buckets)):
+        raise InputError(
+            f"{path}: visual.max_seq_len={buckets!r} is not a list of ViT buckets (the image cap is derived "
+            "from the largest)",
+            RECOMPILE,
+        )
+    dbs = cfg.get("decoder_batch_sizes") or [cfg["batch_size"]]
+    if not (isinstance(dbs, list) and all(type(b) is int and b > 0 for b in dbs)):
+        raise InputError(f"{path}: decoder_batch_sizes={dbs!r} is not a list of batch sizes", RECOMPILE)
     _ok(
         checks,
         "compiled values",
         f"batch_size {cfg['batch_size']}, max_seq_len {cfg['max_seq_len']}, block {block or partition}, "
         f"kvcache_num_blocks {cfg['kvcache_num_blocks']}, prefill_chunk_size {cfg['prefill_chunk_size']}",
     )
-    visual = cfg.get("visual")
-    buckets = visual.get("max_seq_len") if isinstance(visual, dict) else None
-    buckets = [buckets] if type(buckets) is int else buckets
-    if not (isinstance(buckets, list) and buckets and all(type(b) is int and b > 0 for b in buckets)):
-        raise InputError(
-            f"{rbln_config}: visual.max_seq_len={buckets!r} is not a list of ViT buckets (the image cap is derived "
-            "from the largest)",
-            RECOMPILE,
-        )
-    dbs = cfg.get("decoder_batch_sizes") or [cfg["batch_size"]]
-    if not (isinstance(dbs, list) and all(type(b) is int and b > 0 for b in dbs)):
-        raise InputError(f"{rbln_config}: decoder_batch_sizes={dbs!r} is not a list of batch sizes", RECOMPILE)
+
+
+def _check_graphs(root: Path, cfg: dict[str, Any], checks: list[dict[str, Any]]) -> None:
+    """Every graph optimum-rbln loads (and the host-side files beside them), none written by the emulator."""
+    from qwenvl_rbln.emulator.graph import is_emulated_file  # reads a safetensors header only
+
     graphs = [f"{name}.rbln" for name in artifacts.expected_graph_names(cfg)] + ["visual/compiled_model.rbln"]
     others = ["config.json", "torch_artifacts.pth", "visual/config.json", "visual/torch_artifacts.pth"]
     gone = [rel for rel in graphs + others if not (root / rel).is_file()]
@@ -246,16 +273,18 @@ def preflight(directory: Path, *, verify_hashes: bool = True) -> Artifact:
             "compiled graph named by rbln_config.json)",
             f"restore the files or {RECOMPILE}",
         )
-    from qwenvl_rbln.emulator.graph import is_emulated_file  # reads a safetensors header only
-
     emulated = [rel for rel in graphs if is_emulated_file(root / rel)]
     if emulated:
         raise InputError(
             f"{root}: {', '.join(emulated[:3])} {'was' if len(emulated) == 1 else 'were'} written by qvl's CPU "
             "emulator, not compiled for an NPU; vllm-rbln cannot run it",
-            "compile it for real on an RBLN host (`qvl compile --preset P`, without --emulate) and serve that",
+            EMULATED_FIX,
         )
     _ok(checks, "graph files", ", ".join(graphs))
+
+
+def _check_processor(root: Path, checks: list[dict[str, Any]]) -> None:
+    """What vLLM loads from --model: processor config, tokenizer, chat template."""
     for what, groups in PROCESSOR_GROUPS:
         if _missing_group(root, groups):
             names = " or ".join("+".join(g) for g in groups)
@@ -271,21 +300,19 @@ def preflight(directory: Path, *, verify_hashes: bool = True) -> Artifact:
             f"copy chat_template.jinja (or chat_template.json) from the source model directory into {root}",
         )
     _ok(checks, "processor files", f"processor config, tokenizer, chat template ({template})")
-    if manifest is not None and verify_hashes:
-        verdict = artifacts.verify_manifest(root, manifest)
-        bad = verdict["modified"] + verdict["missing"] + verdict["unsafe"]
-        if bad:
-            raise InputError(
-                f"{root}: {', '.join(bad[:4])} changed or missing since compile (sha256 differs from "
-                f"{artifacts.MANIFEST_NAME})",
-                f"restore the files or {RECOMPILE}; `qvl load-check DIR --no-runtime` lists every difference",
-            )
-        extra = f"; not in the manifest (added later): {', '.join(verdict['extra'][:4])}" if verdict["extra"] else ""
-        _ok(checks, "manifest hashes", f"{len(manifest.get('files') or {})} files match{extra}")
-    elif manifest is None:
-        _ok(checks, "manifest hashes", "no qvl-manifest.json: edits after compile cannot be detected")
-    model_config = artifacts.read_json(root / "config.json")
-    return Artifact(root=root, cfg=cfg, manifest=manifest, model_config=model_config, checks=checks)
+
+
+def _check_hashes(root: Path, manifest: dict[str, Any], checks: list[dict[str, Any]]) -> None:
+    verdict = artifacts.verify_manifest(root, manifest)
+    bad = verdict["modified"] + verdict["missing"] + verdict["unsafe"]
+    if bad:
+        raise InputError(
+            f"{root}: {', '.join(bad[:4])} changed or missing since compile (sha256 differs from "
+            f"{artifacts.MANIFEST_NAME})",
+            f"restore the files or {RECOMPILE}; `qvl load-check DIR --no-runtime` lists every difference",
+        )
+    extra = f"; not in the manifest (added later): {', '.join(verdict['extra'][:4])}" if verdict["extra"] else ""
+    _ok(checks, "manifest hashes", f"{len(manifest.get('files') or {})} files match{extra}")
 
 
 # ----------------------------------------------------------------------------------- pass-through flags
@@ -534,82 +561,81 @@ def _packing_available() -> bool:
         return False
 
 
+SERVE_OWNED = {
+    "--host": "qvl serve --host",
+    "--port": "qvl serve --port",
+    "--served-model-name": "qvl serve --served-model-name",
+    "--rbln-optimum-overrides": "qvl serve --device / --visual-device",
+    "--model": "qvl serve DIR",
+}
+
+
 def serve_command(opts: ServeOptions, environ: Mapping[str, str]) -> tuple[Launch, list[str]]:
     """Preflight, then ``vllm serve DIR ...`` and its environment; InputError before anything starts."""
     directory, warnings = resolve_directory(opts.directory, opts.preset, "serve")
     art = preflight(directory)
     plan = _preset_plan(opts.preset)
     checks = list(art.checks)
-    owned = {
-        "--host": "qvl serve --host",
-        "--port": "qvl serve --port",
-        "--served-model-name": "qvl serve --served-model-name",
-        "--rbln-optimum-overrides": "qvl serve --device / --visual-device",
-        "--model": "qvl serve DIR",
-    }
-    replaced = check_pass_through(opts.extra, art, owned)
+    replaced = check_pass_through(opts.extra, art, SERVE_OWNED)
     where = placement(art, opts.device, opts.visual_device, getattr(plan, "placement", None))
-    visible = ",".join(map(str, where["visible"]))
-    inherited = environ.get("RBLN_VISIBLE_DEVICES")
-    _ok(
-        checks,
-        "placement",
-        f"LM on NPU {where['device']}, ViT on NPU {where['visual_device']} ({where['source']}); "
-        f"RBLN_VISIBLE_DEVICES={visible}"
-        + (
-            f" (replaces the inherited {inherited}: qvl's ids are physical NPU ids)"
-            if inherited not in (None, visible)
-            else ""
-        ),
-    )
-    limits, limits_source = limit_mm_per_prompt(art, plan)
+    env = _placement_env(where, environ, checks)
     cfg = art.cfg
-    argv = [
-        "vllm",
-        "serve",
-        str(art.root),
-        "--host",
-        opts.host,
-        "--port",
-        str(opts.port),
-        "--served-model-name",
-        opts.served_model_name or _served_name(art),
-        "--max-model-len",
-        str(cfg["max_seq_len"]),
-        "--max-num-seqs",
-        str(cfg["batch_size"]),
-    ]
+    argv = ["vllm", "serve", str(art.root), "--host", opts.host, "--port", str(opts.port)]
+    argv += ["--served-model-name", opts.served_model_name or _served_name(art)]
+    argv += ["--max-model-len", str(cfg["max_seq_len"]), "--max-num-seqs", str(cfg["batch_size"])]
     if "--mm-processor-kwargs" not in replaced:
         argv += ["--mm-processor-kwargs", json.dumps({"max_pixels": art.max_pixels})]
     _ok(checks, "max_pixels", f"{art.buckets[-1]} patches (largest ViT bucket) x {art.patch_size}^2 = {art.max_pixels}")
     if "--limit-mm-per-prompt" not in replaced:
+        limits, limits_source = limit_mm_per_prompt(art, plan)
         argv += ["--limit-mm-per-prompt", json.dumps(limits)]
         _ok(checks, "limit_mm_per_prompt", f"{json.dumps(limits)} ({limits_source})")
     argv += ["--rbln-optimum-overrides", json.dumps(where["overrides"]), *opts.extra]
+    if opts.vit_packing is not None:
+        packing, source = opts.vit_packing, "--vit-packing" if opts.vit_packing else "--no-vit-packing"
+    else:
+        packing, source = _runtime_packing(art, plan)
+    env.update(_packing_env(packing, source, environ, checks, warnings))
+    return Launch(argv=argv, env=env, checks=checks), warnings
+
+
+def _placement_env(where: dict[str, Any], environ: Mapping[str, str], checks: list[dict[str, Any]]) -> dict:
+    visible = ",".join(map(str, where["visible"]))
+    inherited = environ.get("RBLN_VISIBLE_DEVICES")
+    note = f" (replaces the inherited {inherited}: qvl's ids are physical NPU ids)"
+    _ok(
+        checks,
+        "placement",
+        f"LM on NPU {where['device']}, ViT on NPU {where['visual_device']} ({where['source']}); "
+        f"RBLN_VISIBLE_DEVICES={visible}{note if inherited not in (None, visible) else ''}",
+    )
     env: dict[str, str | None] = {"RBLN_VISIBLE_DEVICES": visible}
     if "RBLN_DEVICES" in environ:
         env["RBLN_DEVICES"] = None  # the deprecated alias must not pick other devices
-    if opts.vit_packing is not None:
-        packing, packing_source = opts.vit_packing, "--vit-packing" if opts.vit_packing else "--no-vit-packing"
-    else:
-        packing, packing_source = _runtime_packing(art, plan)
-    env[PACKING_ENV] = "1" if packing else "0"
-    if packing and environ.get("VLLM_PLUGINS") is not None:
+    return env
+
+
+def _packing_env(
+    packing: bool, source: str, environ: Mapping[str, str], checks: list[dict[str, Any]], warnings: list[str]
+) -> dict[str, str | None]:
+    """QVL_VIT_PACKING for the plugin, and the plugin added to a VLLM_PLUGINS allowlist when one is set."""
+    env: dict[str, str | None] = {PACKING_ENV: "1" if packing else "0"}
+    if not packing:
+        _ok(checks, "vit packing", f"off ({source})")
+        return env
+    if environ.get("VLLM_PLUGINS") is not None:
         allowed = [p for p in environ["VLLM_PLUGINS"].split(",") if p.strip()]
-        if PLUGIN_NAME not in allowed:  # an allowlist is set: add the packing plugin to it
+        if PLUGIN_NAME not in allowed:  # an allowlist loads nothing else: add the packing plugin to it
             env["VLLM_PLUGINS"] = ",".join([*allowed, PLUGIN_NAME])
-    if packing:
-        detail = (
-            f"on ({packing_source}): the {PLUGIN_GROUP} entry point {PLUGIN_NAME} installs the packed ViT forward in "
-            "every vLLM process (qvl must be installed in vllm's Python environment)"
-        )
-        if not _packing_available():
-            detail += "; this qvl has no qwenvl_rbln.backends.vit_packing yet, so vLLM will run unpacked"
-            warnings.append("ViT packing is not available in this qvl build: vLLM will run the ViT unpacked")
-    else:
-        detail = f"off ({packing_source})"
+    detail = (
+        f"on ({source}): the {PLUGIN_GROUP} entry point {PLUGIN_NAME} installs the packed ViT forward in every vLLM "
+        "process (qvl must be installed in vllm's Python environment)"
+    )
+    if not _packing_available():
+        detail += "; this qvl has no qwenvl_rbln.backends.vit_packing, so vLLM will run unpacked"
+        warnings.append("ViT packing is not available in this qvl build: vLLM will run the ViT unpacked")
     _ok(checks, "vit packing", detail)
-    return Launch(argv=argv, env=env, checks=checks), warnings
+    return env
 
 
 # ---------------------------------------------------------------------------------------------- bench
@@ -649,24 +675,32 @@ def bench_images(art: Artifact, input_len: int, output_len: int) -> tuple[list[t
     return sizes, notes
 
 
+BENCH_OWNED = {
+    "--host": "qvl bench-serve --host",
+    "--port": "qvl bench-serve --port",
+    "--model": "qvl bench-serve --served-model-name",
+    "--max-concurrency": "the compiled batch_size (qvl sets it)",
+    "--backend": "nothing (qvl benchmarks the chat endpoint)",
+    "--endpoint": "nothing (qvl benchmarks the chat endpoint)",
+    "--dataset-name": "nothing (qvl benchmarks random-mm)",
+    "--tokenizer": "nothing (the tokenizer is DIR's)",
+    "--num-prompts": "qvl bench-serve --num-prompts",
+    "--random-input-len": "qvl bench-serve --input-len",
+    "--random-output-len": "qvl bench-serve --output-len",
+    "--seed": "qvl bench-serve --seed",
+    "--random-mm-bucket-config": "nothing (qvl sizes the images to the compiled ViT buckets)",
+}
+
+
 def bench_command(opts: BenchOptions) -> tuple[Launch, list[str]]:
     """``vllm bench serve`` (vLLM's own load test) against ``qvl serve``, images sized to the compiled buckets."""
     directory, warnings = resolve_directory(opts.directory, opts.preset, "bench-serve")
     art = preflight(directory, verify_hashes=False)
     checks = list(art.checks)
-    owned = {
-        "--host": "qvl bench-serve --host",
-        "--port": "qvl bench-serve --port",
-        "--model": "qvl bench-serve --served-model-name",
-        "--max-concurrency": "the compiled batch_size (qvl sets it)",
-        "--backend": "nothing (qvl benchmarks the chat endpoint)",
-        "--endpoint": "nothing (qvl benchmarks the chat endpoint)",
-        "--dataset-name": "nothing (qvl benchmarks random-mm)",
-    }
     for flag, value, _, _ in parse_flags(opts.extra):
         base = flag.split(".", 1)[0]
-        if base in owned:
-            raise _refuse(flag, value, "is set by qvl bench-serve", f"use {owned[base]}")
+        if base in BENCH_OWNED:
+            raise _refuse(flag, value, "is set by qvl bench-serve", f"use {BENCH_OWNED[base]}")
     sizes, notes = bench_images(art, opts.input_len, opts.output_len)
     if not sizes:
         raise InputError(
@@ -683,44 +717,25 @@ def bench_command(opts: BenchOptions) -> tuple[Launch, list[str]]:
         + (f"; left out: {'; '.join(notes)}" if notes else ""),
     )
     _ok(checks, "max_concurrency", f"{art.cfg['batch_size']} (the compiled batch_size)")
-    argv = [
-        "vllm",
-        "bench",
-        "serve",
-        "--backend",
-        "openai-chat",
-        "--endpoint",
-        "/v1/chat/completions",
-        "--dataset-name",
-        "random-mm",
-        "--host",
-        opts.host,
-        "--port",
-        str(opts.port),
-        "--model",
-        opts.served_model_name or _served_name(art),
-        "--tokenizer",
-        str(art.root),
-        "--max-concurrency",
-        str(art.cfg["batch_size"]),
-        "--num-prompts",
-        str(opts.num_prompts),
-        "--random-input-len",
-        str(opts.input_len),
-        "--random-output-len",
-        str(opts.output_len),
-        "--random-mm-base-items-per-request",
-        "1",
-        "--random-mm-num-mm-items-range-ratio",
-        "0",
-        "--random-mm-limit-mm-per-prompt",
-        json.dumps({"image": 1, "video": 0}),
-        "--random-mm-bucket-config",
-        bucket_config,
-        "--seed",
-        str(opts.seed),
-        *opts.extra,
+    pairs = [
+        ("--backend", "openai-chat"),
+        ("--endpoint", "/v1/chat/completions"),
+        ("--dataset-name", "random-mm"),
+        ("--host", opts.host),
+        ("--port", str(opts.port)),
+        ("--model", opts.served_model_name or _served_name(art)),
+        ("--tokenizer", str(art.root)),
+        ("--max-concurrency", str(art.cfg["batch_size"])),
+        ("--num-prompts", str(opts.num_prompts)),
+        ("--random-input-len", str(opts.input_len)),
+        ("--random-output-len", str(opts.output_len)),
+        ("--random-mm-base-items-per-request", "1"),
+        ("--random-mm-num-mm-items-range-ratio", "0"),
+        ("--random-mm-limit-mm-per-prompt", json.dumps({"image": 1, "video": 0})),
+        ("--random-mm-bucket-config", bucket_config),
+        ("--seed", str(opts.seed)),
     ]
+    argv = ["vllm", "bench", "serve", *(word for pair in pairs for word in pair), *opts.extra]
     return Launch(argv=argv, env={}, checks=checks), warnings
 
 

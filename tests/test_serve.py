@@ -455,6 +455,8 @@ def test_bench_serve_concurrency_is_the_compiled_batch(tmp_path, plans, capsys, 
     root = make_artifact(tmp_path / "art", plans["rebel100-2npu-batch4"])
     assert flag_value(dry(["bench-serve", str(root)], capsys)["argv"], "--max-concurrency") == "4"
     assert "qvl sets it" in refused(["bench-serve", str(root), "--", "--max-concurrency=8"], capsys)
+    assert "--input-len" in refused(["bench-serve", str(root), "--", "--random-input-len", "9"], capsys)
+    assert "compiled ViT buckets" in refused(["bench-serve", str(root), "--", "--random-mm-bucket-config={}"], capsys)
 
 
 def test_bench_serve_refuses_text_that_leaves_no_room_for_an_image(art, capsys, no_exec):
