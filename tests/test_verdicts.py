@@ -352,3 +352,22 @@ def test_every_shipped_preset_description_is_true_under_the_planner():
     assert est("rebel100-1npu-batch4", ["max_seq_len=262144"]).verdict == "does_not_fit"
     assert "ViT moved to device 1" in build_plan("rebel100-2npu-batch4").description
     assert est("rebel100-2npu-batch4").device(1).verdict == "fits"
+
+
+@pytest.mark.parametrize(
+    ("preset", "sets", "blocks"),
+    [
+        ("rebel100-1npu", [], 32),
+        ("rebel100-1npu-batch4", ["max_seq_len=262144"], 128),
+        ("rebel100-1npu-batch4", [], 16),
+        ("rebel100-2npu-batch4", [], 128),
+        ("rebel100-1npu-batch4", ["max_seq_len=262144", "memory_budget=0.8"], 123),
+        ("rebel100-1npu-batch4", ["max_seq_len=262144", "memory_budget=0.5"], 75),
+        ("rebel100-1npu-batch4", ["max_seq_len=262144", 'memory_budget="100GB"'], 110),
+        ("rebel100-1npu", ["batch_size=8"], 155),
+    ],
+)
+def test_automatic_kv_block_counts_stay_exact(preset, sets, blocks):
+    """optimum-rbln's _search_num_kvcache_blocks, reproduced in the estimate scenario (kept through issue 12)."""
+    r = m.estimate_plan(build_plan(preset, sets), calibration=NO_CAL, suggest=False)
+    assert r.kv["mode"] == "auto" and r.kv["num_blocks"] == blocks
