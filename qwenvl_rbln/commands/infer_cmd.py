@@ -92,6 +92,8 @@ def human(console: Any, d: dict[str, Any]) -> None:
             f"({tm['decode_steps']} steps)",
             sep="",
         )
+        if b.get("vit"):
+            console.print(vit_line(b["vit"]), markup=False, highlight=False)
     mem = d.get("memory") or {}
     if mem.get("peak_rss_bytes") is not None:
         line = f"memory: peak RSS {fmt_bytes(mem['peak_rss_bytes'])}"
@@ -106,6 +108,18 @@ def human(console: Any, d: dict[str, Any]) -> None:
         console.print(f"memory ({mem.get('source')}): " + "; ".join(parts))
     tot = d["timings"]
     console.print(f"[dim]model load {_fmt_s(tot['load_s'])}, total {_fmt_s(tot['total_s'])}[/dim]")
+
+
+def vit_line(vit: dict[str, Any]) -> str:
+    """'  ViT: 3 graph calls for 8 segments (packed): 1024 [320+320+320, pad 64], ...' for one batch."""
+    packs = [p for call in vit["visual_calls"] for p in call["packs"]]
+    shown = ", ".join(f"{p['bucket']} [{'+'.join(map(str, p['lengths']))}, pad {p['padding']}]" for p in packs[:8])
+    more = f", ... ({len(packs) - 8} more)" if len(packs) > 8 else ""
+    how = "packed" if vit["packing"] else "unpacked: --no-vit-packing or runtime.vit_packing false"
+    return (
+        f"  ViT: {vit['graph_calls']} graph call{'s' if vit['graph_calls'] != 1 else ''} for "
+        f"{vit['unpacked_calls']} segments ({how}): {shown}{more}"
+    )
 
 
 def register(app: typer.Typer) -> None:
@@ -161,6 +175,12 @@ def register(app: typer.Typer) -> None:
             "--torch-device",
             help="torch backend: cpu, cuda or cuda:N (default: $QVL_TORCH_DEVICE, else cuda when available, else cpu).",
         ),
+        no_vit_packing: bool = typer.Option(
+            False,
+            "--no-vit-packing",
+            help="rbln: one ViT call per image / video temporal patch, as optimum-rbln does (default: the segments "
+            "of each ViT call packed into shared compiled calls; also off with the preset's runtime.vit_packing).",
+        ),
         as_json: bool = JsonOpt,
     ) -> None:
         """Generate text for images, videos and prompts; show buckets, decoder graphs, timings and memory."""
@@ -185,6 +205,7 @@ def register(app: typer.Typer) -> None:
             visual_device=parse_device(visual_device, "--visual-device"),
             on_oversize=on_oversize,
             torch_device=torch_device,
+            vit_packing=not no_vit_packing,
         )
         shown: set[str] = set()
 

@@ -13,6 +13,9 @@ What optimum-rbln 0.12.0 does and qvl therefore does around it (reference sectio
   above the largest bucket raises inside optimum-rbln, so the processor is capped beforehand
   (``vision_report.plan_vision``, ``--on-oversize resize|error``).
 * Length: a prompt + ``max_new_tokens`` above the compiled ``max_seq_len`` is refused before generate.
+* ViT packing (``backends.vit_packing``, on unless ``vit_packing=False``): the loaded ``visual`` packs each
+  call's segments into shared compiled calls; every batch reports the graph calls actually made and each pack,
+  and ``timings.vision_calls`` is that count of graph calls.
 
 optimum-rbln and rebel are imported only through ``backends.rbln`` (``model_cls`` injects a fake in tests).
 """
@@ -40,6 +43,19 @@ def wrap_visual(model: Any, timer: VisionTimer) -> bool:
         return False
 
 
+def vit_report(log: Any, packing: bool) -> dict[str, Any] | None:
+    """One batch's ViT work from the packed forward's log: graph calls, and each pack (bucket, segments, padding)."""
+    if log is None:
+        return None
+    entries = log.drain()
+    return {
+        "packing": packing,
+        "graph_calls": sum(e["graph_calls"] for e in entries),
+        "unpacked_calls": sum(e["unpacked_calls"] for e in entries),
+        "visual_calls": entries,
+    }
+
+
 class RblnBackend:
     """Compiled artifacts on Rebel100 NPUs through optimum-rbln's generate."""
 
@@ -54,6 +70,7 @@ class RblnBackend:
         device: Any,
         visual_device: Any,
         model_cls: Any = None,
+        vit_packing: bool = True,
     ):
         from qwenvl_rbln.backends import rbln as rbln_backend
         from qwenvl_rbln.inference.inputs import load_processor
@@ -68,6 +85,11 @@ class RblnBackend:
         self.model = rbln_backend.load_model(
             self.artifact_dir, device, visual_device, create_runtimes=True, model_cls=model_cls
         )
+        from qwenvl_rbln.backends.vit_packing import install_on_instance
+
+        self.vit_packing = vit_packing
+        self.last_vit: dict[str, Any] | None = None
+        self.vit_log = install_on_instance(getattr(self.model, "visual", None), enabled=vit_packing)
         self.timer = VisionTimer()
         self.vision_timed = wrap_visual(self.model, self.timer)
 
@@ -82,6 +104,7 @@ class RblnBackend:
             "placement": self.placement,
             "load_rbln_config": self.load_rbln_config,
             "vision_timed": self.vision_timed,
+            "vit_packing": self.vit_packing if self.vit_log is not None else None,
         }
 
     def run_batch(
@@ -96,7 +119,9 @@ class RblnBackend:
         """Generate for up to ``batch_size`` requests; the batch handed to generate is exactly ``batch_size``."""
         if len(requests) > self.batch_size:
             raise ValueError(f"{len(requests)} requests in one batch; the artifact runs {self.batch_size}")
-        return generate_batch(
+        if self.vit_log is not None:
+            self.vit_log.drain()
+        result = generate_batch(
             self.model,
             self.processor,
             requests,
@@ -110,6 +135,10 @@ class RblnBackend:
             stream_prefix=stream_prefix,
             caps=self.caps,
         )
+        self.last_vit = vit_report(self.vit_log, self.vit_packing)
+        if self.last_vit is not None:  # the compiled ViT graph calls actually made, not visual() calls
+            result.timings["vision_calls"] = self.last_vit["graph_calls"]
+        return result
 
     def close(self) -> None:
         self.timer.remove()

@@ -77,6 +77,7 @@ class InferOptions:
     visual_device: Any = None
     on_oversize: str = "resize"
     torch_device: str | None = None
+    vit_packing: bool = True  # --no-vit-packing; the preset's runtime.vit_packing: false also turns it off
 
 
 def _manifest_preset(manifest: dict[str, Any] | None) -> str | None:
@@ -585,6 +586,7 @@ def run_infer(
             device=req["device"],
             visual_device=req["visual_device"],
             model_cls=model_cls,
+            vit_packing=opts.vit_packing and target.plan.runtime.get("vit_packing", True),
         )
     load_s = time.perf_counter() - t_load
 
@@ -619,6 +621,7 @@ def run_infer(
                     "input_rows": result.input_rows,
                     **dec,
                     "timings": result.timings,
+                    "vit": getattr(backend, "last_vit", None),  # rbln: graph calls and packs of this batch
                 }
             )
             rows = []
