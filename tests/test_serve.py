@@ -642,3 +642,14 @@ def test_a_vllm_that_cannot_start_is_one_line(art, capsys, monkeypatch, stand_in
     monkeypatch.setenv("PATH", stand_in.env["PATH"])
     line = refused(["serve", str(art)], capsys, code=3)
     assert "could not be started" in line and "Exec format error" in line
+
+
+def test_a_real_emulated_compile_is_refused_with_or_without_its_manifest(tmp_path, capsys, no_exec):
+    """`qvl compile --emulate` output (the emulator's real graph files and manifest), not a hand-made marker."""
+    pytest.importorskip("torch")
+    out = tmp_path / "tiny-rbln"
+    r = run_qvl("compile", "--preset", "cpu-tiny-rbln", "-o", str(out), env={"QVL_EMULATE_NPU": "1"}, timeout=600)
+    assert r.exit_code == 0, r.stderr[-2000:]
+    assert "emulated: true" in refused(["serve", str(out), "--dry-run"], capsys)
+    (out / artifacts.MANIFEST_NAME).unlink()
+    assert "written by qvl's CPU emulator" in refused(["serve", str(out), "--dry-run"], capsys)
