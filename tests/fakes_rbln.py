@@ -539,7 +539,10 @@ def refused_infer(capsys: Any, *args: str) -> str:
     """`qvl infer ARGS` refused as bad input: exit 2, nothing streamed, exactly one error line (returned)."""
     code, out, err = run_main(["infer", *args], capsys)
     assert code == 2, err
-    assert out == ""  # nothing streamed, nothing half-done
+    if "--json" in args:  # the error document alone: nothing streamed, nothing half-done
+        assert set(json.loads(out)) == {"error"}, out
+    else:
+        assert out == ""  # nothing streamed, nothing half-done
     lines = [ln for ln in err.splitlines() if ln.startswith("qvl: error:")]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]

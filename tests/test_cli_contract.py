@@ -243,3 +243,62 @@ def test_a_problem_a_set_causes_names_set_not_the_preset_file(value, needle, tmp
     own.write_text(f"extends: rebel100-1npu\nrbln_config:\n  {key.replace('.', ': {')}: {raw}{'}' * key.count('.')}\n")
     code, _, err = run_main(["compile", "--dry-run", "--preset", str(own)], capsys)
     assert code == 2 and err.startswith(f"qvl: error: {own}: ") and needle in err, err
+
+
+# --- infer input errors as good as bucket-plan's ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from PIL import Image
+
+    d = tmp_path_factory.mktemp("images")
+    out = {}
+    for name, size in (("thin", (1, 300)), ("one", (1, 1)), ("three", (3, 1)), ("ok", (64, 48))):
+        out[name] = d / f"{name}.png"
+        Image.new("RGB", size, (10, 200, 30)).save(out[name])
+    return out
+
+
+def test_an_impossible_aspect_ratio_is_named_by_its_file(tiny, images, capsys, no_model_load):
+    code, _, err = run_main(["infer", str(tiny), "--preset", "cpu-tiny", "--image", str(images["thin"])], capsys)
+    assert code == 2
+    assert err.startswith(f"qvl: error: {images['thin']}: size 1x300 (WxH) has aspect ratio 300.0"), err
+
+
+def test_a_batch_file_reports_every_bad_line_at_once(tiny, images, tmp_path, capsys, no_model_load):
+    batch = tmp_path / "b.jsonl"
+    lines = [
+        "{not json",
+        json.dumps({"prompt": "x", "imagez": [str(images["ok"])]}),
+        json.dumps({"prompt": "x", "images": [str(tmp_path / "missing.png")]}),
+        json.dumps({"prompt": "fine", "images": [str(images["ok"])]}),
+        json.dumps({"id": "4", "prompt": "same id as the line above"}),
+    ]
+    batch.write_text("\n".join(lines) + "\n")
+    argv = ["infer", str(tiny), "--preset", "cpu-tiny", "--batch-file", str(batch)]
+    code, _, err = run_main(argv, capsys)
+    assert code == 2
+    head, *listed = err.strip().splitlines()
+    assert head == f"qvl: error: 4 bad lines in {batch} (each listed below); fix: correct each line listed; nothing ran"
+    assert [ln.split(": ")[0].strip() for ln in listed] == [f"{batch}:{n}" for n in (1, 2, 3, 5)]
+    assert "did you mean 'image'?" in listed[1] and "missing.png: no such file" in listed[2]
+    code, out, _ = run_main([*argv, "--json"], capsys)
+    error = json.loads(out)["error"]
+    assert code == 2 and error["exit_code"] == 2 and len(error["problems"]) == 4
+    # problems found later (geometry) are gathered the same way, one per request
+    batch.write_text(
+        json.dumps({"images": [str(images["thin"])]}) + "\n" + json.dumps({"images": [str(images["thin"])]})
+    )
+    code, _, err = run_main(argv, capsys)
+    assert code == 2 and f"{batch}:1: {images['thin']}: size 1x300" in err and f"{batch}:2: {images['thin']}" in err
+
+
+def test_one_and_three_pixel_images_run_without_transformers_channel_warning(tiny, images):
+    """A subprocess: transformers' log handler writes to the process's own stderr."""
+    from tests.helpers_cli import run_qvl
+
+    argv = ["infer", str(tiny), "--preset", "cpu-tiny", "--max-new-tokens", "1", "--prompt", "hi"]
+    r = run_qvl(*argv, "--image", str(images["one"]), "--image", str(images["three"]))
+    assert r.exit_code == 0, r.stderr
+    assert "ambiguous" not in r.stderr

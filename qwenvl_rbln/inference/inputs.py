@@ -24,6 +24,7 @@ Heavy imports (torch, transformers, av, numpy) happen inside the functions.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -324,24 +325,30 @@ def check_media(requests: list[Any], sampling: Any) -> None:
     ``sampling``: the caps' fps / min_frames / max_frames (the processor's frame sampling). Errors name the
     file and, for a batch file, the request's ``file:line``.
     """
+    from qwenvl_rbln.errors import raise_all
     from qwenvl_rbln.inference.requests import FLAGS_SOURCE
 
     done: set[Path] = set()
+    problems: list[InputError] = []  # one per request that cannot run, reported together
     for req in requests:
         prefix = "" if req.source == FLAGS_SOURCE else f"{req.source}: "
-        for kind, paths in (("image", req.images), ("video", req.videos)):
-            for path in paths:
-                key = Path(path).absolute()
-                if key in done:
-                    continue
-                try:
-                    if kind == "image":
-                        check_image(path)
-                    else:
-                        decode_video(path, sampling, keep=False)
-                except InputError as exc:
-                    raise InputError(prefix + exc.message, exc.hint) from None
-                done.add(key)
+        try:
+            for kind, paths in (("image", req.images), ("video", req.videos)):
+                for path in paths:
+                    key = Path(path).absolute()
+                    if key in done:
+                        continue
+                    try:
+                        if kind == "image":
+                            check_image(path)
+                        else:
+                            decode_video(path, sampling, keep=False)
+                    except InputError as exc:
+                        raise InputError(prefix + exc.message, exc.hint) from None
+                    done.add(key)
+        except InputError as exc:
+            problems.append(exc)
+    raise_all(problems, "requests cannot run", "correct each one listed; nothing ran")
 
 
 def render_prompt(processor: Any, request: Any) -> str:
@@ -390,8 +397,26 @@ def prompt_tokens(processor: Any, request: Any, items: list[Any], sampling: Any)
     return len(tokenizer(expanded)["input_ids"]) + extra
 
 
+class _AmbiguousChannels(logging.Filter):
+    """Drops transformers' "The channel dimension is ambiguous" warning (1- or 3-pixel-high images).
+
+    Our images are PIL RGB: the torchvision backend turns them into channels-first tensors and then guesses
+    channels-first, which is right; the PIL backend states channels-last itself. The guess is right, so the
+    warning only alarms (passing ``input_data_format`` would be wrong for one of the two backends)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "channel dimension is ambiguous" not in record.getMessage()
+
+
+def quiet_channel_warning() -> None:
+    logger = logging.getLogger("transformers.image_utils")
+    if not any(isinstance(f, _AmbiguousChannels) for f in logger.filters):
+        logger.addFilter(_AmbiguousChannels())
+
+
 def _request_inputs(processor: Any, request: Any) -> Any:
     """One request through the processor, under whatever caps the processor holds now."""
+    quiet_channel_warning()
     kwargs: dict[str, Any] = {"text": [render_prompt(processor, request)], "return_tensors": "pt"}
     images = [load_image(p) for p in request.images]
     if images:

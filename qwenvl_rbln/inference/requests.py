@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.errors import InputError, raise_all
 from qwenvl_rbln.media import ImageInfo, VideoInfo, probe_image, probe_video
 from qwenvl_rbln.paths import user_path
 
@@ -137,8 +137,33 @@ def _one(where: str, obj: dict[str, Any], base: Path, position: int, default_sys
     )
 
 
-def parse_batch_file(path: str | Path, *, default_system: str | None = None) -> list[Request]:
-    """Requests from a JSONL file (see the module docstring); errors name ``file:line``."""
+_LINE_HINT = 'one JSON object per line, e.g. {"prompt": "Describe.", "images": ["a.jpg"]}'
+
+
+def _line_request(
+    where: str, text: str, base: Path, position: int, default_system: str | None, seen: dict[str, str]
+) -> Request:
+    """The request on one batch-file line; InputError naming ``file:line``."""
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})", _LINE_HINT) from None
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: expected a JSON object, got {type(obj).__name__}", _LINE_HINT)
+    req = _one(where, obj, base, position, default_system)
+    if req.id in seen:
+        raise InputError(f"{where}: id '{req.id}' was already used at {seen[req.id]}", "give each request its own id")
+    seen[req.id] = where
+    return req
+
+
+def parse_batch_file(
+    path: str | Path, *, default_system: str | None = None, problems: list[InputError] | None = None
+) -> list[Request]:
+    """Requests from a JSONL file (see the module docstring); errors name ``file:line``.
+
+    Every bad line is reported, not only the first: raised together, or appended to ``problems`` (then the
+    good lines are returned, for the caller to check further and report everything at once)."""
     path = user_path(path, "batch file")
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "does not exist"
@@ -154,77 +179,86 @@ def parse_batch_file(path: str | Path, *, default_system: str | None = None) -> 
     base = path.parent
     requests: list[Request] = []
     seen: dict[str, str] = {}
+    bad: list[InputError] = []  # every bad line, reported together
+    position = 0
     for lineno, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
-        where = f"{path}:{lineno}"
+        position += 1
         try:
-            obj = json.loads(stripped)
-        except ValueError as exc:
-            raise InputError(
-                f"{where}: not valid JSON ({exc.msg} at column {exc.colno})",
-                'one JSON object per line, e.g. {"prompt": "Describe.", "images": ["a.jpg"]}',
-            ) from None
-        if not isinstance(obj, dict):
-            raise InputError(
-                f"{where}: expected a JSON object, got {type(obj).__name__}",
-                'one JSON object per line, e.g. {"prompt": "Describe.", "images": ["a.jpg"]}',
-            )
-        req = _one(where, obj, base, len(requests) + 1, default_system)
-        if req.id in seen:
-            raise InputError(
-                f"{where}: id '{req.id}' was already used at {seen[req.id]}", "give each request its own id"
-            )
-        seen[req.id] = where
+            req = _line_request(f"{path}:{lineno}", stripped, base, position, default_system, seen)
+        except InputError as exc:
+            bad.append(exc)
+            continue
         requests.append(req)
-    if not requests:
+    if problems is not None:
+        problems.extend(bad)
+    else:
+        raise_all(bad, f"bad lines in {path}", "correct each line listed; nothing ran")
+    if not requests and not bad:
         raise InputError(f"batch file {path} has no requests", "write one JSON object per line")
     return requests
 
 
-def validate_requests(requests: list[Request]) -> list[Request]:
+def validate_requests(requests: list[Request], problems: list[InputError] | None = None) -> list[Request]:
     """Check prompts and probe every image/video (header only); fill ``image_info``/``video_info``.
 
     Raises InputError naming the request's source and the file, before anything heavy happens.
     """
+    bad: list[InputError] = []
+    good = []
+    for req in requests:
+        try:
+            _validate(req)
+        except InputError as exc:
+            bad.append(exc)
+        else:
+            good.append(req)
+    if problems is not None:  # the caller reports them with its own (a batch file's bad lines)
+        problems.extend(bad)
+        return good
+    raise_all(bad, "requests cannot run", "correct each one listed; nothing ran")
+    return requests
+
+
+def _validate(req: Request) -> None:
+    """One request's prompt and media probed; InputError naming its source and file."""
     from qwenvl_rbln.media import VIDEO_EXTENSIONS
 
-    for req in requests:
-        prefix = "" if req.source == FLAGS_SOURCE else f"{req.source}: "
-        flags = req.source == FLAGS_SOURCE
-        if not req.prompt and not req.has_media:
+    prefix = "" if req.source == FLAGS_SOURCE else f"{req.source}: "
+    flags = req.source == FLAGS_SOURCE
+    if not req.prompt and not req.has_media:
+        raise InputError(
+            f"{prefix}empty prompt and no image or video: there is nothing to run",
+            "pass --prompt TEXT, or --image/--video (with or without a prompt)"
+            if req.source == FLAGS_SOURCE
+            else 'give the line a "prompt", "images" or "video"',
+        )
+    infos: list[ImageInfo] = []
+    for p in req.images:
+        if p.suffix.lower() in VIDEO_EXTENSIONS:
             raise InputError(
-                f"{prefix}empty prompt and no image or video: there is nothing to run",
-                "pass --prompt TEXT, or --image/--video (with or without a prompt)"
-                if req.source == FLAGS_SOURCE
-                else 'give the line a "prompt", "images" or "video"',
+                f"{prefix}{p} looks like a video but was given as an image",
+                "pass it with --video" if flags else 'list it under "videos" (or "video")',
             )
-        infos: list[ImageInfo] = []
-        for p in req.images:
-            if p.suffix.lower() in VIDEO_EXTENSIONS:
-                raise InputError(
-                    f"{prefix}{p} looks like a video but was given as an image",
-                    "pass it with --video" if flags else 'list it under "videos" (or "video")',
-                )
-            try:
-                infos.append(probe_image(p))
-            except InputError as exc:
-                raise InputError(prefix + exc.message, exc.hint) from None
-        vinfos: list[VideoInfo] = []
-        for p in req.videos:
-            try:
-                info = probe_video(p)
-            except InputError as exc:
-                if _still_image(p):
-                    raise _image_as_video(prefix, p, flags) from None
-                raise InputError(prefix + exc.message, exc.hint) from None
-            if info.total_frames <= 1 and _still_image(p):
-                raise _image_as_video(prefix, p, flags)
-            vinfos.append(info)
-        req.image_info = infos
-        req.video_info = vinfos
-    return requests
+        try:
+            infos.append(probe_image(p))
+        except InputError as exc:
+            raise InputError(prefix + exc.message, exc.hint) from None
+    vinfos: list[VideoInfo] = []
+    for p in req.videos:
+        try:
+            info = probe_video(p)
+        except InputError as exc:
+            if _still_image(p):
+                raise _image_as_video(prefix, p, flags) from None
+            raise InputError(prefix + exc.message, exc.hint) from None
+        if info.total_frames <= 1 and _still_image(p):
+            raise _image_as_video(prefix, p, flags)
+        vinfos.append(info)
+    req.image_info = infos
+    req.video_info = vinfos
 
 
 def _still_image(path: Path) -> bool:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.errors import InputError, raise_all
 from qwenvl_rbln.paths import user_path
 
 DEFAULT_PRESET = "rebel100-1npu"
@@ -77,6 +77,7 @@ class InferOptions:
     visual_device: Any = None
     on_oversize: str = "resize"
     torch_device: str | None = None
+    emulate: bool = False  # --emulate: rbln artifacts run on qvl's CPU emulator of rebel (also QVL_EMULATE_NPU=1)
     vit_packing: bool = True  # --no-vit-packing; the preset's runtime.vit_packing: false also turns it off
 
 
@@ -466,10 +467,21 @@ def collect_requests(opts: InferOptions) -> list[Any]:
                 f"--batch-file cannot be combined with {', '.join(mixed)}",
                 "put every request in the batch file (keys prompt, images, video), or drop --batch-file",
             )
-        requests = parse_batch_file(opts.batch_file, default_system=opts.system)
-    else:
-        requests = from_flags(opts.prompt, opts.images, opts.videos, opts.system)
-    return validate_requests(requests)
+        problems: list[InputError] = []  # every bad line of the file, in line order, reported at once
+        parsed = parse_batch_file(opts.batch_file, default_system=opts.system, problems=problems)
+        requests = validate_requests(parsed, problems)
+        fix = "correct each line listed; nothing ran"
+        raise_all(sorted(problems, key=_line_number), f"bad lines in {opts.batch_file}", fix)
+        return requests
+    return validate_requests(from_flags(opts.prompt, opts.images, opts.videos, opts.system))
+
+
+def _line_number(exc: InputError) -> int:
+    """The line a batch-file problem names (``file:12: ...``), for reporting them in file order."""
+    import re
+
+    match = re.search(r":(\d+): ", exc.message)
+    return int(match.group(1)) if match else 0
 
 
 def check_prompt_room(requests: list[Any], vplan: Any, max_new_tokens: int, max_seq_len: int, processor: Any) -> None:
@@ -484,15 +496,18 @@ def check_prompt_room(requests: list[Any], vplan: Any, max_new_tokens: int, max_
     from qwenvl_rbln.inference.inputs import prompt_tokens
     from qwenvl_rbln.inference.requests import FLAGS_SOURCE
 
+    problems: list[InputError] = []  # every request that does not fit, reported together
     for req in requests:
         items = vplan.items[req.id]
         try:
             n = prompt_tokens(processor, req, items, req.caps or vplan.caps)
         except InputError as exc:
             prefix = "" if req.source == FLAGS_SOURCE else f"{req.source}: "
-            raise InputError(prefix + exc.message, exc.hint) from None
+            problems.append(InputError(prefix + exc.message, exc.hint))
+            continue
         if n + max_new_tokens > max_seq_len:
-            raise length_error(req, n, max_new_tokens, max_seq_len, sum(it.lm_tokens for it in items))
+            problems.append(length_error(req, n, max_new_tokens, max_seq_len, sum(it.lm_tokens for it in items)))
+    raise_all(problems, "requests do not fit max_seq_len", "correct each one listed; nothing ran")
 
 
 def _prepare(opts: InferOptions, target: Target, requests: list[Any], gen: Any) -> tuple[Any, list[str]]:
@@ -535,6 +550,32 @@ def _torch_device(opts: InferOptions, target: Target, warnings: list[str]) -> st
     return torch_device(opts.torch_device)
 
 
+def _emulation(opts: InferOptions, target: Target) -> bool:
+    """Activate qvl's CPU emulator for an rbln artifact when asked; refuse what it cannot or must not run."""
+    from qwenvl_rbln.backends import rbln as rbln_backend
+
+    if target.backend != "rbln":
+        if opts.emulate:
+            raise InputError(
+                f"--emulate emulates the NPU backend, but {target.directory} runs on the torch reference backend "
+                f"(preset {target.plan.preset}; nothing to emulate)",
+                "drop --emulate, or run an artifact compiled with `qvl compile --preset cpu-tiny-rbln --emulate`",
+            )
+        return False
+    emulated = rbln_backend.use_emulator(opts.emulate)
+    graphs = artifacts_graphs(target)
+    problem = rbln_backend.artifact_problem(target.directory, target.config or {}, target.manifest, graphs)
+    if problem is not None:
+        raise problem
+    return emulated
+
+
+def artifacts_graphs(target: Target) -> dict[str, dict[str, str]]:
+    from qwenvl_rbln import artifacts
+
+    return artifacts.graph_files(target.config or {})
+
+
 def run_infer(
     opts: InferOptions,
     *,
@@ -558,6 +599,7 @@ def run_infer(
     device_spelling(opts.torch_device)
     requests = collect_requests(opts)
     target = resolve_target(opts.directory, opts.preset, opts.sets)
+    emulated = _emulation(opts, target)
     vis = target.plan.geometry.vision
     vplan, warnings = _prepare(opts, target, requests, gen)
     placement = None
@@ -658,6 +700,7 @@ def run_infer(
 
     data: dict[str, Any] = {
         "backend": target.backend,
+        "emulated": emulated,
         "artifact_dir": str(target.directory),
         "artifact_kind": target.kind,
         "preset": target.plan.preset,

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from qwenvl_rbln.buckets import oversize_error, round_up, select_bucket
-from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.errors import InputError, raise_all
 from qwenvl_rbln.geometry import (
     image_geometry_for,
     max_pixels_for_bucket,
@@ -138,7 +138,10 @@ def _item(path: Any, kind: str, g: Any, calls: int, buckets: list[int], **extra:
 
 
 def image_item(info: Any, caps: Any, buckets: list[int], *, patch_size: int = 16, merge_size: int = 2) -> VisionItem:
-    g = image_geometry_for(info.width, info.height, caps, patch_size=patch_size, merge_size=merge_size)
+    try:
+        g = image_geometry_for(info.width, info.height, caps, patch_size=patch_size, merge_size=merge_size)
+    except InputError as exc:  # an impossible aspect ratio: named by its file, as bucket-plan names it
+        raise InputError(f"{info.path}: {exc.message}", exc.hint) from None
     return _item(info.path, "image", g, 1, buckets)
 
 
@@ -299,6 +302,7 @@ def plan_vision(
     items: dict[str, list[VisionItem]] = {}
     request_caps: dict[str, Any] = {}
     capped: list[dict[str, Any]] = []
+    problems: list[InputError] = []  # every request that cannot run, reported together
     for req in requests:
         try:
             items[req.id], request_caps[req.id], req_capped = _plan_request(
@@ -307,8 +311,10 @@ def plan_vision(
         except InputError as exc:  # name the batch file's line, as inputs.check_media does
             source = getattr(req, "source", FLAGS_SOURCE)
             prefix = "" if source == FLAGS_SOURCE else f"{source}: "
-            raise InputError(prefix + exc.message, exc.hint) from None
+            problems.append(InputError(prefix + exc.message, exc.hint))
+            continue
         capped.extend(req_capped)
+    raise_all(problems, "requests cannot run", "correct each one listed; nothing ran")
     return VisionPlan(
         items=items, caps=caps, request_caps=request_caps, buckets=buckets, on_oversize=on_oversize, capped=capped
     )
