@@ -259,14 +259,16 @@ def _workspace_fn() -> Callable[[Any, int], int | None] | None:
     return bytes_for
 
 
-def _bucket_verdicts(plan: Any, buckets: list[int]) -> dict[int, bool | None]:
-    """Per bucket: would the whole plan (LM, KV, ViT) fit on its devices if that bucket were the largest?"""
+def _bucket_verdicts(plan: Any, buckets: list[int]) -> dict[int, bool | str | None]:
+    """Per bucket: would the whole plan (LM, KV, ViT) fit on its devices if that bucket were the largest?
+    True / False, "uncertain" (the margin lies inside the modelled range), None (no estimate)."""
     from qwenvl_rbln.memory import estimate_plan
 
-    out: dict[int, bool | None] = {}
+    out: dict[int, bool | str | None] = {}
     for b in buckets:
         try:
-            out[b] = estimate_plan(plan, largest_vit_bucket=b, suggest=False).fits
+            report = estimate_plan(plan, largest_vit_bucket=b, suggest=False)
+            out[b] = report.fits if report.verdict != "uncertain" else "uncertain"
         except Exception:  # a verdict column must never stop the plan of the inputs
             out[b] = None
     return out
@@ -851,7 +853,9 @@ def _bucket_rows(s: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def _yes_no(value: bool | None) -> str:
+def _yes_no(value: bool | str | None) -> str:
+    if value == "uncertain":
+        return "[yellow]uncertain[/yellow]"
     return "-" if value is None else ("yes" if value else "[red]no[/red]")
 
 
@@ -1283,7 +1287,8 @@ def register(app: typer.Typer) -> None:
 
             raise DoesNotFit(  # the same CI gate as compile --dry-run: exit 4
                 f"bucket-plan: {mem['gate']}",
-                mem["fix"].replace(
-                    "in `qvl compile --dry-run`", "in `qvl compile --dry-run` or the JSON summary.memory"
-                ),
+                mem["fix"]
+                .replace("in `qvl compile --dry-run`", "in `qvl compile --dry-run` or the JSON summary.memory")
+                .replace(", or pass --force to compile anyway", "")
+                .replace("; --force compiles anyway", ""),
             )
