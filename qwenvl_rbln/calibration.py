@@ -69,13 +69,27 @@ def visual_key(largest_bucket: int) -> str:
     return f"visual/bucket{largest_bucket}"
 
 
+def variant_suffix(resolved: Any) -> str:
+    """What else changes a graph's buffers: quantization (a quantized model compiles in float32) and the
+    attention-mask input. Empty for the plain bf16 build, so its keys stay as they were."""
+    parts = []
+    quant = getattr(resolved, "quantization", None)
+    if quant:
+        parts.append(f"q-{quant['weights']}-{quant['activations']}-kv{quant['kv_caches']}")
+    if getattr(resolved, "use_attention_mask", False):
+        parts.append("mask")
+    return "".join(f"/{p}" for p in parts)
+
+
 def graph_keys(resolved: Any) -> dict[str, str]:
     """Compiled graph name -> calibration key, for a ResolvedLM (``visual`` is the ViT's compiled_model)."""
     block = resolved.kvcache_block_size
-    keys = {"prefill": prefill_key(resolved.prefill_chunk_size, block)}
+    suffix = variant_suffix(resolved)
+    keys = {"prefill": prefill_key(resolved.prefill_chunk_size, block) + suffix}
     for b in resolved.decoder_batch_sizes:
-        keys[f"decoder_batch_{b}"] = decoder_key(b, block)
-    keys["visual"] = visual_key(max(resolved.vit_buckets))
+        keys[f"decoder_batch_{b}"] = decoder_key(b, block) + suffix
+    quant = getattr(resolved, "quantization", None)
+    keys["visual"] = visual_key(max(resolved.vit_buckets)) + ("/fp32" if quant else "")
     return keys
 
 

@@ -636,7 +636,7 @@ def _attention_mask_item(ctx: _Ctx, resolved: Any, n_lm: int) -> MemoryItem | No
 def _visual_workspace_item(ctx: _Ctx, resolved: Any) -> MemoryItem:
     g = ctx.geometry
     largest = max(resolved.vit_buckets)
-    measured = cal.lookup(ctx.calibration, [model_key(g), g.name], ctx.spec.sku, cal.visual_key(largest))
+    measured = cal.lookup(ctx.calibration, [model_key(g), g.name], ctx.spec.sku, cal.graph_keys(resolved)["visual"])
     if measured is not None:
         return MemoryItem(
             "visual.workspace",

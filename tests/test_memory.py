@@ -603,3 +603,13 @@ def test_device_memory_above_the_card_is_refused():
         est("rebel100-1npu", ["npu=RBLN-CA25"], device_memory="20GiB")
     _, r = est("rebel100-1npu", device_memory="144GiB")
     assert r.usable_bytes == 144 * GiB
+
+
+def test_calibration_keys_separate_quantized_and_masked_builds():
+    """A measurement of the bf16 build must not stand in for a quantized (fp32) or attention-mask build."""
+    plain = cal.graph_keys(build_plan("rebel100-1npu").resolved)
+    quant = cal.graph_keys(build_plan("rebel100-1npu", ['quantization={"weights":"int8","kv_caches":"fp8"}']).resolved)
+    masked = cal.graph_keys(build_plan("rebel100-1npu", ["use_attention_mask=true"]).resolved)
+    assert quant["prefill"] == "prefill/chunk512/block8192/q-int8-fp16-kvfp8" and quant["visual"].endswith("/fp32")
+    assert masked["decoder_batch_1"] == "decoder_batch_1/block8192/mask" and masked["visual"] == plain["visual"]
+    assert len({plain["prefill"], quant["prefill"], masked["prefill"]}) == 3
