@@ -876,6 +876,8 @@ def _estimate(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryRepo
     }[kv["outcome"]]
     per_block = kv_block_bytes_per_tensor(g, kv["block_size"], kv_d, n_lm)
     dtype_note = {1: "fp8 (kv_caches: fp8)", 2: "bf16", 4: "fp32"}.get(kv_d, f"{kv_d} B")
+    if _quant(resolved) and kv_d == 4:
+        dtype_note += " (a quantized model compiles in float32 and its KV follows the model dtype without fp8)"
     lm_kv = MemoryItem(
         "lm.kv_cache",
         kv_total,
