@@ -64,6 +64,12 @@ POW2_START = 256  # the smallest image the stock processor makes (65536 px) is 2
 # --- selection -------------------------------------------------------------------------------------
 
 
+def padding_pct(patches: int, bucket: int | None) -> float | None:
+    """Share of ``bucket`` that is padding, in percent to 2 decimals (None without a bucket): the one rounding
+    `bucket-plan` and `infer` both report."""
+    return None if bucket is None else round(100.0 * (bucket - patches) / bucket, 2)
+
+
 def select_bucket(patches: int, buckets: Sequence[int]) -> int | None:
     """Smallest bucket ``>= patches`` (``buckets`` ascending), or None when none is big enough.
 

@@ -96,8 +96,13 @@ def command_path(argv: list[str]) -> str:
 def _usage_line(exc: Exception, argv: list[str] | None = None) -> tuple[str, str]:
     """A usage error as (message, hint): click's message in one line, then where the right flags are listed."""
     message = " ".join(str(exc.format_message() if hasattr(exc, "format_message") else exc).split())
+    names = []
     ctx = getattr(exc, "ctx", None)
-    command = getattr(ctx, "command_path", None) or command_path(list(argv if argv is not None else sys.argv[1:]))
+    while ctx is not None and getattr(ctx, "parent", None) is not None:  # the root's name is how Python was run
+        names.insert(0, ctx.info_name)
+        ctx = ctx.parent
+    args = list(argv if argv is not None else sys.argv[1:])
+    command = " ".join(["qvl", *names]) if names else command_path(args)
     hint = f"see `{command} --help`"
     flags = _flag_names(exc)
     if flags:

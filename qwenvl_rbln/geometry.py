@@ -360,3 +360,59 @@ def video_geometry_for(
         merge_size=merge_size,
         temporal_patch_size=temporal_patch_size,
     )
+
+
+# --- "capped": one meaning for bucket-plan and infer -------------------------------------------------------------
+
+
+def image_capped(
+    width: int,
+    height: int,
+    caps: Any,
+    stock_max_pixels: int,
+    *,
+    patch_size: int = PATCH_SIZE,
+    merge_size: int = MERGE_SIZE,
+) -> bool:
+    """True when the caps' ``max_pixels`` made the image smaller than the stock processor's ``max_pixels`` would.
+
+    The meaning of ``capped`` in `bucket-plan` and `infer` alike (a plan's cap, or infer's per-request oversize
+    cap): same input, same caps, same answer."""
+    if caps.max_pixels >= stock_max_pixels:
+        return False
+    kw = {"min_pixels": caps.min_pixels, "patch_size": patch_size, "merge_size": merge_size}
+    capped = image_geometry(width, height, max_pixels=caps.max_pixels, **kw)
+    stock = image_geometry(width, height, max_pixels=stock_max_pixels, **kw)
+    return stock.patches > capped.patches
+
+
+def video_capped(
+    width: int,
+    height: int,
+    total_frames: int,
+    video_fps: float | None,
+    caps: Any,
+    stock_video_max_pixels: int,
+    *,
+    patch_size: int = PATCH_SIZE,
+    merge_size: int = MERGE_SIZE,
+    temporal_patch_size: int = TEMPORAL_PATCH_SIZE,
+) -> bool:
+    """``image_capped`` for a video: the caps' ``video_max_pixels`` against the stock video processor's."""
+    if caps.video_max_pixels >= stock_video_max_pixels:
+        return False
+    kw = {"patch_size": patch_size, "merge_size": merge_size, "temporal_patch_size": temporal_patch_size}
+    capped = video_geometry_for(width, height, total_frames, video_fps, caps, **kw)
+    stock = video_geometry(
+        width,
+        height,
+        total_frames,
+        video_fps,
+        fps=caps.fps,
+        min_frames=caps.min_frames,
+        max_frames=caps.max_frames,
+        min_pixels=caps.video_min_pixels,
+        max_pixels=stock_video_max_pixels,
+        **kw,
+    )
+    return stock.patches > capped.patches

@@ -125,8 +125,16 @@ def _as_int(value: Any) -> int | None:
     return None
 
 
-def _int_value(where: str, key: str, value: Any, *, minimum: int, hint: str) -> int:
-    parsed = _as_int(value)
+def _whole(value: Any) -> bool:
+    """An integer as written: a JSON integer or integer text (``2``, not ``2.0``, ``1e2`` or ``2.5``)."""
+    if isinstance(value, str):
+        return value.strip().lstrip("+-").isdigit()
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_value(where: str, key: str, value: Any, *, minimum: int, hint: str, whole: bool = False) -> int:
+    """``whole``: only an integer as written (a count of requests is never 2.0: a float there is a wrong column)."""
+    parsed = _as_int(value) if not whole or _whole(value) else None
     if parsed is None or parsed < minimum:
         raise InputError(f"{where}: {key}={value!r} is not an integer >= {minimum}", hint)
     return parsed
@@ -179,7 +187,11 @@ def _entry(
     raw = {k: obj[k] for k in KNOWN_KEYS if k in obj}
     width = _int_value(where, "width", raw["width"], minimum=1, hint=hint)
     height = _int_value(where, "height", raw["height"], minimum=1, hint=hint)
-    count = 1 if raw.get("count") in (None, "") else _int_value(where, "count", raw["count"], minimum=0, hint=hint)
+    count = (
+        1
+        if raw.get("count") in (None, "")
+        else _int_value(where, "count", raw["count"], minimum=0, hint=hint, whole=True)
+    )
     kind = raw.get("kind")
     if kind not in (None, "", "image", "video"):
         raise InputError(f"{where}: kind={kind!r} is not 'image' or 'video'", hint)

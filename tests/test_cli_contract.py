@@ -302,3 +302,67 @@ def test_one_and_three_pixel_images_run_without_transformers_channel_warning(tin
     r = run_qvl(*argv, "--image", str(images["one"]), "--image", str(images["three"]))
     assert r.exit_code == 0, r.stderr
     assert "ambiguous" not in r.stderr
+
+
+# --- one meaning per field -------------------------------------------------------------------------------------
+
+SHARED_FIELDS = ("width", "height", "resized_width", "resized_height", "patches", "bucket", "padding_pct", "capped")
+
+
+def test_bucket_plan_and_infer_report_the_same_fields_for_the_same_input(tiny, tmp_path, capsys):
+    """1920x1080 under cpu-tiny was capped in bucket-plan and not in infer, and padding was rounded differently."""
+    from PIL import Image
+
+    paths = []
+    for w, h in ((1920, 1080), (640, 480), (100, 37)):
+        paths.append(tmp_path / f"{w}x{h}.png")
+        Image.new("RGB", (w, h), (90, 90, 90)).save(paths[-1])
+    code, out, err = run_main(["bucket-plan", "--preset", "cpu-tiny", *map(str, paths), "--json"], capsys)
+    assert code == 0, err
+    planned = {Path(it["input"]).name: it for it in json.loads(out)["items"]}
+    argv = ["infer", str(tiny), "--preset", "cpu-tiny", "--prompt", "hi", "--max-new-tokens", "1", "--json"]
+    code, out, err = run_main([*argv, *(a for p in paths for a in ("--image", str(p)))], capsys)
+    assert code == 0, err
+    ran = {Path(it["input"]).name: it for it in json.loads(out)["requests"][0]["vision"]}
+    assert planned["1920x1080.png"]["capped"] is True
+    for name, item in planned.items():
+        assert {k: ran[name][k] for k in SHARED_FIELDS} == {k: item[k] for k in SHARED_FIELDS}, name
+
+
+# --- small ones ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("w.jsonl", '{"width": 640, "height": 480, "count": 2.0}\n'),
+        ("w.jsonl", '{"width": 640, "height": 480, "count": 1e2}\n'),
+        ("w.csv", "width,height,count\n640,480,2.0\n"),
+        ("w.jsonl", '{"width": 640, "height": 480, "count": 2.5}\n'),  # refused before: still refused
+    ],
+)
+def test_a_float_count_is_refused(name, text, tmp_path, capsys):
+    path = tmp_path / name
+    path.write_text(text)
+    code, _, err = run_main(["bucket-plan", "--workload", str(path)], capsys)
+    assert code == 2 and f"{path}:" in err and "count=" in err and "is not an integer >= 0" in err, err
+
+
+def test_an_integer_count_is_still_read(tmp_path, capsys):
+    path = tmp_path / "w.csv"
+    path.write_text("width,height,count\n640,480,3\n")
+    code, out, err = run_main(["bucket-plan", "--workload", str(path), "--json"], capsys)
+    assert code == 0 and json.loads(out)["workload"]["requests"] == 3, err
+
+
+def test_negative_rows_are_refused(capsys):
+    code, _, err = run_main(["bucket-plan", "--size", "100x100", "--rows", "-1"], capsys)
+    assert code == 2 and "--rows" in err and "`qvl bucket-plan --help`" in err
+
+
+def test_one_request_on_one_line_is_said_in_the_singular(tmp_path, capsys):
+    path = tmp_path / "w.jsonl"
+    path.write_text('{"width": 640, "height": 480}\n')
+    code, out, err = run_main(["bucket-plan", "--workload", str(path)], capsys)
+    assert code == 0, err
+    assert "1 request on 1 line, aggregated into 1 distinct size" in out

@@ -55,7 +55,7 @@ class ItemPlanner:
 
     def __init__(self, plan: Any):
         from qwenvl_rbln import geometry
-        from qwenvl_rbln.buckets import oversize_error, select_bucket, vit_cost_fn
+        from qwenvl_rbln.buckets import oversize_error, padding_pct, select_bucket, vit_cost_fn
         from qwenvl_rbln.errors import QvlError
         from qwenvl_rbln.modelinfo import processor_defaults
 
@@ -63,6 +63,9 @@ class ItemPlanner:
         self._video_geometry = geometry.video_geometry
         self._image_geometry_for = geometry.image_geometry_for
         self._video_geometry_for = geometry.video_geometry_for
+        self._image_capped = geometry.image_capped
+        self._video_capped = geometry.video_capped
+        self._padding_pct = padding_pct
         self._select = select_bucket
         self._oversize = oversize_error
         self._error_types = QvlError
@@ -93,22 +96,9 @@ class ItemPlanner:
             lm_tokens=geo.lm_tokens * images,
             vit_calls=images,
         )
-        stock_max = self.stock["max_pixels"]
-        factor = v.patch_size * v.spatial_merge_size
-        # The cap changed the result only where smart_resize took its max_pixels branch.
-        rounded_area = round(height / factor) * factor * round(width / factor) * factor
-        if self.caps.max_pixels < stock_max and rounded_area > self.caps.max_pixels:
-            full = self._image_geometry(
-                width,
-                height,
-                min_pixels=self.caps.min_pixels,
-                max_pixels=stock_max,
-                patch_size=v.patch_size,
-                merge_size=v.spatial_merge_size,
-            )
-            item["capped"] = full.patches > geo.patches
-        else:
-            item["capped"] = False
+        item["capped"] = self._image_capped(  # the one meaning infer reports too
+            width, height, self.caps, self.stock["max_pixels"], patch_size=v.patch_size, merge_size=v.spatial_merge_size
+        )
         return self._bucket(item, "image")
 
     def video(self, item: dict[str, Any], width: int, height: int, frames: int, fps: float | None) -> dict[str, Any]:
@@ -139,22 +129,17 @@ class ItemPlanner:
             notes=list(geo.notes),
             capped=False,
         )
-        if c.video_max_pixels < self.stock["video_max_pixels"]:
-            full = self._video_geometry(
-                width,
-                height,
-                frames,
-                fps,
-                fps=c.fps,
-                min_frames=c.min_frames,
-                max_frames=c.max_frames,
-                min_pixels=c.video_min_pixels,
-                max_pixels=self.stock["video_max_pixels"],
-                patch_size=v.patch_size,
-                merge_size=v.spatial_merge_size,
-                temporal_patch_size=v.temporal_patch_size,
-            )
-            item["capped"] = full.patches > geo.patches
+        item["capped"] = self._video_capped(  # the one meaning infer reports too
+            width,
+            height,
+            frames,
+            fps,
+            c,
+            self.stock["video_max_pixels"],
+            patch_size=v.patch_size,
+            merge_size=v.spatial_merge_size,
+            temporal_patch_size=v.temporal_patch_size,
+        )
         return self._bucket(item, "video", frames=geo.sampled_frames)
 
     def _bucket(self, item: dict[str, Any], kind: str, frames: int | None = None) -> dict[str, Any]:
@@ -172,7 +157,7 @@ class ItemPlanner:
                 temporal_patch_size=self.vision.temporal_patch_size,
             ).one_line()
         else:
-            item["padding_pct"] = round(100.0 * (bucket - patches) / bucket, 2)
+            item["padding_pct"] = self._padding_pct(patches, bucket)  # the one rounding infer reports too
             item["vit_calls_packed"] = item["vit_calls"]
             if self.packing:  # one request's segments share calls (packing.py); requests are never packed together
                 from qwenvl_rbln.packing import uniform_cost
@@ -1243,7 +1228,9 @@ def register(app: typer.Typer) -> None:
         optimize_decoder: int = typer.Option(
             None, "--optimize-decoder", help="Find the K decoder_batch_sizes minimising padded rows over --batch-trace."
         ),
-        rows: int = typer.Option(50, "--rows", help="Table rows to print (0 = all); --json always has every item."),
+        rows: int = typer.Option(
+            50, "--rows", min=0, help="Table rows to print (0 = all); --json always has every item."
+        ),
         no_vit_packing: bool = typer.Option(
             False,
             "--no-vit-packing",

@@ -29,8 +29,10 @@ def _vision_row(it: dict[str, Any]) -> list[str]:
         size += f", {it['frames']} frames"
     else:
         patches = str(it["patches"])
-    if it.get("capped"):
-        size += f" (capped from {it['patches_before_cap']} patches)"
+    if it.get("patches_before_cap"):
+        size += f" (capped from {it['patches_before_cap']} patches: --on-oversize resize)"
+    elif it.get("capped"):
+        size += " (downscaled by max_pixels)"
     pad = "-" if it["padding_pct"] is None else f"{it['padding_pct']:.1f} %"
     return [Path(it["input"]).name, size, patches, str(it["bucket"]), pad]
 
@@ -181,6 +183,12 @@ def register(app: typer.Typer) -> None:
             help="rbln: one ViT call per image / video temporal patch, as optimum-rbln does (default: the segments "
             "of each ViT call packed into shared compiled calls; also off with the preset's runtime.vit_packing).",
         ),
+        emulate: bool = typer.Option(
+            False,
+            "--emulate",
+            help="Run an artifact compiled with `qvl compile --emulate` on qvl's CPU emulator of rebel (also "
+            "QVL_EMULATE_NPU=1): optimum-rbln's real generate, emulated graphs.",
+        ),
         as_json: bool = JsonOpt,
     ) -> None:
         """Generate text for images, videos and prompts; show buckets, decoder graphs, timings and memory."""
@@ -205,6 +213,7 @@ def register(app: typer.Typer) -> None:
             visual_device=parse_device(visual_device, "--visual-device"),
             on_oversize=on_oversize,
             torch_device=torch_device,
+            emulate=emulate,
             vit_packing=not no_vit_packing,
         )
         shown: set[str] = set()

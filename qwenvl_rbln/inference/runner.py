@@ -518,6 +518,7 @@ def _prepare(opts: InferOptions, target: Target, requests: list[Any], gen: Any) 
     """
     from qwenvl_rbln.inference.inputs import check_media, load_processor
     from qwenvl_rbln.inference.vision_report import plan_vision
+    from qwenvl_rbln.modelinfo import processor_defaults
 
     vis = target.plan.geometry.vision
     vplan = plan_vision(
@@ -529,6 +530,7 @@ def _prepare(opts: InferOptions, target: Target, requests: list[Any], gen: Any) 
         merge_size=vis.spatial_merge_size,
         temporal_patch_size=vis.temporal_patch_size,
         recompile=None if target.kind == "hf" else target.recompile,
+        stock=processor_defaults(target.plan.model_id),
     )
     for req in requests:
         req.caps = vplan.request_caps[req.id]

@@ -25,11 +25,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from qwenvl_rbln.buckets import oversize_error, round_up, select_bucket
+from qwenvl_rbln.buckets import oversize_error, padding_pct, round_up, select_bucket
 from qwenvl_rbln.errors import InputError, raise_all
 from qwenvl_rbln.geometry import (
+    IMAGE_MAX_PIXELS,
+    VIDEO_MAX_PIXELS,
+    image_capped,
     image_geometry_for,
     max_pixels_for_bucket,
+    video_capped,
     video_geometry_for,
     video_max_pixels_for_bucket,
 )
@@ -55,8 +59,9 @@ class VisionItem:
     padding_pct: float | None  # share of the bucket that is padding (executed, useless)
     lm_tokens: int  # <|image_pad|>/<|video_pad|> tokens in the LM sequence
     frames: int | None = None  # video: frames sampled by the processor
-    capped: bool = False  # resized further than the plan's caps so it fits the largest bucket
-    patches_before_cap: int | None = None
+    capped: bool = False  # a pixel cap made it smaller than the stock processor would (as bucket-plan says)
+    oversize_capped: bool = False  # resized further than the plan's caps so it fits the largest bucket
+    patches_before_cap: int | None = None  # patches under the plan's caps, before the oversize cap
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,7 +118,7 @@ class VisionPlan:
 
 
 def _padding(patches: int, bucket: int | None) -> float | None:
-    return None if bucket is None else round(100.0 * (bucket - patches) / bucket, 1)
+    return padding_pct(patches, bucket)
 
 
 def _item(path: Any, kind: str, g: Any, calls: int, buckets: list[int], **extra: Any) -> VisionItem:
@@ -137,16 +142,32 @@ def _item(path: Any, kind: str, g: Any, calls: int, buckets: list[int], **extra:
     )
 
 
-def image_item(info: Any, caps: Any, buckets: list[int], *, patch_size: int = 16, merge_size: int = 2) -> VisionItem:
+def image_item(
+    info: Any,
+    caps: Any,
+    buckets: list[int],
+    *,
+    patch_size: int = 16,
+    merge_size: int = 2,
+    stock_max_pixels: int = IMAGE_MAX_PIXELS,
+) -> VisionItem:
     try:
         g = image_geometry_for(info.width, info.height, caps, patch_size=patch_size, merge_size=merge_size)
     except InputError as exc:  # an impossible aspect ratio: named by its file, as bucket-plan names it
         raise InputError(f"{info.path}: {exc.message}", exc.hint) from None
-    return _item(info.path, "image", g, 1, buckets)
+    capped = image_capped(info.width, info.height, caps, stock_max_pixels, patch_size=patch_size, merge_size=merge_size)
+    return _item(info.path, "image", g, 1, buckets, capped=capped)
 
 
 def video_item(
-    info: Any, caps: Any, buckets: list[int], *, patch_size: int = 16, merge_size: int = 2, temporal_patch_size: int = 2
+    info: Any,
+    caps: Any,
+    buckets: list[int],
+    *,
+    patch_size: int = 16,
+    merge_size: int = 2,
+    temporal_patch_size: int = 2,
+    stock_video_max_pixels: int = VIDEO_MAX_PIXELS,
 ) -> VisionItem:
     try:
         g = video_geometry_for(
@@ -161,15 +182,32 @@ def video_item(
         )
     except InputError as exc:
         raise InputError(f"{info.path}: {exc.message}", exc.hint) from None
-    return _item(info.path, "video", g, g.vit_calls, buckets, frames=g.sampled_frames, notes=list(g.notes))
+    capped = video_capped(
+        info.width,
+        info.height,
+        info.total_frames,
+        info.fps,
+        caps,
+        stock_video_max_pixels,
+        patch_size=patch_size,
+        merge_size=merge_size,
+        temporal_patch_size=temporal_patch_size,
+    )
+    return _item(
+        info.path, "video", g, g.vit_calls, buckets, frames=g.sampled_frames, notes=list(g.notes), capped=capped
+    )
 
 
 def _request_items(req: Any, caps: Any, buckets: list[int], geo: dict[str, int]) -> list[VisionItem]:
     tps = geo.get("temporal_patch_size", 2)
     ps, ms = geo.get("patch_size", 16), geo.get("merge_size", 2)
-    items = [image_item(i, caps, buckets, patch_size=ps, merge_size=ms) for i in req.image_info]
+    stock, vstock = geo.get("stock_max_pixels", IMAGE_MAX_PIXELS), geo.get("stock_video_max_pixels", VIDEO_MAX_PIXELS)
+    items = [image_item(i, caps, buckets, patch_size=ps, merge_size=ms, stock_max_pixels=stock) for i in req.image_info]
     items += [
-        video_item(v, caps, buckets, patch_size=ps, merge_size=ms, temporal_patch_size=tps) for v in req.video_info
+        video_item(
+            v, caps, buckets, patch_size=ps, merge_size=ms, temporal_patch_size=tps, stock_video_max_pixels=vstock
+        )
+        for v in req.video_info
     ]
     return items
 
@@ -257,7 +295,7 @@ def _plan_request(
     capped = []
     for old, it in zip(items, new_items, strict=True):
         if old.bucket is None:
-            it.capped, it.patches_before_cap = True, old.patches
+            it.oversize_capped, it.patches_before_cap = True, old.patches
             capped.append(
                 {
                     "request": req.id,
@@ -283,6 +321,7 @@ def plan_vision(
     merge_size: int = 2,
     temporal_patch_size: int = 2,
     recompile: Callable[[str], str] | None = None,
+    stock: dict[str, int] | None = None,
 ) -> VisionPlan:
     """Bucket every image/video of ``requests`` (their ``image_info``/``video_info`` must be probed).
 
@@ -299,6 +338,8 @@ def plan_vision(
         )
     buckets = sorted(buckets)
     geo = {"patch_size": patch_size, "merge_size": merge_size, "temporal_patch_size": temporal_patch_size}
+    if stock:  # the model's own processor caps (modelinfo.processor_defaults): what "capped" is measured against
+        geo["stock_max_pixels"], geo["stock_video_max_pixels"] = stock["max_pixels"], stock["video_max_pixels"]
     items: dict[str, list[VisionItem]] = {}
     request_caps: dict[str, Any] = {}
     capped: list[dict[str, Any]] = []
