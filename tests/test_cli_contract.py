@@ -366,3 +366,34 @@ def test_one_request_on_one_line_is_said_in_the_singular(tmp_path, capsys):
     code, out, err = run_main(["bucket-plan", "--workload", str(path)], capsys)
     assert code == 0, err
     assert "1 request on 1 line, aggregated into 1 distinct size" in out
+
+
+def _readme_commands() -> list[str]:
+    import re
+
+    from tests.helpers_cli import REPO
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    lines = [ln for block in re.findall(r"```bash\n(.*?)```", text, re.S) for ln in block.splitlines()]
+    return [ln.split("  #")[0].split(" | ")[0].strip() for ln in lines if ln.strip().startswith("qvl ")]
+
+
+def test_readme_examples_work_when_pasted(capsys):
+    """Unquoted brackets glob in bash and fail in zsh; an example image must be one the repo has."""
+    import re
+    import shlex
+
+    from tests.helpers_cli import REPO
+
+    commands = _readme_commands()
+    assert commands
+    for cmd in commands:
+        assert "[" not in re.sub(r"'[^']*'|\"[^\"]*\"", "", cmd), cmd
+        words = shlex.split(cmd)
+        for flag in ("--image", "--video"):
+            if flag in words:
+                assert (REPO / words[words.index(flag) + 1]).is_file(), cmd
+        if "--dry-run" in words and words[1] == "compile":
+            code, _, err = run_main(words[1:], capsys)
+            assert code in (0, 4), (cmd, err)  # 4: the example that shows a configuration that does not fit
+    assert "cat.jpg" not in (REPO / "README.md").read_text(encoding="utf-8")
