@@ -397,3 +397,16 @@ def test_readme_examples_work_when_pasted(capsys):
             code, _, err = run_main(words[1:], capsys)
             assert code in (0, 4), (cmd, err)  # 4: the example that shows a configuration that does not fit
     assert "cat.jpg" not in (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def test_a_compiled_artifact_in_a_markup_named_directory_is_reported_literally(tiny, odd, capsys):
+    out_dir = odd["root"] / "[bold]art[/x]"
+    code, out, err = run_main(["compile", "--preset", "cpu-tiny", "--no-cache", "-o", str(out_dir)], capsys)
+    assert code == 0, err
+    _literal(out, "[bold]art[/x]")
+    code, out, err = run_main(["load-check", str(out_dir), "--no-runtime"], capsys)
+    assert code == 0, err
+    _literal(out, "[bold]proj", "[bold]art[/x]")
+    code, out, err = run_main(["infer", str(out_dir), "--prompt", MARKUP, "--max-new-tokens", "2"], capsys)
+    assert code == 0, err
+    _literal(out, "[bold]art[/x]")
