@@ -158,14 +158,21 @@ def _planner_estimate(
 
 
 def _memory(
-    root: Path, kind: str, cfg: dict[str, Any], layout: dict, target: dict, placement: dict, device_memory: str | None
+    root: Path,
+    kind: str,
+    cfg: dict[str, Any],
+    layout: dict,
+    target: dict,
+    placement: dict,
+    device_memory: str | None,
+    refused: bool = False,
 ) -> dict[str, Any]:
     from qwenvl_rbln.backends import rbln as rbln_backend
     from qwenvl_rbln.devices import npu_spec
     from qwenvl_rbln.errors import InputError
 
     estimate = _planner_estimate(root, kind, cfg, target.get("npu"), placement, device_memory)
-    if kind == "rbln" and not layout["missing"] and rbln_backend.import_rebel() is not None:
+    if kind == "rbln" and not layout["missing"] and not refused and rbln_backend.import_rebel() is not None:
         try:
             spec = npu_spec(target["npu"]) if target.get("npu") else None
         except InputError:
@@ -412,7 +419,7 @@ def run_load_check(
     if target["problems"]:
         layout["ok"] = False
     placement = check_placement(device, visual_device, manifest, target, fallback, cfg)
-    memory = _memory(root, kind, cfg, layout, target, placement["requested"], device_memory)
+    memory = _memory(root, kind, cfg, layout, target, placement["requested"], device_memory, guard is not None)
     if layout["ok"] and memory.get("source") == "unavailable" and memory.get("problem"):
         # the artifact's own config cannot be read as optimum-rbln would (a bad value, a broken config.json)
         layout["problems"].append(memory["problem"])

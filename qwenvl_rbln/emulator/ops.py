@@ -4,7 +4,8 @@ rebel-compiler registers these ops; without it, the emulator registers them with
 semantics are *inferred* from the optimum-rbln 0.12.0 call sites (paths inside ``optimum/rbln/``), never
 from NPU documentation or hardware:
 
-* ``linear(input, weight, bias=None)``: plain ``torch.nn.functional.linear``. optimum-rbln patches
+* ``linear(input, weight, bias=None)``: plain ``torch.nn.functional.linear`` (decomposed into aten ops when a
+  graph is traced, so graph files hold no call to it). optimum-rbln patches
   ``torch.nn.functional.linear`` to this op while it compiles an LM graph
   (``transformers/models/decoderonly/modeling_decoderonly.py:244-260``).
 * ``paged_attn_{prefill,decode}``, ``paged_causal_attn_{prefill,decode}``, ``paged_flash_attn_{prefill,decode}``,
@@ -63,7 +64,8 @@ def register() -> None:
 
     lib = torch.library.Library("rbln_custom_ops", "FRAGMENT")
     lib.define("linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor")
-    lib.impl("linear", _linear, "CompositeExplicitAutograd")
+    # CompositeImplicitAutograd: a traced graph records the aten ops of a linear (no Python call per run)
+    lib.impl("linear", _linear, "CompositeImplicitAutograd")
     for name in ATTN_OPS:
         lib.define(name + ATTN_SCHEMA)
         causal = "causal" in name
