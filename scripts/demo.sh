@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make demo: the main job end to end on this machine, no NPU and no network needed.
 # Tiny Qwen3-VL (real architecture, random weights) -> reference-backend compile -> bucket plan -> infer
-# -> load-check, then what the real Rebel100 baseline would do (dry run with the memory verdict).
+# -> load-check; the same model through optimum-rbln's real compile/load/generate on qvl's emulated Rebel100
+# (compared with the reference); then what the real Rebel100 baseline would do (dry run with the memory verdict).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
@@ -25,6 +26,21 @@ qvl infer --image "$IMAGE" --prompt "Describe this image." --max-new-tokens 24
 
 step "qvl load-check: layout, manifest hashes, placement, memory, runtime"
 qvl load-check
+
+step "qvl compile --preset cpu-tiny-rbln --emulate: optimum-rbln's real compile for RBLN-CR13 on qvl's CPU emulator (emulated)"
+qvl compile --preset cpu-tiny-rbln --emulate --force
+
+step "qvl load-check --emulate: runtimes on the emulator; emulated per-graph sizes beside the planner's estimate"
+qvl load-check --emulate
+
+step "qvl infer --emulate and qvl compare: optimum-rbln's generate on the emulator against the reference backend"
+RUNS="$(mktemp -d)"
+trap 'rm -rf "$RUNS"' EXIT
+qvl infer --preset cpu-tiny-rbln --emulate --image "$IMAGE" --prompt "Describe this image." --max-new-tokens 24 \
+  --json >"$RUNS/emulated.json"
+qvl infer --preset cpu-tiny --image "$IMAGE" --prompt "Describe this image." --max-new-tokens 24 \
+  --json >"$RUNS/reference.json"
+qvl compare "$RUNS/emulated.json" "$RUNS/reference.json"
 
 step "qvl compile --preset rebel100-1npu --dry-run: the Model Zoo baseline on one Rebel100"
 qvl compile --preset rebel100-1npu --dry-run
