@@ -13,6 +13,7 @@ or without qvl's packing module the ViT simply runs unpacked, and one warning li
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -29,8 +30,8 @@ def register() -> None:
     global _installed
     if _installed or os.environ.get(ENV) != "1":
         return
-    try:
-        from qwenvl_rbln.backends import vit_packing
+    try:  # import_module, not `from ... import`: it goes through sys.modules like every plugin import
+        vit_packing = importlib.import_module("qwenvl_rbln.backends.vit_packing")
     except ImportError as exc:
         _warn(f"ViT packing requested ({ENV}=1) but this qvl has no packed forward ({exc}); the ViT runs unpacked")
         return
