@@ -47,3 +47,14 @@ qvl compile --preset rebel100-1npu --dry-run
 
 step "the document's batch-4 / 262144 case: the planner says no before any compile, and why"
 qvl compile --preset rebel100-1npu-batch4 --set max_seq_len=262144 --dry-run || echo "(exit $?: does not fit, as the product document reports)"
+
+step "ViT packing: a 5-minute 720p video and 8 small images in one request, one call per segment vs packed"
+printf '%s\n' '{"width": 1280, "height": 720, "frames": 9000, "fps": 30}' '{"width": 320, "height": 240, "images": 8}' \
+  >"$RUNS/packing.jsonl"
+qvl bucket-plan --preset rebel100-1npu-vit-buckets --workload "$RUNS/packing.jsonl"
+
+step "ViT packing at run time: three images in one request on the emulator, unpacked then packed (emulated)"
+for flag in --no-vit-packing ""; do
+  qvl infer --preset cpu-tiny-rbln --emulate $flag --image "$IMAGE" --image "$IMAGE" --image "$IMAGE" \
+    --prompt "Compare them." --max-new-tokens 8 | grep "ViT:"
+done

@@ -892,7 +892,8 @@ def _print_memory_line(console: Any, mem: dict[str, Any] | None) -> None:
 def _print_optimized(console: Any, opt: dict[str, Any], preset: str) -> None:
     console.print(
         f"[bold]optimised ViT buckets[/bold] (K={opt['k']}, {opt['distinct_values']:,} distinct patch counts; "
-        f"cost = ViT FLOPs; every list on the same {opt['vit_calls']:,} ViT calls)"
+        f"cost = {'packed ' if opt.get('cost') == 'packed' else ''}ViT FLOPs; every list on the same "
+        f"{opt['vit_calls']:,} ViT calls)"
     )
     rep = opt.get("replanned")
     if rep:
