@@ -461,6 +461,13 @@ def resolve_directory(directory: Path | None, preset: str | None, command: str) 
 
 
 def _ids(value: Any, n: int, flag: str) -> list[int]:
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(type(i) is int and i >= 0 for i in items):
+        raise InputError(
+            f"{flag}: the placement {value!r} (recorded in {artifacts.MANIFEST_NAME}) is not an NPU id or a list of "
+            "them",
+            f"pass {flag} explicitly (e.g. {flag} 0), or recompile the artifact",
+        )
     if isinstance(value, list):
         if len(value) != n:
             raise InputError(

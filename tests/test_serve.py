@@ -404,6 +404,15 @@ def test_inherited_visible_devices_are_replaced_and_said_so(art, capsys, monkeyp
     assert any("replaces the inherited 4,5" in c["detail"] for c in data["checks"])
 
 
+def test_a_damaged_recorded_placement_is_one_line(tmp_path, plans, capsys, no_exec):
+    root = make_artifact(tmp_path / "art", plans["rebel100-1npu"])
+    manifest = json.loads((root / artifacts.MANIFEST_NAME).read_text())
+    manifest["placement"] = {"device": "zero", "visual_device": 0}
+    (root / artifacts.MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert "'zero'" in refused(["serve", str(root)], capsys)
+    assert dry(["serve", str(root), "--device", "0"], capsys)["env"]["RBLN_VISIBLE_DEVICES"] == "0"
+
+
 def test_no_manifest_places_both_on_device_0(tmp_path, plans, capsys, no_exec):
     root = make_artifact(tmp_path / "art", plans["rebel100-2npu-batch4"], manifest=False)
     data = dry(["serve", str(root)], capsys)
