@@ -264,7 +264,7 @@ class _Checker:
             if value is None:
                 continue
             if kind in ("placement", "device_map"):
-                self.placement_key(dotted)
+                self.placement_key(dotted, value)
             if kind is int:
                 self.int_(dotted, value)
             elif kind is bool:
@@ -291,14 +291,14 @@ class _Checker:
         hint = f"did you mean '{prefix}{near}'?" if near else f"valid keys under {prefix.rstrip('.')}: {valid}"
         self.fail(dotted, f"unknown rbln_config key '{dotted}' (optimum-rbln 0.12 refuses it)", hint)
 
-    def placement_key(self, dotted: str) -> None:
+    def placement_key(self, dotted: str, value: Any = None) -> None:
         """``device`` / ``device_map`` are load-time choices: qvl keeps them in ``placement:``, where the planner
         and load see them (a per-graph device_map would put graphs where the memory planner does not look)."""
         target = "placement.visual_device" if ".visual." in dotted else "placement.device"
         self.fail(
             dotted,
-            f"{dotted} is not read from rbln_config: qvl takes device ids from the preset's placement section "
-            "(placement.device for the LM graphs, placement.visual_device for the ViT)",
+            f"{dotted}={value!r} is not read from rbln_config: qvl takes device ids from the preset's placement "
+            "section (placement.device for the LM graphs, placement.visual_device for the ViT)",
             f"remove {dotted} and set {target} instead (e.g. --set {target}=1)",
         )
 
