@@ -217,6 +217,8 @@ def test_eager_attention_tokens_equal_the_reference(art_eager, tiny, media, caps
     code, ref, err = _infer(capsys, str(tiny), *args)
     assert code == 0, err
     assert emu["requests"][0]["token_ids"] == ref["requests"][0]["token_ids"]
+    code, out, err = run_main(["infer", str(art_eager), "--emulate", *args], capsys)
+    assert code == 0 and "emulated on the CPU by qvl, no NPU" in out, err
 
 
 # -------------------------------------------------------------------------------- logits vs transformers

@@ -45,6 +45,8 @@ def human(console: Any, d: dict[str, Any]) -> None:
     rt = d["runtime"]
     if d.get("placement"):
         where = f"LM on NPU {d['placement']['device']}, ViT on NPU {d['placement']['visual_device']}"
+        if d.get("emulated"):
+            where += ": emulated on the CPU by qvl, no NPU"
     else:
         where = f"{rt.get('device')}, {rt.get('dtype')}"
     console.print(
