@@ -249,6 +249,13 @@ def _check_config(cfg: dict[str, Any], path: Path, checks: list[dict[str, Any]])
             "from the largest)",
             RECOMPILE,
         )
+    for where, key in ((cfg, "phases"), (cfg, "_compile_cfgs"), (visual, "_compile_cfgs")):
+        value = where.get(key)
+        if value is not None and not (
+            isinstance(value, list) and all(isinstance(x, str if key == "phases" else dict) for x in value)
+        ):
+            name = f"visual.{key}" if where is visual else key
+            raise InputError(f"{path}: {name}={value!r} is not a list of {key} entries", RECOMPILE)
     dbs = cfg.get("decoder_batch_sizes") or [cfg["batch_size"]]
     if not (isinstance(dbs, list) and all(type(b) is int and b > 0 for b in dbs)):
         raise InputError(f"{path}: decoder_batch_sizes={dbs!r} is not a list of batch sizes", RECOMPILE)

@@ -8,6 +8,7 @@ installed or imported.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import shlex
@@ -662,3 +663,27 @@ def test_a_real_emulated_compile_is_refused_with_or_without_its_manifest(tmp_pat
     assert "emulated: true" in refused(["serve", str(out), "--dry-run"], capsys)
     (out / artifacts.MANIFEST_NAME).unlink()
     assert "written by qvl's CPU emulator" in refused(["serve", str(out), "--dry-run"], capsys)
+
+
+HOSTILE = [None, -1, 1.5, "x", [], {}, [1, "a"], True, 10**30, [{}]]
+
+
+def test_hostile_rbln_config_values_are_input_errors_never_tracebacks(tmp_path, plans):
+    from qwenvl_rbln.errors import QvlError
+
+    plan = plans["rebel100-1npu"]
+    root = make_artifact(tmp_path / "art", plan, manifest=False)
+    base = rbln_config_json(plan)
+    keys = [*base, "visual.max_seq_len", "visual._compile_cfgs", "visual.cls_name"]
+    for key in keys:
+        for value in HOSTILE:
+            cfg = json.loads(json.dumps(base))
+            section, _, name = key.rpartition(".")
+            (cfg[section] if section else cfg)[name] = value
+            (root / "rbln_config.json").write_text(json.dumps(cfg))
+            for build in (
+                lambda: serving.serve_command(serving.ServeOptions(directory=root), {}),
+                lambda: serving.bench_command(serving.BenchOptions(directory=root)),
+            ):
+                with contextlib.suppress(QvlError):  # anything else (TypeError, KeyError...) fails the test
+                    build()
