@@ -126,3 +126,20 @@ def test_optimize_packed_with_max_bucket_costs_every_list_on_the_same_calls(tmp_
     assert opt["buckets"][-1] == 4096 and opt["cost"] == "packed"  # the cap is the top, as unpacked
     assert {(b["covered_calls"], b["uncovered_calls"]) for b in [opt, *opt["baselines"].values()]} == {(420, 0)}
     assert all(opt["executed"] <= b["executed"] for b in opt["baselines"].values())
+
+
+@pytest.mark.parametrize(("flags", "expected"), [((), True), (("--no-vit-packing",), False)])
+def test_infer_flag_reaches_the_runner(monkeypatch, flags, expected):
+    from qwenvl_rbln.inference import runner
+
+    seen = {}
+
+    def fake_run_infer(opts, **_):
+        seen["vit_packing"] = opts.vit_packing
+        raise InputError("stop here", "test")
+
+    monkeypatch.setattr(runner, "run_infer", fake_run_infer)
+    render.reset_consoles()
+    CliRunner().invoke(app, ["infer", "--prompt", "hi", *flags])
+    render.reset_consoles()
+    assert seen == {"vit_packing": expected}
