@@ -5,7 +5,7 @@ traced by qvl's emulator) vs `qvl compile --preset cpu-tiny --no-cache` (the ref
 Infer: the same request (assets/demo.jpg, "Describe this image.", 24 greedy tokens) on each artifact, end to end
 (process start, imports, load, generate), plus the load / TTFT / decode figures from `--json`.
 
-    .venv/bin/python benchmarks/bench_emulator.py [--runs 3]
+    .venv/bin/python benchmarks/bench_emulator.py [--runs 3] [--threads 1]
 """
 
 from __future__ import annotations
@@ -39,11 +39,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every qvl process")
     opts = ap.parse_args()
     rows: dict[str, list[float]] = {}
     extra: dict[str, list[dict]] = {"emulated": [], "reference": []}
     with tempfile.TemporaryDirectory(prefix="qvl-bench-emu-") as tmp:
         env = {**os.environ, "QVL_HOME": str(Path(tmp) / "home"), "HF_HUB_OFFLINE": "1"}
+        if opts.threads:
+            env["OMP_NUM_THREADS"] = str(opts.threads)
         _run(["tiny-model"], env)  # built once, outside the timings
         for i in range(opts.runs):
             for name, preset, flags in (
@@ -67,7 +70,7 @@ def main() -> None:
                     }
                 )
     same = all(e["tokens"] == r["tokens"] for e, r in zip(extra["emulated"], extra["reference"], strict=True))
-    print(f"runs: {opts.runs}, {opts.tokens} new tokens, identical tokens: {same}")
+    print(f"runs: {opts.runs}, {opts.tokens} new tokens, threads {opts.threads or 'default'}, identical tokens: {same}")
     for key, values in rows.items():
         print(f"{key:20s} median {statistics.median(values):6.2f} s  (runs: {', '.join(f'{v:.2f}' for v in values)})")
     for name, items in extra.items():
