@@ -172,8 +172,9 @@ def test_load_check_creates_runtimes_and_labels_sizes_emulated(art: Path, capsys
     assert g["prefill"]["by_key"]["Weight"] > 0 and g["decoder_batch_2"]["kv_shared"] is True
     # the KV cache: 3 layers x (K, V) x 8 blocks x 2 heads x 1024 x 16 x fp32
     assert g["prefill"]["by_key"]["DramTensor"] == 6 * 8 * 2 * 1024 * 16 * 4
-    code, out, _ = run_main(["load-check", str(art), "--emulate"], capsys)
+    code, out, _ = run_main(["load-check", str(art), "--emulate", "--calibrate"], capsys)
     assert code == 0 and "emulated: tensor sizes of the emulated graphs, not NPU figures" in out
+    assert "emulated sizes are not NPU figures" in out  # never recorded as calibration
     assert "planner estimate" in out
 
 

@@ -203,6 +203,8 @@ def _calibrate(root: Path, cfg: dict[str, Any], memory: dict[str, Any], target: 
     """--calibrate: record the exact per-graph workspaces so later estimates use them."""
     from qwenvl_rbln import calibration as cal
 
+    if memory.get("source") == "emulated":
+        return {"recorded": False, "reason": "emulated sizes are not NPU figures; calibrate on an RBLN host"}
     if memory.get("source") != "exact":
         return {"recorded": False, "reason": "exact allocations need rebel-compiler on this host (rbln artifacts)"}
     found = calibration_from_exact(root, cfg, memory)
