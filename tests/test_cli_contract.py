@@ -423,3 +423,19 @@ def test_a_compiled_artifact_in_a_markup_named_directory_is_reported_literally(t
     code, out, err = run_main(["infer", str(out_dir), "--prompt", MARKUP, "--max-new-tokens", "2"], capsys)
     assert code == 0, err
     _literal(out, "[bold]art[/x]")
+
+
+def test_presets_list_and_tiny_model_print_names_literally(tiny, tmp_path, capsys, monkeypatch):
+    from qwenvl_rbln import presets
+
+    (tmp_path / "[bold]mine.yaml").write_text(f"extends: rebel100-1npu\ndescription: '{MARKUP}'\n")
+    shipped = presets.preset_dirs
+    monkeypatch.setattr(presets, "preset_dirs", lambda: [tmp_path, *shipped()])
+    code, out, err = run_main(["presets", "list"], capsys)
+    assert code == 0, err
+    _literal(out, "[bold]mine", MARKUP)
+    link = tmp_path / "[bold]tiny[red]"
+    link.symlink_to(tiny, target_is_directory=True)  # already built: reused, so this is quick
+    code, out, err = run_main(["tiny-model", str(link)], capsys)
+    assert code == 0, err
+    _literal(out, "[bold]tiny[red]")
