@@ -243,3 +243,12 @@ def test_install_on_class_and_instance(parts):
 def test_not_optimum_vit_is_left_alone():
     assert vp.install_on_instance(lambda *a: None) is None
     assert vp.install_on_instance(types.SimpleNamespace(transformer=1)) is None
+
+
+def test_pack_log_is_bounded():
+    log = vp.PackLog()
+    plan = plan_packs([16, 16], [64])
+    for _ in range(vp.LOG_LIMIT + 5):
+        log.record(plan, packed=True)
+    assert len(log.entries) == vp.LOG_LIMIT and log.graph_calls == vp.LOG_LIMIT
+    assert len(log.drain()) == vp.LOG_LIMIT and not log.entries

@@ -25,21 +25,25 @@ the graph calls actually made. torch is imported inside the functions only.
 from __future__ import annotations
 
 import types
+from collections import deque
 from typing import Any
 
 from qwenvl_rbln.packing import PackPlan, plan_packs, unpacked
 
 VISION_CLASS = "RBLNQwen3VLVisionModel"
 VISION_MODULE = "optimum.rbln.transformers.models.qwen3_vl.modeling_qwen3_vl"
+LOG_LIMIT = 1000  # visual() calls remembered per instance
 _CLASS_ORIGINALS: dict[type, Any] = {}  # class -> its forward before install_on_class
 _NEEDS = ("transformer", "max_seq_len", "patch_embed", "rotary_cos_table", "rotary_sin_table", "spatial_merge_size")
 
 
 class PackLog:
-    """What the ViT did, one entry per ``visual()`` call; ``drain()`` hands the entries over and clears them."""
+    """What the ViT did, one entry per ``visual()`` call; ``drain()`` hands the entries over and clears them.
+
+    Bounded (the newest ``LOG_LIMIT`` entries): under ``qvl serve`` nobody drains it, and a server must not grow."""
 
     def __init__(self) -> None:
-        self.entries: list[dict[str, Any]] = []
+        self.entries: deque[dict[str, Any]] = deque(maxlen=LOG_LIMIT)
 
     def record(self, plan: PackPlan, packed: bool) -> None:
         self.entries.append(
@@ -58,7 +62,8 @@ class PackLog:
         return sum(e["graph_calls"] for e in self.entries)
 
     def drain(self) -> list[dict[str, Any]]:
-        out, self.entries = self.entries, []
+        out = list(self.entries)
+        self.entries.clear()
         return out
 
 
