@@ -17,7 +17,7 @@ from qwenvl_rbln.compile_job import run_compile
 from qwenvl_rbln.errors import DoesNotFit
 from qwenvl_rbln.plan import build_plan
 from tests.fakes_rbln import TINY_CONFIG, install, make_auto, run_main, temp_entries, write_hf_model
-from tests.helpers_cli import REPO, Result, run_qvl
+from tests.helpers_cli import REPO, Result
 
 
 @pytest.fixture
