@@ -178,6 +178,15 @@ def test_load_check_creates_runtimes_and_labels_sizes_emulated(art: Path, capsys
     assert "planner estimate" in out
 
 
+def test_qvl_emulate_npu_turns_the_emulator_on_without_the_flag(art: Path, capsys, monkeypatch):
+    from qwenvl_rbln import emulator
+
+    emulator.deactivate()
+    monkeypatch.setenv("QVL_EMULATE_NPU", "1")
+    code, out, err = run_main(["load-check", str(art), "--no-runtime", "--json"], capsys)
+    assert code == 0 and json.loads(out)["emulated"] is True, err
+
+
 # ----------------------------------------------------------------------------------- tokens vs reference
 
 
