@@ -223,6 +223,7 @@ def manifest_for_plan(
         "placement": copy.deepcopy(plan.placement),
         "resolved": plan.resolved.to_dict(),
         "processor": plan.processor.to_dict(),
+        "runtime": copy.deepcopy(plan.runtime),
         "versions": dict(versions),
         "cache_key": cache_key,
         "timings": dict(timings or {}),

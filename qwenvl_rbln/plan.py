@@ -303,6 +303,24 @@ class _Checker:
         )
 
 
+def _runtime(chk: _Checker, data: dict[str, Any]) -> dict[str, Any]:
+    """The runtime: section: choices that need no recompile (ViT packing; vLLM's items per prompt for qvl serve)."""
+    runtime: dict[str, Any] = {"vit_packing": chk.bool_("runtime.vit_packing", data.get("vit_packing", True))}
+    limits = data.get("limit_mm_per_prompt")
+    if limits is None:
+        return runtime
+    key = "runtime.limit_mm_per_prompt"
+    example = "e.g. runtime: {limit_mm_per_prompt: {image: 4, video: 1}}"
+    if not isinstance(limits, dict) or not limits:
+        chk.fail(key, f"{key}={limits!r} must be a mapping of image/video to a count", example)
+    for name, count in limits.items():
+        if name not in ("image", "video"):
+            chk.fail(key, f"{key}.{name} is not a modality vLLM limits here (image, video)", example)
+        chk.int_(f"{key}.{name}", count, minimum=0)
+    runtime["limit_mm_per_prompt"] = dict(limits)
+    return runtime
+
+
 def build_plan(
     preset: str,
     sets: list[str] | None = None,
@@ -385,7 +403,7 @@ def plan_from_loaded(loaded: LoadedPreset, *, model: str | None = None, output_d
     load_cfg: dict[str, Any] = {"visual": {"device": placement["visual_device"]}, "device": placement["device"]}
 
     processor = _processor(chk, data.get("processor") or {}, model_id, resolved, warnings)
-    runtime = {"vit_packing": chk.bool_("runtime.vit_packing", (data.get("runtime") or {}).get("vit_packing", True))}
+    runtime = _runtime(chk, data.get("runtime") or {})
 
     out = output_dir or data.get("output_dir") or f"qvl-out/{Path(loaded.name).stem}"
     if not isinstance(out, str) or not out.strip() or "\x00" in out:

@@ -29,10 +29,10 @@ TOP_KEYS: dict[str, str] = {
     "rbln_config": "the optimum-rbln rbln_config tree, spelled as optimum-rbln spells it",
     "placement": "load-time device placement: device, visual_device",
     "processor": "pixel caps: min_pixels, max_pixels, video_min_pixels, video_max_pixels, fps, ...",
-    "runtime": "run-time choices that need no recompile: vit_packing (true/false)",
+    "runtime": "no-recompile choices: vit_packing (true/false), limit_mm_per_prompt ({image: N, video: M})",
 }
 PLACEMENT_KEYS = ("device", "visual_device")
-RUNTIME_KEYS = ("vit_packing",)
+RUNTIME_KEYS = ("vit_packing", "limit_mm_per_prompt")
 PROCESSOR_KEYS = (
     "min_pixels",
     "max_pixels",

@@ -688,3 +688,36 @@ def test_hostile_rbln_config_values_are_input_errors_never_tracebacks(tmp_path, 
             ):
                 with contextlib.suppress(QvlError):  # anything else (TypeError, KeyError...) fails the test
                     build()
+
+
+def test_limit_mm_per_prompt_comes_from_the_presets_runtime_section(art, tmp_path, capsys, no_exec):
+    preset = tmp_path / "limits.yaml"
+    preset.write_text("extends: rebel100-1npu\nruntime:\n  limit_mm_per_prompt: {image: 4, video: 1}\n")
+    argv = dry(["serve", str(art), "--preset", str(preset)], capsys)["argv"]
+    assert json.loads(flag_value(argv, "--limit-mm-per-prompt")) == {"image": 4, "video": 1}
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [("{image: -1}", "limit_mm_per_prompt.image"), ("{audio: 1}", "audio"), ("3", "limit_mm_per_prompt")],
+)
+def test_a_bad_limit_mm_per_prompt_in_the_preset_is_one_line(art, tmp_path, capsys, no_exec, value, named):
+    preset = tmp_path / "limits.yaml"
+    preset.write_text(f"extends: rebel100-1npu\nruntime:\n  limit_mm_per_prompt: {value}\n")
+    line = refused(["serve", str(art), "--preset", str(preset), "--dry-run"], capsys)
+    assert named in line and "limits.yaml" in line, line
+
+
+def test_an_artifact_without_a_preset_serves_the_limit_recorded_at_compile(art, tmp_path, capsys, no_exec):
+    preset = tmp_path / "limits.yaml"
+    preset.write_text("extends: rebel100-1npu\nruntime:\n  limit_mm_per_prompt: {image: 2}\n")
+    from qwenvl_rbln import artifacts as _artifacts
+    from qwenvl_rbln.plan import build_plan
+
+    manifest = _artifacts.manifest_for_plan(build_plan(str(preset)), model={}, versions={}, cache_key=None)
+    assert manifest["runtime"] == {"vit_packing": True, "limit_mm_per_prompt": {"image": 2}}
+    on_disk = _artifacts.read_manifest(art)  # the fixture's own manifest, given the runtime section a compile records
+    on_disk["runtime"] = manifest["runtime"]
+    _artifacts.write_manifest(art, on_disk)
+    argv = dry(["serve", str(art)], capsys)["argv"]
+    assert json.loads(flag_value(argv, "--limit-mm-per-prompt")) == {"image": 2}
