@@ -16,7 +16,7 @@ for sizes that are an odd multiple of ``factor / 2`` and for odd frame counts.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
@@ -403,16 +403,6 @@ def video_capped(
         return False
     kw = {"patch_size": patch_size, "merge_size": merge_size, "temporal_patch_size": temporal_patch_size}
     capped = video_geometry_for(width, height, total_frames, video_fps, caps, **kw)
-    stock = video_geometry(
-        width,
-        height,
-        total_frames,
-        video_fps,
-        fps=caps.fps,
-        min_frames=caps.min_frames,
-        max_frames=caps.max_frames,
-        min_pixels=caps.video_min_pixels,
-        max_pixels=stock_video_max_pixels,
-        **kw,
-    )
+    stock_caps = replace(caps, video_max_pixels=stock_video_max_pixels)
+    stock = video_geometry_for(width, height, total_frames, video_fps, stock_caps, **kw)
     return stock.patches > capped.patches
