@@ -825,6 +825,9 @@ def _positive_or_none(cfg: dict[str, Any], key: str, source: str) -> None:
         raise InputError(f"{source}: {key}={value!r} is not a positive integer", "recompile the artifact")
 
 
+_QUANT_DEFAULTS = {"format": "rbln", "weights": "fp16", "activations": "fp16", "kv_caches": "fp16"}
+
+
 def resolved_from_rbln_config(cfg: dict[str, Any], *, source: str = RBLN_CONFIG_NAME) -> Any:
     """Rebuild plan.ResolvedLM from a compiled rbln_config.json, so the memory planner runs without a preset."""
     from qwenvl_rbln.plan import ResolvedLM, kv_block_counts
@@ -859,6 +862,13 @@ def resolved_from_rbln_config(cfg: dict[str, Any], *, source: str = RBLN_CONFIG_
     if not isinstance(buckets, list) or not buckets or not all(type(b) is int and b > 0 for b in buckets):
         raise InputError(f"{source}: visual.max_seq_len={buckets!r} is not a list of integers", "recompile")
     num_full, num_min = kv_block_counts(max_seq_len, block, batch, attn)
+    quant = cfg.get("quantization")
+    if quant is not None and not isinstance(quant, dict):
+        raise InputError(f"{source}: quantization={quant!r} is not a mapping", "recompile the artifact")
+    quantization = None
+    if quant:  # saved as RBLNQuantizationConfig._prepare_for_serialization writes it; unset fields mean fp16
+        quantization = {name: quant.get(name) or default for name, default in _QUANT_DEFAULTS.items()}
+        quantization["dynamic"] = bool(quant.get("dynamic"))
     return ResolvedLM(
         batch_size=batch,
         max_seq_len=max_seq_len,
@@ -874,6 +884,8 @@ def resolved_from_rbln_config(cfg: dict[str, Any], *, source: str = RBLN_CONFIG_
         num_min_blocks=num_min,
         num_devices=target["num_devices"],
         visual_num_devices=target["visual_num_devices"],
+        quantization=quantization,
+        use_attention_mask=bool(cfg.get("use_attention_mask")),
     )
 
 

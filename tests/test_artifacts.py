@@ -272,6 +272,19 @@ def test_resolved_from_rbln_config_matches_the_plan(preset):
     assert target["npu"] == "RBLN-CR13" and target["num_devices"] == 1 and target["visual_num_devices"] == 1
 
 
+def test_a_quantized_masked_artifact_is_read_back_as_planned_not_as_bf16():
+    sets = ['quantization={"weights":"int8","kv_caches":"fp8"}', "use_attention_mask=true"]
+    plan = build_plan("rebel100-1npu", sets)
+    cfg = rbln_config_json(plan, kv_blocks=0)
+    cfg["quantization"] = {"format": "rbln", "weights": "int8", "activations": "fp16", "kv_caches": "fp8"}
+    cfg["use_attention_mask"] = True  # as RBLNQuantizationConfig._prepare_for_serialization saves them
+    resolved = artifacts.resolved_from_rbln_config(cfg)
+    assert resolved == plan.resolved.__class__(**{**plan.resolved.__dict__, "memory_budget": None})
+    assert resolved.quantization["kv_caches"] == "fp8" and resolved.use_attention_mask
+    with pytest.raises(InputError, match="quantization="):
+        artifacts.resolved_from_rbln_config({**cfg, "quantization": "int8"})
+
+
 def test_layout_ok_for_a_real_layout(tmp_path):
     plan = build_plan("rebel100-1npu-batch4")
     root = write_artifact(tmp_path / "art", plan)
