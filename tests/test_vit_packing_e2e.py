@@ -143,6 +143,18 @@ def test_preset_runtime_key_turns_it_off(art, emulated, media, monkeypatch):
     assert on["requests"][0]["token_ids"] == off["requests"][0]["token_ids"]
 
 
+def test_a_compile_time_runtime_vit_packing_false_holds_at_infer(art, emulated, media, monkeypatch, tmp_path):
+    import shutil
+
+    copy = tmp_path / "no-packing"
+    shutil.copytree(art, copy)
+    manifest = json.loads((copy / "qvl-manifest.json").read_text())
+    manifest["runtime"] = {**manifest.get("runtime", {}), "vit_packing": False}  # as --set runtime.vit_packing=false
+    (copy / "qvl-manifest.json").write_text(json.dumps(manifest))
+    off, _ = infer(copy, monkeypatch, True, images=[str(media["a"]), str(media["b"])], prompt="Two.")
+    assert not off["batches"][0]["vit"]["packing"] and off["runtime"]["vit_packing"] is False
+
+
 def test_human_line():
     from qwenvl_rbln.commands.infer_cmd import vit_line
 

@@ -41,6 +41,12 @@ TINY_PRESET = "cpu-tiny"  # default for a plain tiny-model directory (rebel100-1
 TINY_NOTICE = "qvl tiny model (random weights): the generated text is meaningless; it exercises every code path"
 
 
+def _compiled_packing(target: Any) -> bool:
+    """A compile's own runtime.vit_packing (recorded in its manifest, e.g. from --set) still holds at infer."""
+    runtime = (target.manifest or {}).get("runtime")
+    return not (isinstance(runtime, dict) and runtime.get("vit_packing") is False)
+
+
 @dataclass
 class Target:
     directory: Path
@@ -630,7 +636,7 @@ def run_infer(
             device=req["device"],
             visual_device=req["visual_device"],
             model_cls=model_cls,
-            vit_packing=opts.vit_packing and target.plan.runtime.get("vit_packing", True),
+            vit_packing=opts.vit_packing and target.plan.runtime.get("vit_packing", True) and _compiled_packing(target),
         )
     load_s = time.perf_counter() - t_load
 
