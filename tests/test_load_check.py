@@ -270,6 +270,16 @@ def test_bad_device_memory_and_a_file_instead_of_a_directory_are_one_line_errors
     assert code == 2 and "is a file, not a directory" in err
 
 
+def test_device_memory_above_the_artifacts_own_card_is_refused(tmp_path, capsys, no_npu_stack):
+    _, root = _artifact(tmp_path, manifest=False)
+    _edit_rbln_config(root, lambda c: [g.update(npu="RBLN-CA25") for g in c["_compile_cfgs"]])
+    _edit_rbln_config(root, lambda c: [g.update(npu="RBLN-CA25") for g in c["visual"]["_compile_cfgs"]])
+    code, out, err = run_main(["load-check", str(root), "--no-runtime", "--device-memory", "20GiB"], capsys)
+    assert code == 2 and out == "", (code, err)
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("qvl: error: --device-memory='20GiB' is more than") and "ATOM" in line, line
+
+
 def test_calibrate_without_rebel_says_so_in_the_human_report(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("QVL_HOME", str(tmp_path / "home"))
     _, root = _artifact(tmp_path)

@@ -417,6 +417,11 @@ def run_load_check(
         layout["notes"].append("emulated: loaded through qvl's CPU emulator of rebel (no NPU)")
     target = artifacts.compile_target(cfg, manifest)
     target["problems"].extend(_unknown_npus(target))
+    if device_memory is not None and not target["problems"] and target.get("npu"):
+        from qwenvl_rbln.devices import npu_spec
+        from qwenvl_rbln.memory import parse_device_memory
+
+        parse_device_memory(device_memory, npu_spec(target["npu"]))  # above this card's DRAM: exit 2, as a dry run
     layout["problems"].extend(target["problems"])
     if target["problems"]:
         layout["ok"] = False
