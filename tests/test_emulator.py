@@ -20,7 +20,7 @@ import pytest
 
 pytestmark = pytest.mark.skipif(util.find_spec("optimum.rbln") is None, reason="optimum-rbln is not installed")
 
-from tests.fakes_rbln import run_main  # noqa: E402
+from tests.fakes_rbln import run_main, write_sweep_video  # noqa: E402
 
 N = 5  # new tokens per request
 BUCKETS = [256, 576, 1024]
@@ -64,22 +64,9 @@ def _image(path: Path, size: int, seed: int) -> Path:
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    import av
-    import numpy as np
-
     d = tmp_path_factory.mktemp("emu-media")
     out = {f"img{p}": _image(d / f"img{p}.png", s, p) for p, s in ((256, 256), (576, 384), (1024, 512))}
-    video = d / "clip.mp4"  # 20 frames at 8 fps: 5 sampled frames -> 3 temporal patches (3 ViT graph calls)
-    with av.open(str(video), "w") as container:
-        stream = container.add_stream("mpeg4", rate=8)
-        stream.width, stream.height, stream.pix_fmt = 64, 64, "yuv420p"
-        for i in range(20):
-            frame = np.zeros((64, 64, 3), dtype=np.uint8)
-            frame[:, : 3 * (i + 1)] = (255, 10 * i, 0)
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    video = write_sweep_video(d / "clip.mp4")  # 5 sampled frames -> 3 temporal patches (3 ViT graph calls)
     out["video"] = video
     out["dir"] = d
     return out

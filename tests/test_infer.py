@@ -23,7 +23,7 @@ av = pytest.importorskip("av")
 from qwenvl_rbln.errors import InputError  # noqa: E402
 from qwenvl_rbln.inference import requests as rq  # noqa: E402
 from tests.fakes_rbln import refused_infer as refused  # noqa: E402
-from tests.fakes_rbln import run_main  # noqa: E402
+from tests.fakes_rbln import run_main, write_sweep_video  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "assets" / "demo.jpg"
@@ -42,20 +42,8 @@ def tiny() -> Path:
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    import numpy as np
-
     d = tmp_path_factory.mktemp("media")
-    video = d / "clip.mp4"  # 20 frames, 64x64, 8 fps: 2.5 s -> 5 sampled frames -> 3 temporal patches
-    with av.open(str(video), "w") as container:
-        stream = container.add_stream("mpeg4", rate=8)
-        stream.width, stream.height, stream.pix_fmt = 64, 64, "yuv420p"
-        for i in range(20):
-            frame = np.zeros((64, 64, 3), dtype=np.uint8)
-            frame[:, : 3 * (i + 1)] = (255, 10 * i, 0)
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    video = write_sweep_video(d / "clip.mp4")  # 2.5 s -> 5 sampled frames -> 3 temporal patches
     corrupt = d / "cut.jpg"
     corrupt.write_bytes(DEMO.read_bytes()[:2000])  # header fine, data cut short
     return {"image": DEMO, "video": video, "corrupt": corrupt, "dir": d}
