@@ -85,10 +85,10 @@ def load_processor(model_dir: Path, caps: Any) -> Any:
 
 def shared_processor(model_dir: Path) -> Any:
     """The directory's checked processor, loaded once per process (caps are the caller's to apply)."""
-    from qwenvl_rbln.inference.reference import _stamp
+    from qwenvl_rbln.inference.model_stamp import model_stamp
 
     root = Path(model_dir).absolute()
-    key = (str(root), _stamp(root))
+    key = (str(root), model_stamp(root))
     processor = _PROCESSORS.get(key)
     if processor is None:
         processor = _load_checked_processor(root)

@@ -18,6 +18,7 @@ from typing import IO, Any
 
 from qwenvl_rbln.errors import BackendError, DependencyMissing, InputError
 from qwenvl_rbln.inference.generation import BatchResult, GenerationOptions, VisionTimer, generate_batch
+from qwenvl_rbln.inference.model_stamp import model_stamp
 from qwenvl_rbln.paths import user_path
 
 TORCH_INSTALL_HINT = "pip install torch torchvision transformers==5.15.1 (or `pip install 'qwenvl-rbln[torch]'`)"
@@ -86,23 +87,6 @@ def torch_device(requested: str | None = None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _stamp(model_dir: Path) -> tuple[Any, ...]:
-    out = []
-    for name in (
-        "config.json",
-        "model.safetensors",
-        "model.safetensors.index.json",
-        "processor_config.json",
-        "preprocessor_config.json",
-        "tokenizer.json",
-    ):
-        p = model_dir / name
-        if p.exists():
-            st = p.stat()
-            out.append((name, st.st_size, st.st_mtime_ns))
-    return tuple(out)
-
-
 def _require_torch() -> None:
     try:
         import torch  # noqa: F401
@@ -122,7 +106,7 @@ def load_reference(model_dir: Path, device: str | None = None) -> tuple[Any, Any
     read_model_config(model_dir)  # InputError unless config.json says qwen3_vl
     _require_torch()
     dev = torch_device(device)
-    key = (str(model_dir), _stamp(model_dir), dev)
+    key = (str(model_dir), model_stamp(model_dir), dev)
     if key in _CACHE:
         model, processor = _CACHE[key]
         return model, processor, dev
