@@ -36,7 +36,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln.emulator import graph as graph_mod
+import qwenvl_rbln.emulator.graph as graph_mod  # the sibling module itself, not via the package __init__
 
 __version__ = "0.12.0+qvl.emulated"
 EMULATED = True
@@ -126,9 +126,9 @@ def compile_from_torch(
     **kwargs: Any,
 ) -> RBLNCompiledModel:
     """Trace ``module`` once per input_info group into an emulated compiled model (kept in memory)."""
-    from qwenvl_rbln.emulator import ops
+    from qwenvl_rbln.emulator.ops import register
 
-    ops.register()
+    register()
     groups = _norm_info(input_info)
     static = dict(compile_context.static) if compile_context is not None else {}
     graphs = []
@@ -182,9 +182,9 @@ class RBLNCompiledModel:
     """An emulated compiled model: one or more traced graphs, their input specs and static tensors."""
 
     def __init__(self, path: str | os.PathLike[str]):
-        from qwenvl_rbln.emulator import ops
+        from qwenvl_rbln.emulator.ops import register
 
-        ops.register()
+        register()
         p = Path(path)
         try:
             header, tensors = graph_mod.load_file(p)
