@@ -11,7 +11,7 @@ File: ``$QVL_HOME/calibration.json`` (``QVL_HOME`` defaults to ``~/.cache/qvl``)
       "format": "qvl-calibration",
       "version": 1,
       "entries": {
-        "<model key>": {                      # memory.model_key(geometry) or a model name
+        "<model key>": {                      # model_key(geometry) or a model name
           "<npu>": {                          # e.g. "RBLN-CR13"
             "<graph key>": {                  # see graph_keys(): "prefill/chunk512/block8192", ...
               "workspace_bytes": 441450496,   # device bytes of the graph minus weights and KV cache
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.modelinfo import qvl_home
+from qwenvl_rbln.modelinfo import ModelGeometry, qvl_home
 
 FORMAT = "qvl-calibration"
 VERSION = 1
@@ -55,6 +55,16 @@ def empty_calibration() -> dict[str, Any]:
 
 
 # --- keys ------------------------------------------------------------------------------------------
+
+
+def model_key(geometry: ModelGeometry) -> str:
+    """A calibration key that names the geometry, not the directory it was read from."""
+    t, v = geometry.text, geometry.vision
+    return (
+        f"qwen3_vl/text-L{t.num_hidden_layers}-H{t.hidden_size}-h{t.num_attention_heads}-kv{t.num_key_value_heads}"
+        f"-d{t.head_dim}-I{t.intermediate_size}-V{t.vocab_size}"
+        f"/vision-D{v.depth}-H{v.hidden_size}-h{v.num_heads}-I{v.intermediate_size}-O{v.out_hidden_size}"
+    )
 
 
 def prefill_key(prefill_chunk_size: int, block: int) -> str:
@@ -165,9 +175,7 @@ def lookup(calibration: dict[str, Any] | None, models: list[str] | str, npu: str
 def _model_name(model: Any) -> str:
     if isinstance(model, str):
         return model
-    from qwenvl_rbln.memory import model_key  # a ModelGeometry
-
-    return model_key(model)
+    return model_key(model)  # a ModelGeometry
 
 
 def record(
@@ -180,7 +188,7 @@ def record(
 ) -> Path:
     """Merge measurements ``{graph key: bytes | {"workspace_bytes": bytes, ...}}`` into the file, atomically.
 
-    ``model`` is a ModelGeometry (keyed by ``memory.model_key``) or a string. Returns the file path.
+    ``model`` is a ModelGeometry (keyed by ``model_key``) or a string. Returns the file path.
     """
     path = Path(path) if path is not None else default_calibration_path()
     data = load_calibration(path)

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from qwenvl_rbln import calibration as cal
+from qwenvl_rbln.calibration import model_key  # re-exported: memory.model_key stays valid
 from qwenvl_rbln.devices import MAX_CARD_BYTES, SIZE_SPELLINGS, GiB, MiB, NpuSpec, parse_byte_size
 from qwenvl_rbln.errors import DoesNotFit, InputError
 from qwenvl_rbln.modelinfo import QWEN3_VL_2B, ModelGeometry, TextGeometry, VisionGeometry
@@ -90,16 +91,6 @@ def _fmt_gib(n: float) -> str:
 
 def _devices(value: int | list[int]) -> list[int]:
     return list(value) if isinstance(value, list) else [value]
-
-
-def model_key(geometry: ModelGeometry) -> str:
-    """A calibration key that names the geometry, not the directory it was read from."""
-    t, v = geometry.text, geometry.vision
-    return (
-        f"qwen3_vl/text-L{t.num_hidden_layers}-H{t.hidden_size}-h{t.num_attention_heads}-kv{t.num_key_value_heads}"
-        f"-d{t.head_dim}-I{t.intermediate_size}-V{t.vocab_size}"
-        f"/vision-D{v.depth}-H{v.hidden_size}-h{v.num_heads}-I{v.intermediate_size}-O{v.out_hidden_size}"
-    )
 
 
 # --- exact parameter counts (transformers 5.15.1 Qwen3-VL module shapes) ---------------------------
