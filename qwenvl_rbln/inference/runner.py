@@ -412,7 +412,7 @@ def resolve_target(directory: Path | None, preset: str | None, sets: list[str] |
 def resolve_placement(target: Target, device: Any, visual_device: Any) -> dict[str, Any]:
     """The load placement for rbln: the flags, else the manifest's, else the preset's (as load-check)."""
     from qwenvl_rbln import artifacts
-    from qwenvl_rbln.commands.load_check_cmd import check_placement
+    from qwenvl_rbln.placement import check_placement
 
     fallback = {"preset": target.plan.preset, "placement": target.plan.placement}
     compiled = artifacts.compile_target(target.config or {}, target.manifest)
