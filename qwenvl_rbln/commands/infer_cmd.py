@@ -195,8 +195,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Generate text for images, videos and prompts; show buckets, decoder graphs, timings and memory."""
         from qwenvl_rbln import render
-        from qwenvl_rbln.commands.load_check_cmd import parse_device
         from qwenvl_rbln.inference.runner import InferOptions, default_stream, run_infer
+        from qwenvl_rbln.placement import parse_device
 
         opts = InferOptions(
             directory=directory,

@@ -113,7 +113,7 @@ def register(app: typer.Typer) -> None:
         import os
 
         from qwenvl_rbln import serving
-        from qwenvl_rbln.commands.load_check_cmd import parse_device
+        from qwenvl_rbln.placement import parse_device
 
         directory, extra = _split(directory, vllm_args)
         opts = serving.ServeOptions(
