@@ -584,6 +584,173 @@ def artifacts_graphs(target: Target) -> dict[str, dict[str, str]]:
     return artifacts.graph_files(target.config or {})
 
 
+@dataclass
+class _Run:
+    """Everything ``run_infer`` decided before a model loads (``warnings`` grows as batches run)."""
+
+    gen: Any  # generation.GenerationOptions
+    requests: list[Any]
+    target: Target
+    emulated: bool
+    vplan: Any  # vision_report.VisionPlan
+    warnings: list[str]
+    placement: dict[str, Any] | None
+    torch_dev: str | None
+
+
+def _plan_run(opts: InferOptions) -> _Run:
+    """Flags, requests, directory and plan, emulation, vision plan and lengths, placement, torch device:
+    every refusal, in this order, before any model loads."""
+    from qwenvl_rbln.inference.generation import GenerationOptions
+    from qwenvl_rbln.inference.reference import device_spelling
+
+    gen = GenerationOptions(opts.max_new_tokens, opts.temperature, opts.top_p, opts.seed)
+    device_spelling(opts.torch_device)
+    requests = collect_requests(opts)
+    target = resolve_target(opts.directory, opts.preset, opts.sets)
+    emulated = _emulation(opts, target)
+    vplan, warnings = _prepare(opts, target, requests, gen)
+    placement = None
+    if target.backend == "rbln":
+        placement = resolve_placement(target, opts.device, opts.visual_device)
+    elif opts.device is not None or opts.visual_device is not None:
+        warnings.append("--device/--visual-device place NPU graphs; the torch reference backend ignores them")
+    torch_dev = _torch_device(opts, target, warnings)
+    return _Run(gen, requests, target, emulated, vplan, warnings, placement, torch_dev)
+
+
+def _announce(run: _Run, notify: Any) -> None:
+    """The warnings known before the model loads, the tiny-model notice first."""
+    if notify is None:
+        return
+    for line in ([TINY_NOTICE] if run.target.tiny else []) + list(dict.fromkeys(run.warnings)):
+        notify(line)
+
+
+def _load_backend(opts: InferOptions, run: _Run, model_cls: Any) -> Any:
+    """The torch reference model, or the compiled rbln artifact on its placement."""
+    target = run.target
+    if target.backend == "torch":
+        from qwenvl_rbln.inference.reference import ReferenceBackend
+
+        return ReferenceBackend(target.directory, run.vplan.caps, device=run.torch_dev)
+    from qwenvl_rbln.inference.rbln_generate import RblnBackend
+
+    req = run.placement["requested"]
+    return RblnBackend(
+        target.directory,
+        run.vplan.caps,
+        batch_size=target.resolved.batch_size,
+        device=req["device"],
+        visual_device=req["visual_device"],
+        model_cls=model_cls,
+        vit_packing=opts.vit_packing and target.plan.runtime.get("vit_packing", True) and _compiled_packing(target),
+    )
+
+
+def _grid_warnings(run: _Run, batch: list[Any], result: Any) -> list[str]:
+    """The processor's real vision grids of a batch checked against the planned ViT buckets."""
+    from qwenvl_rbln.inference.vision_report import check_grids
+
+    vis = run.target.plan.geometry.vision
+    items = [it for r in batch for it in run.vplan.items[r.id]]
+    return check_grids(
+        items,
+        result.vision_grids["image"],
+        result.vision_grids["video"],
+        run.target.resolved.vit_buckets,
+        patch_size=vis.patch_size,
+        merge_size=vis.spatial_merge_size,
+    )
+
+
+def _request_entry(run: _Run, req: Any, row: Any, index: int, dec: dict[str, Any], result: Any) -> dict[str, Any]:
+    """One request's row of the result: its text, tokens, vision items, caps, prefill and batch."""
+    chunk = run.target.resolved.prefill_chunk_size
+    return {
+        "id": req.id,
+        "source": req.source,
+        "prompt": req.prompt,
+        "system": req.system,
+        "text": row.text,
+        "token_ids": row.token_ids,
+        "num_tokens": len(row.token_ids),
+        "finish_reason": row.finish_reason,
+        "streamed": row.streamed,
+        "vision": [it.to_dict() for it in run.vplan.items[req.id]],
+        "processor": run.vplan.request_caps[req.id].to_dict(),
+        "prefill": {
+            "tokens": row.prompt_tokens,
+            "chunk_size": chunk,
+            "chunks": math.ceil(row.prompt_tokens / chunk),
+        },
+        "batch": index,
+        "decoder_graph": dec["decoder_graph"],
+        "padded_rows": dec["padded_rows"],
+        "timings": result.timings,
+    }
+
+
+def _run_batches(backend: Any, run: _Run, stream: Any, on_batch: Any) -> tuple[list[dict[str, Any]], list[dict]]:
+    """Generate batch by batch: (one entry per request, one per batch); ``on_batch`` after each."""
+    requests, resolved = run.requests, run.target.resolved
+    bs = resolved.batch_size
+    out_requests: list[dict[str, Any]] = []
+    batches: list[dict[str, Any]] = []
+    for index, start in enumerate(range(0, len(requests), bs)):
+        batch = requests[start : start + bs]
+        prefix = f"[{batch[0].id}] " if len(requests) > 1 else ""
+        result = backend.run_batch(batch, run.gen, sink=stream, max_seq_len=resolved.max_seq_len, stream_prefix=prefix)
+        run.warnings.extend(result.warnings)
+        run.warnings.extend(_grid_warnings(run, batch, result))
+        dec = _decoder_info(len(batch), resolved)
+        batches.append(
+            {
+                "index": index,
+                "request_ids": [r.id for r in batch],
+                "input_rows": result.input_rows,
+                **dec,
+                "timings": result.timings,
+                "vit": getattr(backend, "last_vit", None),  # rbln: graph calls and packs of this batch
+            }
+        )
+        rows = [_request_entry(run, req, row, index, dec, result) for req, row in zip(batch, result.rows, strict=True)]
+        out_requests.extend(rows)
+        if on_batch is not None:
+            on_batch(rows, batches[-1])
+    return out_requests, batches
+
+
+def _report(opts: InferOptions, run: _Run, backend: Any, ran: dict[str, Any]) -> dict[str, Any]:
+    """The JSON-able result (``ran``: requests, batches, memory, load time and start of the finished run)."""
+    target, vplan = run.target, run.vplan
+    data: dict[str, Any] = {
+        "backend": target.backend,
+        "emulated": run.emulated,
+        "artifact_dir": str(target.directory),
+        "artifact_kind": target.kind,
+        "preset": target.plan.preset,
+        "tiny_model": target.tiny,
+        "notice": TINY_NOTICE if target.tiny else None,
+        "runtime": backend.describe(),
+        "batch_size": target.resolved.batch_size,
+        "decoder_batch_sizes": target.resolved.decoder_batch_sizes,
+        "vit_buckets": target.resolved.vit_buckets,
+        "max_seq_len": target.resolved.max_seq_len,
+        "processor": vplan.caps.to_dict(),
+        "oversize": {"policy": opts.on_oversize, "capped": vplan.capped, "notes": vplan.notes},
+        "generation": run.gen.to_dict(),
+        "requests": ran["requests"],
+        "batches": ran["batches"],
+        "timings": {"load_s": round(ran["load_s"], 4), "total_s": round(time.perf_counter() - ran["t_start"], 4)},
+        "memory": ran["memory"],
+        "warnings": list(dict.fromkeys(run.warnings)),
+    }
+    if run.placement is not None:
+        data["placement"] = run.placement["requested"]
+    return data
+
+
 def run_infer(
     opts: InferOptions,
     *,
@@ -598,139 +765,19 @@ def run_infer(
     ``on_batch(rows, batch)`` is called after each batch (human output); ``notify(line)`` gets the
     warnings known before the model loads (the tiny-model notice first), so they show before any text.
     """
-    from qwenvl_rbln.inference.generation import GenerationOptions
-    from qwenvl_rbln.inference.reference import device_spelling
-    from qwenvl_rbln.inference.vision_report import check_grids
-
     t_start = time.perf_counter()
-    gen = GenerationOptions(opts.max_new_tokens, opts.temperature, opts.top_p, opts.seed)
-    device_spelling(opts.torch_device)
-    requests = collect_requests(opts)
-    target = resolve_target(opts.directory, opts.preset, opts.sets)
-    emulated = _emulation(opts, target)
-    vis = target.plan.geometry.vision
-    vplan, warnings = _prepare(opts, target, requests, gen)
-    placement = None
-    if target.backend == "rbln":
-        placement = resolve_placement(target, opts.device, opts.visual_device)
-    elif opts.device is not None or opts.visual_device is not None:
-        warnings.append("--device/--visual-device place NPU graphs; the torch reference backend ignores them")
-    torch_dev = _torch_device(opts, target, warnings)
-    if notify is not None:
-        for line in ([TINY_NOTICE] if target.tiny else []) + list(dict.fromkeys(warnings)):
-            notify(line)
-
+    run = _plan_run(opts)
+    _announce(run, notify)
     t_load = time.perf_counter()
-    if target.backend == "torch":
-        from qwenvl_rbln.inference.reference import ReferenceBackend
-
-        backend: Any = ReferenceBackend(target.directory, vplan.caps, device=torch_dev)
-    else:
-        from qwenvl_rbln.inference.rbln_generate import RblnBackend
-
-        req = placement["requested"]
-        backend = RblnBackend(
-            target.directory,
-            vplan.caps,
-            batch_size=target.resolved.batch_size,
-            device=req["device"],
-            visual_device=req["visual_device"],
-            model_cls=model_cls,
-            vit_packing=opts.vit_packing and target.plan.runtime.get("vit_packing", True) and _compiled_packing(target),
-        )
+    backend = _load_backend(opts, run, model_cls)
     load_s = time.perf_counter() - t_load
-
-    bs = target.resolved.batch_size
-    chunk = target.resolved.prefill_chunk_size
-    out_requests: list[dict[str, Any]] = []
-    batches: list[dict[str, Any]] = []
     try:
-        for index, start in enumerate(range(0, len(requests), bs)):
-            batch = requests[start : start + bs]
-            prefix = f"[{batch[0].id}] " if len(requests) > 1 else ""
-            result = backend.run_batch(
-                batch, gen, sink=stream, max_seq_len=target.resolved.max_seq_len, stream_prefix=prefix
-            )
-            warnings.extend(result.warnings)
-            items = [it for r in batch for it in vplan.items[r.id]]
-            warnings.extend(
-                check_grids(
-                    items,
-                    result.vision_grids["image"],
-                    result.vision_grids["video"],
-                    target.resolved.vit_buckets,
-                    patch_size=vis.patch_size,
-                    merge_size=vis.spatial_merge_size,
-                )
-            )
-            dec = _decoder_info(len(batch), target.resolved)
-            batches.append(
-                {
-                    "index": index,
-                    "request_ids": [r.id for r in batch],
-                    "input_rows": result.input_rows,
-                    **dec,
-                    "timings": result.timings,
-                    "vit": getattr(backend, "last_vit", None),  # rbln: graph calls and packs of this batch
-                }
-            )
-            rows = []
-            for req, row in zip(batch, result.rows, strict=True):
-                entry = {
-                    "id": req.id,
-                    "source": req.source,
-                    "prompt": req.prompt,
-                    "system": req.system,
-                    "text": row.text,
-                    "token_ids": row.token_ids,
-                    "num_tokens": len(row.token_ids),
-                    "finish_reason": row.finish_reason,
-                    "streamed": row.streamed,
-                    "vision": [it.to_dict() for it in vplan.items[req.id]],
-                    "processor": vplan.request_caps[req.id].to_dict(),
-                    "prefill": {
-                        "tokens": row.prompt_tokens,
-                        "chunk_size": chunk,
-                        "chunks": math.ceil(row.prompt_tokens / chunk),
-                    },
-                    "batch": index,
-                    "decoder_graph": dec["decoder_graph"],
-                    "padded_rows": dec["padded_rows"],
-                    "timings": result.timings,
-                }
-                rows.append(entry)
-            out_requests.extend(rows)
-            if on_batch is not None:
-                on_batch(rows, batches[-1])
-        memory = _memory(backend, target, placement)
+        out_requests, batches = _run_batches(backend, run, stream, on_batch)
+        memory = _memory(backend, run.target, run.placement)
     finally:
         backend.close()
-
-    data: dict[str, Any] = {
-        "backend": target.backend,
-        "emulated": emulated,
-        "artifact_dir": str(target.directory),
-        "artifact_kind": target.kind,
-        "preset": target.plan.preset,
-        "tiny_model": target.tiny,
-        "notice": TINY_NOTICE if target.tiny else None,
-        "runtime": backend.describe(),
-        "batch_size": bs,
-        "decoder_batch_sizes": target.resolved.decoder_batch_sizes,
-        "vit_buckets": target.resolved.vit_buckets,
-        "max_seq_len": target.resolved.max_seq_len,
-        "processor": vplan.caps.to_dict(),
-        "oversize": {"policy": opts.on_oversize, "capped": vplan.capped, "notes": vplan.notes},
-        "generation": gen.to_dict(),
-        "requests": out_requests,
-        "batches": batches,
-        "timings": {"load_s": round(load_s, 4), "total_s": round(time.perf_counter() - t_start, 4)},
-        "memory": memory,
-        "warnings": list(dict.fromkeys(warnings)),
-    }
-    if placement is not None:
-        data["placement"] = placement["requested"]
-    return data
+    ran = {"requests": out_requests, "batches": batches, "memory": memory, "load_s": load_s, "t_start": t_start}
+    return _report(opts, run, backend, ran)
 
 
 def default_stream(as_json: bool) -> Any:
