@@ -834,29 +834,10 @@ def _evaluate(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryRepo
     return report
 
 
-def _estimate(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryReport:
-    """One scenario: the items per device and whether each device fits (``ok``); no verdict, no ranges."""
-    g, spec = ctx.geometry, ctx.spec
-    lm_devs = _devices(placement["device"])
-    vis_devs = _devices(placement.get("visual_device", placement["device"]))
-    n_lm, n_vis = len(lm_devs), len(vis_devs)
-    d = _model_dtype(ctx, resolved)
-
-    # LM items (per device; sharded over n_lm devices when num_devices > 1)
-    lm_weights = _lm_weights_item(ctx, resolved, n_lm)
-    lm_ws_total, lm_ws = _lm_workspace_item(ctx, resolved)
-    lm_ws.bytes = -(-lm_ws_total // n_lm)
-    mask = _attention_mask_item(ctx, resolved, n_lm)
-    lm_nonkv = lm_weights.bytes + lm_ws.bytes + (mask.bytes if mask else 0)
-    kv = _kv_blocks(ctx, resolved, lm_nonkv, n_lm)
-    kv_d = kv["dtype_bytes"]
+def _kv_note(resolved: Any, kv: dict[str, Any]) -> str:
+    """Why the pool has this many blocks, in the words of each sizing outcome."""
     n_blocks = kv["num_blocks"]
-    insufficient = kv["outcome"] == "insufficient"
-    shown_blocks = resolved.num_min_blocks if insufficient else n_blocks
-    tensor_bytes = kv_tensor_bytes(g, kv["block_size"], shown_blocks, kv_d, n_lm)
-    kv_total = kv["tensors"] * tensor_bytes
-    kv["bytes"] = kv_total
-    kv_note = {
+    return {
         "full": f"auto: {n_blocks} of {resolved.num_full_blocks} full blocks (optimum-rbln sized it for the LM alone)",
         "partial": f"auto: only {n_blocks} of {resolved.num_full_blocks} full blocks fit the LM's budget "
         f"(minimum {resolved.num_min_blocks}): optimum-rbln's own generate() can run out of blocks on long batches",
@@ -865,21 +846,48 @@ def _estimate(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryRepo
         "explicit": f"kvcache_num_blocks={n_blocks} (full {resolved.num_full_blocks})",
         "eager": f"eager: {n_blocks} blocks of max_seq_len (= batch_size)",
     }[kv["outcome"]]
+
+
+def _kv_cache_item(ctx: _Ctx, resolved: Any, kv: dict[str, Any], n_lm: int) -> tuple[MemoryItem, int]:
+    """The KV pool item per LM device and the bytes of one KV tensor; records the pool's bytes in ``kv``."""
+    g = ctx.geometry
+    kv_d = kv["dtype_bytes"]
+    shown_blocks = resolved.num_min_blocks if kv["outcome"] == "insufficient" else kv["num_blocks"]
+    tensor_bytes = kv_tensor_bytes(g, kv["block_size"], shown_blocks, kv_d, n_lm)
+    kv_total = kv["tensors"] * tensor_bytes
+    kv["bytes"] = kv_total
     per_block = kv_block_bytes_per_tensor(g, kv["block_size"], kv_d, n_lm)
     dtype_note = {1: "fp8 (kv_caches: fp8)", 2: "bf16", 4: "fp32"}.get(kv_d, f"{kv_d} B")
     if _quant(resolved) and kv_d == 4:
         dtype_note += " (a quantized model compiles in float32 and its KV follows the model dtype without fp8)"
-    lm_kv = MemoryItem(
+    item = MemoryItem(
         "lm.kv_cache",
         kv_total,
         kv["outcome"] != "partial",
         f"2 x {g.text.num_hidden_layers} layers x align_2MiB({shown_blocks} blocks x "
         f"{-(-g.text.num_key_value_heads // n_lm)} kv_heads x {kv['block_size']} x {g.text.head_dim} x {kv_d} B) "
         f"= {kv['tensors']} x {tensor_bytes / MiB:.0f} MiB",
-        kv_note + f"; {per_block * kv['tensors'] / MiB:.0f} MiB per block; {dtype_note}",
+        _kv_note(resolved, kv) + f"; {per_block * kv['tensors'] / MiB:.0f} MiB per block; {dtype_note}",
     )
+    return item, tensor_bytes
 
-    # ViT items
+
+def _lm_items(ctx: _Ctx, resolved: Any, n_lm: int) -> tuple[list[MemoryItem], dict[str, Any], int]:
+    """The LM's items per device (sharded over n_lm devices when num_devices > 1), the KV sizing, the KV tensor
+    bytes."""
+    lm_weights = _lm_weights_item(ctx, resolved, n_lm)
+    lm_ws_total, lm_ws = _lm_workspace_item(ctx, resolved)
+    lm_ws.bytes = -(-lm_ws_total // n_lm)
+    mask = _attention_mask_item(ctx, resolved, n_lm)
+    lm_nonkv = lm_weights.bytes + lm_ws.bytes + (mask.bytes if mask else 0)
+    kv = _kv_blocks(ctx, resolved, lm_nonkv, n_lm)
+    lm_kv, tensor_bytes = _kv_cache_item(ctx, resolved, kv, n_lm)
+    return [lm_weights, lm_kv, lm_ws] + ([mask] if mask else []), kv, tensor_bytes
+
+
+def _visual_items(ctx: _Ctx, resolved: Any, n_vis: int) -> list[MemoryItem]:
+    """The ViT's weights and workspace per device (split over n_vis devices)."""
+    g, d = ctx.geometry, _model_dtype(ctx, resolved)
     vp = vision_params(g.vision)
     vis_w = vp["device"] * d
     vis_weights = MemoryItem(
@@ -896,105 +904,151 @@ def _estimate(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryRepo
         vis_weights.bytes = -(-vp["device"] * 2 // n_vis)
     vis_ws = _visual_workspace_item(ctx, resolved)
     vis_ws.bytes = -(-vis_ws.bytes // n_vis)
+    return [vis_weights, vis_ws]
 
-    lm_items = [lm_weights, lm_kv, lm_ws] + ([mask] if mask else [])
+
+def _items_by_device(
+    lm_items: list[MemoryItem], vis_items: list[MemoryItem], lm_devs: list[int], vis_devs: list[int]
+) -> dict[int, list[MemoryItem]]:
+    """Each device's own copies of the items placed on it (LM first, then the ViT on a shared device)."""
     by_dev: dict[int, list[MemoryItem]] = {}
     for dev in lm_devs:
         by_dev.setdefault(dev, []).extend(replace(i) for i in lm_items)
     for dev in vis_devs:
-        by_dev.setdefault(dev, []).extend(replace(i) for i in (vis_weights, vis_ws))
+        by_dev.setdefault(dev, []).extend(replace(i) for i in vis_items)
+    return by_dev
 
-    chiplets = spec.chiplets
+
+def _chiplet_view(ctx: _Ctx, items: list[MemoryItem], kv: dict[str, Any], tensor_bytes: int) -> dict[str, Any]:
+    """How one device's items spread over its chiplets, and whether the fullest one fits its share."""
+    chiplets = ctx.spec.chiplets
     per_chiplet_tensors = -(-kv["tensors"] // chiplets)
-    devices: list[DeviceMemory] = []
-    report_notes: list[str] = []
-    for dev in sorted(by_dev):
-        items = by_dev[dev]
-        kv_here = sum(i.bytes for i in items if i.name == "lm.kv_cache")
-        whole = [w for i in items for w in i.whole]
-        other = sum(i.bytes for i in items if i.name != "lm.kv_cache")
-        loads = _chiplet_loads(chiplets, kv["tensors"] if kv_here else 0, tensor_bytes, whole, other - sum(whole))
-        fullest = max(loads)
-        usable_chiplet = ctx.usable // chiplets
-        chip = {
-            "count": chiplets,
-            "usable_per_chiplet_bytes": usable_chiplet,
-            "fullest_bytes": fullest,
-            "free_bytes": usable_chiplet - fullest,
-            "fits": fullest <= usable_chiplet,
-            "assumption": f"KV tensors whole and round-robin ({per_chiplet_tensors} of {kv['tensors']} on the fullest "
-            "chiplet); single ViT workspace tensors whole (largest first, least-filled chiplet); weights and the "
-            "rest split evenly",
-        }
-        total = kv_here + other
-        has_lm = dev in lm_devs
-        has_vis = dev in vis_devs
-        ok = total <= ctx.usable and chip["fits"] and not (insufficient and has_lm)
-        notes: list[str] = []
-        if has_lm and insufficient:
-            notes.append(
-                f"optimum-rbln's compile fails: 'Insufficient memory for the required KV cache: only {n_blocks} "
-                f"blocks can be allocated, but at least {resolved.num_min_blocks} blocks are required'"
-            )
-        elif has_lm and has_vis and not ok and kv["mode"] == "auto":
-            lm_only = sum(i.bytes for i in items if i.name.startswith("lm."))
-            vis_only = total - lm_only
-            lead = (
-                "auto KV sizing filled the card before the ViT loads"
-                if kv["outcome"] == "partial"
-                else "auto KV sizing left no room for the ViT"
-            )
-            notes.append(
-                f"{lead}: optimum-rbln sized the KV pool "
-                f"({n_blocks} blocks, {_fmt_gib(kv_total)}) for the LM alone ({_fmt_gib(lm_only)} of "
-                f"{_fmt_gib(kv.get('budget_bytes', ctx.usable))} budget); the ViT on the same device needs "
-                f"{_fmt_gib(vis_only)} more, so loading fails with 'Failed to create RBLN runtime ... "
-                "Lack of device memory'"
-            )
-        elif has_lm and not ok and kv["mode"] == "auto" and ctx.usable_source == SOURCE_OVERRIDE:
-            notes.append(
-                f"auto KV sizing aims at optimum-rbln's nominal {_fmt_gib(spec.usable_bytes)}, not the "
-                f"{_fmt_gib(ctx.usable)} given with --device-memory"
-            )
-        elif not ok:
-            notes.append(
-                f"needs {_fmt_gib(total)} of {_fmt_gib(ctx.usable)} usable (fullest chiplet {_fmt_gib(fullest)} of "
-                f"{_fmt_gib(usable_chiplet)}): loading fails with 'Failed to create RBLN runtime ... Lack of device "
-                "memory'"
-            )
-        if has_lm and kv["outcome"] == "partial" and ok:
-            notes.append(
-                f"only {n_blocks} of {resolved.num_full_blocks} full KV blocks: fine for vllm-rbln (it pages blocks); "
-                "optimum-rbln's own generate() can run out of blocks when every row runs long"
-            )
-        if total <= ctx.usable and not chip["fits"]:
-            notes.append(
-                f"the fullest chiplet is over ({_fmt_gib(fullest)} of {_fmt_gib(usable_chiplet)}) although the card "
-                "total fits: a single tensor is placed whole on one chiplet"
-            )
-        dm = DeviceMemory(dev, ctx.usable, items, chip, ok, notes, ok=ok)
-        devices.append(dm)
-    if ctx.usable_source == SOURCE_OVERRIDE:
-        report_notes.append(
-            f"usable bytes per device from --device-memory ({_fmt_gib(ctx.usable)}); optimum-rbln's own auto KV "
-            f"sizing still assumes {_fmt_gib(spec.usable_bytes)}"
+    kv_here = sum(i.bytes for i in items if i.name == "lm.kv_cache")
+    whole = [w for i in items for w in i.whole]
+    other = sum(i.bytes for i in items if i.name != "lm.kv_cache")
+    loads = _chiplet_loads(chiplets, kv["tensors"] if kv_here else 0, tensor_bytes, whole, other - sum(whole))
+    fullest = max(loads)
+    usable_chiplet = ctx.usable // chiplets
+    return {
+        "count": chiplets,
+        "usable_per_chiplet_bytes": usable_chiplet,
+        "fullest_bytes": fullest,
+        "free_bytes": usable_chiplet - fullest,
+        "fits": fullest <= usable_chiplet,
+        "assumption": f"KV tensors whole and round-robin ({per_chiplet_tensors} of {kv['tensors']} on the fullest "
+        "chiplet); single ViT workspace tensors whole (largest first, least-filled chiplet); weights and the "
+        "rest split evenly",
+    }
+
+
+def _failure_note(
+    ctx: _Ctx, resolved: Any, items: list[MemoryItem], kv: dict[str, Any], chip: dict[str, Any], has: tuple[bool, bool]
+) -> str:
+    """Why a device that does not fit fails; ``has`` = (LM here, ViT here)."""
+    has_lm, has_vis = has
+    n_blocks, total = kv["num_blocks"], sum(i.bytes for i in items)
+    if has_lm and kv["outcome"] == "insufficient":
+        return (
+            f"optimum-rbln's compile fails: 'Insufficient memory for the required KV cache: only {n_blocks} "
+            f"blocks can be allocated, but at least {resolved.num_min_blocks} blocks are required'"
         )
-    if _quant(resolved):
-        q = _quant(resolved)
-        report_notes.append(
+    if has_lm and has_vis and kv["mode"] == "auto":
+        lm_only = sum(i.bytes for i in items if i.name.startswith("lm."))
+        vis_only = total - lm_only
+        lead = (
+            "auto KV sizing filled the card before the ViT loads"
+            if kv["outcome"] == "partial"
+            else "auto KV sizing left no room for the ViT"
+        )
+        return (
+            f"{lead}: optimum-rbln sized the KV pool "
+            f"({n_blocks} blocks, {_fmt_gib(kv['bytes'])}) for the LM alone ({_fmt_gib(lm_only)} of "
+            f"{_fmt_gib(kv.get('budget_bytes', ctx.usable))} budget); the ViT on the same device needs "
+            f"{_fmt_gib(vis_only)} more, so loading fails with 'Failed to create RBLN runtime ... "
+            "Lack of device memory'"
+        )
+    if has_lm and kv["mode"] == "auto" and ctx.usable_source == SOURCE_OVERRIDE:
+        return (
+            f"auto KV sizing aims at optimum-rbln's nominal {_fmt_gib(ctx.spec.usable_bytes)}, not the "
+            f"{_fmt_gib(ctx.usable)} given with --device-memory"
+        )
+    return (
+        f"needs {_fmt_gib(total)} of {_fmt_gib(ctx.usable)} usable (fullest chiplet {_fmt_gib(chip['fullest_bytes'])} "
+        f"of {_fmt_gib(chip['usable_per_chiplet_bytes'])}): loading fails with 'Failed to create RBLN runtime ... "
+        "Lack of device memory'"
+    )
+
+
+def _device_memory(
+    ctx: _Ctx,
+    resolved: Any,
+    dev: int,
+    items: list[MemoryItem],
+    kv: dict[str, Any],
+    tensor_bytes: int,
+    has: tuple[bool, bool],
+) -> DeviceMemory:
+    """One device in one scenario: its chiplet view, whether it fits (``ok``) and the notes that say why."""
+    chip = _chiplet_view(ctx, items, kv, tensor_bytes)
+    total = sum(i.bytes for i in items)
+    has_lm = has[0]
+    insufficient = kv["outcome"] == "insufficient"
+    ok = total <= ctx.usable and chip["fits"] and not (insufficient and has_lm)
+    notes: list[str] = []
+    if not ok:  # an insufficient KV pool on an LM device is never ok
+        notes.append(_failure_note(ctx, resolved, items, kv, chip, has))
+    if has_lm and kv["outcome"] == "partial" and ok:
+        notes.append(
+            f"only {kv['num_blocks']} of {resolved.num_full_blocks} full KV blocks: fine for vllm-rbln (it pages "
+            "blocks); optimum-rbln's own generate() can run out of blocks when every row runs long"
+        )
+    if total <= ctx.usable and not chip["fits"]:
+        notes.append(
+            f"the fullest chiplet is over ({_fmt_gib(chip['fullest_bytes'])} of "
+            f"{_fmt_gib(chip['usable_per_chiplet_bytes'])}) although the card total fits: a single tensor is placed "
+            "whole on one chiplet"
+        )
+    return DeviceMemory(dev, ctx.usable, items, chip, ok, notes, ok=ok)
+
+
+def _report_notes(ctx: _Ctx, resolved: Any) -> list[str]:
+    """Notes on the whole report: a --device-memory override, a quantized model."""
+    notes: list[str] = []
+    if ctx.usable_source == SOURCE_OVERRIDE:
+        notes.append(
+            f"usable bytes per device from --device-memory ({_fmt_gib(ctx.usable)}); optimum-rbln's own auto KV "
+            f"sizing still assumes {_fmt_gib(ctx.spec.usable_bytes)}"
+        )
+    q = _quant(resolved)
+    if q:
+        notes.append(
             f"quantization weights={q['weights']} activations={q['activations']} kv_caches={q['kv_caches']}: "
             "optimum-rbln 0.12 loads a quantized model in float32 (rbln_quantization.get_quantized_model), so the "
             "unquantized parts, the ViT and a non-fp8 KV cache are fp32; modelled from the source, not measured"
         )
+    return notes
+
+
+def _estimate(ctx: _Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryReport:
+    """One scenario: the items per device and whether each device fits (``ok``); no verdict, no ranges."""
+    lm_devs = _devices(placement["device"])
+    vis_devs = _devices(placement.get("visual_device", placement["device"]))
+    lm_items, kv, tensor_bytes = _lm_items(ctx, resolved, len(lm_devs))
+    vis_items = _visual_items(ctx, resolved, len(vis_devs))
+    by_dev = _items_by_device(lm_items, vis_items, lm_devs, vis_devs)
+    devices = [
+        _device_memory(ctx, resolved, dev, by_dev[dev], kv, tensor_bytes, (dev in lm_devs, dev in vis_devs))
+        for dev in sorted(by_dev)
+    ]
     return MemoryReport(
-        npu=spec.sku,
+        npu=ctx.spec.sku,
         usable_bytes=ctx.usable,
         usable_source=ctx.usable_source,
         devices=devices,
         kv=kv,
         suggestions=[],
         assumptions=list(ASSUMPTIONS),
-        notes=report_notes,
+        notes=_report_notes(ctx, resolved),
     )
 
 
