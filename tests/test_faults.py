@@ -687,8 +687,8 @@ def _apply(doc, edits):
 )
 def test_load_check_on_hostile_artifact_json_is_a_report_or_a_clean_error(pristine, kind, name, replace, edits):
     """Whatever an artifact's own JSON files hold, load-check answers with its report and one clean error."""
-    from qwenvl_rbln.commands.load_check_cmd import run_load_check
     from qwenvl_rbln.errors import QvlError
+    from qwenvl_rbln.load_check import run_load_check
 
     out = pristine[kind]
     path = out / name

@@ -1,0 +1,451 @@
+"""Will this artifact load, where, and does it fit? Then create the runtimes. Returns the report as data.
+
+Steps (``qvl load-check`` renders them as tables or ``--json``):
+
+1. layout: the files optimum-rbln 0.12 loads, derived from the artifact's own rbln_config.json
+   (``prefill.rbln``, one ``decoder_batch_N.rbln`` per ``decoder_batch_sizes`` entry,
+   ``visual/compiled_model.rbln``, ``torch_artifacts.pth``, config, processor and tokenizer files), extra
+   ``.rbln`` files, and every file's sha256 against ``qvl-manifest.json`` (edits/truncation after compile);
+2. target: NPU and num_devices from ``_compile_cfgs``;
+3. placement: the requested ``--device`` / ``--visual-device`` against the placement recorded at compile
+   (``placement.check_placement``);
+4. memory per device: exact allocations from the compiled graphs when ``rebel`` is importable, the memory
+   planner's estimate otherwise;
+5. runtime: ``from_pretrained(DIR, export=False, rbln_config={"visual": {"device": V}, "device": D})``
+   (transformers on CPU for torch artifacts) unless ``no_runtime``; with no_runtime and optimum-rbln
+   installed the load still runs with ``create_runtimes: False``, which validates the config without the NPU.
+
+Exit codes of the returned error: 2 layout or placement problems; 3 optimum-rbln/torch missing for the runtime
+step; 4 does not fit (``Lack of device memory`` at runtime creation, or the memory check says so when no runtime
+was created); 5 the backend failed otherwise. Heavy imports (torch, optimum, rebel) stay inside the backends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln.errors import DoesNotFit, InputError, QvlError
+from qwenvl_rbln.paths import user_path
+from qwenvl_rbln.placement import check_placement, vit_shares_a_device
+
+Progress = Callable[[int, int], None]
+"""Called with (files, bytes) before the manifest's sha256 check, which reads every file."""
+
+
+def _emulated() -> bool:
+    from qwenvl_rbln import emulator
+
+    return emulator.is_active()
+
+
+# ------------------------------------------------------------------------------------ layout and target
+
+
+def _read_config(root: Path, emulate: bool) -> tuple[str, dict[str, Any]]:
+    """The artifact's kind and config; an rbln artifact switches the emulator on or off as asked."""
+    from qwenvl_rbln import artifacts
+    from qwenvl_rbln.backends import rbln as rbln_backend
+
+    kind, cfg = artifacts.read_artifact_config(root)
+    if emulate and kind != "rbln":
+        raise InputError(
+            f"--emulate emulates the NPU backend, but {root} is a {kind}-backend artifact (nothing to emulate)",
+            "drop --emulate",
+        )
+    if kind == "rbln":
+        rbln_backend.use_emulator(emulate)
+    return kind, cfg
+
+
+def _announce(manifest: dict[str, Any] | None, progress: Progress | None) -> None:
+    if manifest is None or progress is None:
+        return
+    entries = list((manifest.get("files") or {}).values())
+    # a hostile or damaged manifest may hold anything here; verify_manifest reports it, this only counts
+    total = sum(f["size"] for f in entries if isinstance(f, dict) and type(f.get("size")) is int)
+    progress(len(entries), total)
+
+
+def _layout(
+    root: Path, kind: str, cfg: dict[str, Any], manifest: dict[str, Any] | None
+) -> tuple[dict[str, Any], QvlError | None]:
+    """Files and hashes; for rbln also the guard (emulated vs real graphs, tampered graphs, optimum-rbln version)."""
+    from qwenvl_rbln import artifacts
+    from qwenvl_rbln.backends import rbln as rbln_backend
+
+    layout = artifacts.check_layout(root, kind, cfg, manifest)
+    guard = None
+    if kind == "rbln" and not layout["missing"]:
+        guard = rbln_backend.artifact_problem(root, cfg, manifest, layout["graphs"])
+        if guard is not None:
+            layout["problems"].insert(0, guard.message)
+            layout["ok"] = False
+    if _emulated() and kind == "rbln":
+        layout["notes"].append("emulated: loaded through qvl's CPU emulator of rebel (no NPU)")
+    return layout, guard
+
+
+def _unknown_npus(target: dict[str, Any]) -> list[str]:
+    """A target NPU that optimum-rbln would refuse (``Unknown npu name``) is a problem of the artifact."""
+    from qwenvl_rbln.devices import npu_spec
+
+    problems = []
+    for key in ("npu", "visual_npu"):
+        name = target.get(key)
+        if not name or (key == "visual_npu" and name == target.get("npu")):
+            continue
+        try:
+            npu_spec(name)
+        except InputError:
+            where = "visual " if key == "visual_npu" else ""
+            problems.append(f"{where}graphs were compiled for an unknown NPU {name!r} (optimum-rbln: Unknown npu name)")
+    return problems
+
+
+def _target(
+    cfg: dict[str, Any], manifest: dict[str, Any] | None, layout: dict[str, Any], device_memory: str | None
+) -> dict[str, Any]:
+    """NPU and num_devices; its problems are layout problems. A --device-memory above the card: exit 2."""
+    from qwenvl_rbln import artifacts
+
+    target = artifacts.compile_target(cfg, manifest)
+    target["problems"].extend(_unknown_npus(target))
+    if device_memory is not None and not target["problems"] and target.get("npu"):
+        from qwenvl_rbln.devices import npu_spec
+        from qwenvl_rbln.memory import parse_device_memory
+
+        parse_device_memory(device_memory, npu_spec(target["npu"]))  # above this card's DRAM: exit 2, as a dry run
+    layout["problems"].extend(target["problems"])
+    if target["problems"]:
+        layout["ok"] = False
+    return target
+
+
+# ------------------------------------------------------------------------------------------------ memory
+
+
+def _planner_estimate(
+    root: Path, kind: str, cfg: dict[str, Any], npu: str | None, placement: dict[str, Any], device_memory: str | None
+) -> dict[str, Any]:
+    from qwenvl_rbln import memory as planner
+    from qwenvl_rbln.artifacts import read_json, resolved_from_rbln_config
+    from qwenvl_rbln.devices import npu_spec
+    from qwenvl_rbln.modelinfo import geometry_from_config
+
+    notes = []
+    if not npu:
+        npu = "RBLN-CR13"
+        notes.append("target NPU not recorded in the artifact; estimated for RBLN-CR13 (Rebel100)")
+    try:
+        spec = npu_spec(npu)
+        geometry = geometry_from_config(
+            read_json(root / "config.json"), name=root.name, source=str(root / "config.json")
+        )
+        resolved = resolved_from_rbln_config(cfg)
+        report = planner.estimate(
+            geometry,
+            resolved,
+            spec,
+            placement,
+            device_memory=device_memory,
+            dtype_bytes=2 if kind == "rbln" else geometry.dtype_bytes,
+        ).to_dict()
+    except QvlError as exc:
+        return {"source": "unavailable", "fits": None, "devices": [], "reason": exc.one_line(), "problem": exc.message}
+    out = {"source": "estimate", **report}
+    out["notes"] = list(report.get("notes") or []) + notes
+    return out
+
+
+def _memory(
+    root: Path,
+    kind: str,
+    cfg: dict[str, Any],
+    layout: dict,
+    target: dict,
+    placement: dict,
+    device_memory: str | None,
+    refused: bool = False,
+) -> dict[str, Any]:
+    """Exact (or emulated) allocations when rebel is importable, with the planner's estimate beside; else the
+    estimate alone."""
+    from qwenvl_rbln.backends import rbln as rbln_backend
+    from qwenvl_rbln.devices import npu_spec
+
+    estimate = _planner_estimate(root, kind, cfg, target.get("npu"), placement, device_memory)
+    if kind == "rbln" and not layout["missing"] and not refused and rbln_backend.import_rebel() is not None:
+        try:
+            spec = npu_spec(target["npu"]) if target.get("npu") else None
+        except InputError:
+            spec = None
+        exact = rbln_backend.read_allocations(root, layout["graphs"], placement, spec)
+        if exact is not None and _emulated():
+            exact["source"] = "emulated"
+            exact["method"] = (
+                "qvl's CPU emulator: byte sizes of each emulated graph's tensors (Weight: constants, IOBuffer: "
+                "inputs and outputs, DramTensor: the KV cache), never NPU figures; the planner's estimate is beside"
+            )
+            exact["estimate"] = estimate
+            return exact
+        if exact is not None:
+            exact["suggestions"] = estimate.get("suggestions") or []
+            exact["estimate_fits"] = estimate.get("fits")
+            return exact
+    return estimate
+
+
+def calibration_from_exact(root: Path, cfg: dict[str, Any], exact: dict[str, Any]) -> dict[str, Any]:
+    """Workspace per graph from exact allocations, in the planner's calibration keys.
+
+    Assumption (stated in each record): a graph's workspace is its non-KV allocation (every key but
+    ``DramTensor``) less the weights it holds; the LM weights are shared by its graphs (optimum-rbln compiles
+    them with weight sharing), so they are taken out once, from the first LM graph big enough to hold them.
+    """
+    from qwenvl_rbln import calibration as cal
+    from qwenvl_rbln.artifacts import read_json, resolved_from_rbln_config
+    from qwenvl_rbln.memory import lm_params, vision_params
+    from qwenvl_rbln.modelinfo import geometry_from_config
+
+    geometry = geometry_from_config(read_json(root / "config.json"), name=root.name, source=str(root))
+    keys = cal.graph_keys(resolved_from_rbln_config(cfg))
+    lm_weights = lm_params(geometry.text)["device"] * 2
+    vit_weights = vision_params(geometry.vision)["device"] * 2
+    records: dict[str, Any] = {}
+    for name, graph in (exact.get("graphs") or {}).items():
+        by_key = graph.get("by_key") or {}
+        non_kv = sum(v for k, v in by_key.items() if k != "DramTensor")
+        key = "visual" if graph.get("submodule") == "visual" else name
+        if key not in keys:
+            continue
+        if key == "visual":
+            weights = min(vit_weights, non_kv)
+        elif lm_weights and non_kv >= lm_weights:
+            weights, lm_weights = lm_weights, 0
+        else:
+            weights = 0
+        records[keys[key]] = {
+            "workspace_bytes": int(non_kv - weights),
+            "non_kv_bytes": int(non_kv),
+            "weights_subtracted": int(weights),
+            "graph": name,
+            "method": "non-KV allocation minus planner weights (bf16)",
+        }
+    return {"model": geometry, "records": records}
+
+
+def _calibrate(root: Path, cfg: dict[str, Any], memory: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
+    """--calibrate: record the exact per-graph workspaces so later estimates use them."""
+    from qwenvl_rbln import calibration as cal
+
+    if memory.get("source") == "emulated":
+        return {"recorded": False, "reason": "emulated sizes are not NPU figures; calibrate on an RBLN host"}
+    if memory.get("source") != "exact":
+        return {"recorded": False, "reason": "exact allocations need rebel-compiler on this host (rbln artifacts)"}
+    found = calibration_from_exact(root, cfg, memory)
+    if not found["records"] or not target.get("npu"):
+        return {"recorded": False, "reason": "no graph allocations or no target NPU in the artifact"}
+    path = cal.record(found["records"], model=found["model"], npu=target["npu"])
+    return {"recorded": True, "path": str(path), "entries": found["records"]}
+
+
+# ----------------------------------------------------------------------------------------------- runtime
+
+
+def _failed(head: dict[str, Any], error: str, exc: QvlError, **tail: Any) -> dict[str, Any]:
+    """A runtime step that failed: its error line, exit code and the exception (popped before reporting)."""
+    return {**head, "error": error, "exit_code": exc.exit_code, "exc": exc, **tail}
+
+
+def _torch_runtime(root: Path, no_runtime: bool) -> dict[str, Any]:
+    from qwenvl_rbln.backends import torch_ref_compile
+    from qwenvl_rbln.errors import BackendError, DependencyMissing
+
+    if no_runtime:
+        return {"attempted": False, "ok": None, "reason": "--no-runtime"}
+    try:
+        return torch_ref_compile.load_model(root, create_runtimes=True)
+    except (DependencyMissing, BackendError) as exc:
+        return _failed({"attempted": True, "ok": False}, exc.one_line(), exc)
+
+
+def _rbln_runtime(root: Path, requested: dict[str, Any], no_runtime: bool, model_cls: Any) -> dict[str, Any]:
+    import time
+
+    from qwenvl_rbln.backends import rbln as rbln_backend
+    from qwenvl_rbln.errors import BackendError, DependencyMissing
+
+    cfg = rbln_backend.load_rbln_config(requested["device"], requested["visual_device"], create_runtimes=not no_runtime)
+    if model_cls is None and rbln_backend.missing_dependencies():
+        missing = " and ".join(rbln_backend.missing_dependencies())
+        if no_runtime:
+            return {
+                "attempted": False,
+                "ok": None,
+                "rbln_config": cfg,
+                "reason": f"--no-runtime; {missing} not installed, so only qvl's own checks ran",
+            }
+        err = DependencyMissing(
+            f"{missing} not installed, so the runtimes cannot be created here", rbln_backend.INSTALL_HINT
+        )
+        return _failed({"attempted": False, "ok": False, "rbln_config": cfg}, err.one_line(), err)
+    head = {"attempted": True, "ok": False, "create_runtimes": not no_runtime, "rbln_config": cfg}
+    t0 = time.monotonic()
+    try:
+        rbln_backend.load_model(
+            root, requested["device"], requested["visual_device"], create_runtimes=not no_runtime, model_cls=model_cls
+        )
+    except DoesNotFit as exc:
+        return _failed(head, getattr(exc, "raw", exc.message), exc, lack_of_device_memory=True)
+    except (DependencyMissing, BackendError) as exc:
+        return _failed(head, exc.one_line(), exc)
+    return {
+        **head,
+        "ok": True,
+        "seconds": round(time.monotonic() - t0, 3),
+        "note": (
+            "runtimes created on the NPU"
+            if not no_runtime
+            else "loaded with create_runtimes=False: optimum-rbln validated files and config, no NPU memory was used"
+        ),
+    }
+
+
+def _runtime(root: Path, kind: str, placement: dict[str, Any], no_runtime: bool, model_cls: Any) -> dict[str, Any]:
+    """Create the runtimes (or the torch model). Returns a dict; errors are returned as 'error' + exit code."""
+    if kind == "torch":
+        return _torch_runtime(root, no_runtime)
+    return _rbln_runtime(root, placement["requested"], no_runtime, model_cls)
+
+
+# ------------------------------------------------------------------------------------------------ verdict
+
+
+def _blocked(root: Path, layout: dict, placement: dict, guard: QvlError | None) -> tuple[dict[str, Any], QvlError]:
+    """Layout or placement problems: no runtime is tried, the first problem is the error."""
+    from qwenvl_rbln import artifacts
+
+    if not layout["ok"]:
+        runtime: dict[str, Any] = {"attempted": False, "ok": None, "reason": "layout problems (fix them first)"}
+        return runtime, guard or InputError(
+            f"{root}: {artifacts.describe_layout_problem(layout)}",
+            "recompile with `qvl compile --force` (or restore the files); the report (or --json's layout) lists every "
+            "problem",
+        )
+    runtime = {"attempted": False, "ok": None, "reason": "placement problems"}
+    return runtime, InputError(placement["problems"][0], "pass one device id per compiled device (num_devices)")
+
+
+def _lack_of_memory(runtime: dict, memory: dict, placement: dict, layout: dict) -> DoesNotFit:
+    """optimum-rbln said ``Lack of device memory``: which device, which graphs, and the fixes."""
+    from qwenvl_rbln.backends import rbln as rbln_backend
+
+    diag = rbln_backend.lack_of_memory_diagnosis(
+        runtime.get("error") or "", memory, placement["requested"], layout["graphs"], memory
+    )
+    runtime["diagnosis"] = diag
+    return DoesNotFit(f"runtime creation failed, {rbln_backend.LACK_OF_MEMORY} ({diag['summary']})", diag["hint"])
+
+
+def _does_not_fit(root: Path, memory: dict, placement: dict) -> DoesNotFit:
+    """No runtime was created and the memory check says the placement does not fit."""
+    from qwenvl_rbln.backends import rbln as rbln_backend
+
+    where = rbln_backend.over_devices_text(memory)
+    _, clis = rbln_backend.suggestion_texts(memory)
+    flags, sets = rbln_backend.split_load_time(clis)
+    return DoesNotFit(
+        f"{root} does not fit the requested placement ({memory.get('source')} memory: {where or 'over capacity'})",
+        rbln_backend.fix_hint(flags, sets, vit_shares_a_device=vit_shares_a_device(placement["requested"])),
+    )
+
+
+def _run_and_judge(
+    root: Path, kind: str, layout: dict, placement: dict, memory: dict, no_runtime: bool, model_cls: Any
+) -> tuple[dict[str, Any], Exception | None]:
+    """Create the runtimes, then the verdict: a runtime failure, a predicted misfit, or none."""
+    runtime = _runtime(root, kind, placement, no_runtime, model_cls)
+    exc = runtime.pop("exc", None)
+    real_runtime = kind == "rbln" and runtime.get("ok") is True and bool(runtime.get("create_runtimes"))
+    error: Exception | None = None
+    if runtime.get("lack_of_device_memory"):
+        error = _lack_of_memory(runtime, memory, placement, layout)
+    elif exc is not None:
+        error = exc
+    elif kind == "rbln" and memory.get("fits") is False and not real_runtime:
+        error = _does_not_fit(root, memory, placement)
+    elif memory.get("fits") is False and real_runtime:
+        memory.setdefault("notes", []).append(
+            "the runtimes were created although the memory check predicted otherwise; `qvl load-check` results "
+            "on hardware beat estimates"
+        )
+    return runtime, error
+
+
+# --------------------------------------------------------------------------------------------------- entry
+
+
+def _check_device_memory(device_memory: str | None) -> None:
+    """A typo in --device-memory is bad input, not a footnote under "ok" or an artifact problem."""
+    if device_memory is not None:
+        from qwenvl_rbln.memory import parse_device_memory
+
+        parse_device_memory(device_memory)
+
+
+def _report(root: Path, kind: str, parts: dict[str, dict[str, Any]], error: Exception | None) -> dict[str, Any]:
+    """The report's fixed shape (``--json`` documents it): parts are layout, target, placement, memory, runtime."""
+    return {
+        "artifact_dir": str(root),
+        "kind": kind,
+        "emulated": kind == "rbln" and _emulated(),
+        "ok": error is None,
+        **parts,
+        "exit_code": getattr(error, "exit_code", 0) if error else 0,
+        "error": error.one_line() if hasattr(error, "one_line") else None,
+    }
+
+
+def run_load_check(
+    directory: Path,
+    *,
+    device: Any = None,
+    visual_device: Any = None,
+    no_runtime: bool = False,
+    device_memory: str | None = None,
+    fallback: dict[str, Any] | None = None,
+    model_cls: Any = None,
+    calibrate: bool = False,
+    emulate: bool = False,
+    progress: Progress | None = None,
+) -> tuple[dict[str, Any], Exception | None]:
+    """The whole check; returns (report, the error to raise after printing it, or None).
+
+    ``emulate`` (or QVL_EMULATE_NPU=1): an rbln artifact is loaded through qvl's CPU emulator of rebel.
+    """
+    from qwenvl_rbln import artifacts
+
+    root = user_path(directory).absolute()
+    _check_device_memory(device_memory)
+    kind, cfg = _read_config(root, emulate)
+    manifest = artifacts.read_manifest(root)
+    _announce(manifest, progress)
+    layout, guard = _layout(root, kind, cfg, manifest)
+    target = _target(cfg, manifest, layout, device_memory)
+    placement = check_placement(device, visual_device, manifest, target, fallback, cfg)
+    memory = _memory(root, kind, cfg, layout, target, placement["requested"], device_memory, guard is not None)
+    if layout["ok"] and memory.get("source") == "unavailable" and memory.get("problem"):
+        # the artifact's own config cannot be read as optimum-rbln would (a bad value, a broken config.json)
+        layout["problems"].append(memory["problem"])
+        layout["ok"] = False
+    if calibrate:
+        memory["calibration"] = _calibrate(root, cfg, memory, target)
+    if not layout["ok"] or not placement["ok"]:
+        runtime, error = _blocked(root, layout, placement, guard)
+    else:
+        runtime, error = _run_and_judge(root, kind, layout, placement, memory, no_runtime, model_cls)
+    if runtime.get("ok") is True and _emulated():
+        runtime["note"] = "runtimes created on qvl's CPU emulator (emulated: no NPU memory was used)"
+    parts = {"layout": layout, "target": target, "placement": placement, "memory": memory, "runtime": runtime}
+    return _report(root, kind, parts, error), error
