@@ -1,0 +1,187 @@
+"""Items of a bucket plan: one dict per image, video, size or workload line, with its resized geometry,
+ViT patches, bucket, padding and ViT calls under one plan's buckets and processor caps.
+
+Header reads and arithmetic only (no torch, no terminal); ``bucket_report.py`` sums the items up.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln import geometry
+from qwenvl_rbln.buckets import oversize_error, padding_pct, select_bucket, vit_cost_fn
+from qwenvl_rbln.errors import QvlError
+from qwenvl_rbln.modelinfo import processor_defaults
+
+
+def blank_item(input_name: str, kind: str, source: str, count: int = 1) -> dict[str, Any]:
+    """An item with every reported key present (None until planned), so the JSON shape never varies."""
+    return {
+        "input": input_name,
+        "kind": kind,
+        "source": source,
+        "count": count,
+        "width": None,
+        "height": None,
+        "resized_width": None,
+        "resized_height": None,
+        "patches": None,
+        "bucket": None,
+        "padding_pct": None,
+        "lm_tokens": None,
+        "vit_calls": None,
+        "vit_calls_packed": None,
+        "capped": None,
+        "error": None,
+    }
+
+
+class ItemPlanner:
+    """Turns sizes and files into item dicts under one plan's buckets and processor caps."""
+
+    def __init__(self, plan: Any):
+        self.plan = plan
+        self.buckets: list[int] = list(plan.vit_buckets)
+        self.caps = plan.processor
+        self.vision = plan.geometry.vision
+        self.stock = processor_defaults(plan.model_id)
+        self.packing = bool(getattr(plan, "runtime", {}).get("vit_packing", True))
+        self.cost = vit_cost_fn(self.vision)
+
+    # the geometry of one image size, with the bucket and padding
+    def image(self, item: dict[str, Any], width: int, height: int) -> dict[str, Any]:
+        v = self.vision
+        item["width"], item["height"] = width, height
+        try:
+            geo = geometry.image_geometry_for(
+                width, height, self.caps, patch_size=v.patch_size, merge_size=v.spatial_merge_size
+            )
+        except QvlError as exc:
+            item["error"] = f"{item['input']}: {exc.one_line()}"
+            return item
+        images = item.get("images", 1)  # a workload line's "images": N, one request
+        item.update(
+            resized_width=geo.resized_width,
+            resized_height=geo.resized_height,
+            patches=geo.patches,
+            lm_tokens=geo.lm_tokens * images,
+            vit_calls=images,
+        )
+        item["capped"] = geometry.image_capped(  # the one meaning infer reports too
+            width, height, self.caps, self.stock["max_pixels"], patch_size=v.patch_size, merge_size=v.spatial_merge_size
+        )
+        return self._bucket(item, "image")
+
+    def video(self, item: dict[str, Any], width: int, height: int, frames: int, fps: float | None) -> dict[str, Any]:
+        v = self.vision
+        c = self.caps
+        item.update(width=width, height=height, total_frames=frames, fps=fps)
+        try:
+            geo = geometry.video_geometry_for(
+                width,
+                height,
+                frames,
+                fps,
+                c,
+                patch_size=v.patch_size,
+                merge_size=v.spatial_merge_size,
+                temporal_patch_size=v.temporal_patch_size,
+            )
+        except QvlError as exc:
+            item["error"] = f"{item['input']}: {exc.one_line()}"
+            return item
+        item.update(
+            resized_width=geo.resized_width,
+            resized_height=geo.resized_height,
+            patches=geo.patches,
+            lm_tokens=geo.lm_tokens,
+            vit_calls=geo.vit_calls,
+            sampled_frames=geo.sampled_frames,
+            notes=list(geo.notes),
+            capped=False,
+        )
+        item["capped"] = geometry.video_capped(  # the one meaning infer reports too
+            width,
+            height,
+            frames,
+            fps,
+            c,
+            self.stock["video_max_pixels"],
+            patch_size=v.patch_size,
+            merge_size=v.spatial_merge_size,
+            temporal_patch_size=v.temporal_patch_size,
+        )
+        return self._bucket(item, "video", frames=geo.sampled_frames)
+
+    def _bucket(self, item: dict[str, Any], kind: str, frames: int | None = None) -> dict[str, Any]:
+        patches = item["patches"]
+        bucket = select_bucket(patches, self.buckets)
+        item["bucket"] = bucket
+        if bucket is None:
+            item["error"] = oversize_error(
+                item["input"],
+                patches,
+                self.buckets,
+                kind=kind,
+                frames=frames,
+                patch_size=self.vision.patch_size,
+                temporal_patch_size=self.vision.temporal_patch_size,
+            ).one_line()
+        else:
+            item["padding_pct"] = padding_pct(patches, bucket)  # the one rounding infer reports too
+            item["vit_calls_packed"] = item["vit_calls"]
+            if self.packing:  # one request's segments share calls (packing.py); requests are never packed together
+                from qwenvl_rbln.packing import uniform_cost
+
+                item["vit_calls_packed"] = uniform_cost(patches, item["vit_calls"], self.buckets, self.cost)[0]
+        return item
+
+    def file(self, path: Path) -> dict[str, Any]:
+        from qwenvl_rbln.media import classify, probe_image, probe_video
+
+        kind = classify(path)
+        item = blank_item(str(path), kind, "file")
+        try:
+            if kind == "video":
+                info = probe_video(path)
+                return self.video(item, info.width, info.height, info.total_frames, info.fps)
+            info = probe_image(path)
+        except QvlError as exc:
+            item["error"] = exc.one_line()
+            return item
+        except Exception as exc:  # a probe bug must not hide the other items
+            item["error"] = f"{path}: could not be read ({type(exc).__name__}: {exc})"
+            return item
+        return self.image(item, info.width, info.height)
+
+    def size(self, text: str, width: int, height: int) -> dict[str, Any]:
+        return self.image(blank_item(text, "size", "size"), width, height)
+
+    def with_caps(self, caps: Any) -> ItemPlanner:
+        """The same planner under other processor caps (to show what a suggested --set processor.* does)."""
+        other = copy.copy(self)
+        other.caps = caps
+        return other
+
+    def again(self, item: dict[str, Any]) -> dict[str, Any]:
+        """A planned item planned again under this planner's caps, from its known size (no file is re-read)."""
+        new = blank_item(item["input"], item["kind"], item["source"], item["count"])
+        if "images" in item:
+            new["images"] = item["images"]
+        if item["kind"] == "video":
+            return self.video(new, item["width"], item["height"], item["total_frames"], item["fps"])
+        return self.image(new, item["width"], item["height"])
+
+    def workload_entry(self, key: tuple, count: int) -> dict[str, Any]:
+        width, height, frames, fps = key[:4]
+        if frames is None:
+            images = key[4] if len(key) > 4 else 1
+            item = blank_item(f"{width}x{height}" + (f" x{images}" if images > 1 else ""), "size", "workload", count)
+            if images > 1:
+                item["images"] = images
+            return self.image(item, width, height)
+        rate = f"@{fps:g}fps" if fps else ""
+        item = blank_item(f"{width}x{height} {frames}f{rate}", "video", "workload", count)
+        return self.video(item, width, height, frames, fps)

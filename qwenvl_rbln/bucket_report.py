@@ -1,0 +1,400 @@
+"""The bucket-plan report as plain data: every item's bucket and padding, per-bucket compute, the packed
+figures, the plan's memory verdict, and the optional optimisations (``bucket_optimise_report.py``).
+
+Everything here is header reads and arithmetic: no torch, no model, no NPU, no terminal.
+``commands/bucket_plan_cmd.py`` parses the options, calls ``run_bucket_plan`` and renders the result
+(``bucket_plan_view.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln.bucket_items import ItemPlanner
+from qwenvl_rbln.bucket_optimise_report import decoder_section, optimize_section
+from qwenvl_rbln.buckets import vit_cost_fn
+from qwenvl_rbln.errors import DoesNotFit, InputError, QvlError
+from qwenvl_rbln.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, expand_inputs_report, parse_size
+from qwenvl_rbln.packing import uniform_cost
+from qwenvl_rbln.workload import read_batch_trace, read_workload
+
+
+def _workspace_fn() -> Callable[[Any, int], int | None] | None:
+    """Visual workspace bytes per bucket from the memory planner, when it provides it."""
+    try:
+        from qwenvl_rbln import memory
+    except ImportError:
+        return None
+    fn = getattr(memory, "estimate_for_bucket", None)
+    if fn is None:
+        return None
+
+    def bytes_for(geometry: Any, bucket: int) -> int | None:
+        try:
+            d = fn(geometry, bucket, dtype_bytes=geometry.dtype_bytes)
+        except Exception:
+            return None
+        if isinstance(d, int | float):
+            return int(d)
+        if isinstance(d, dict):
+            for key in ("workspace_bytes", "total_bytes", "bytes"):
+                if isinstance(d.get(key), int | float):
+                    return int(d[key])
+        return None
+
+    return bytes_for
+
+
+def _bucket_verdicts(plan: Any, buckets: list[int]) -> dict[int, bool | str | None]:
+    """Per bucket: would the whole plan (LM, KV, ViT) fit on its devices if that bucket were the largest?
+    True / False, "uncertain" (the margin lies inside the modelled range), None (no estimate)."""
+    from qwenvl_rbln.memory import estimate_plan
+
+    out: dict[int, bool | str | None] = {}
+    for b in buckets:
+        try:
+            report = estimate_plan(plan, largest_vit_bucket=b, suggest=False)
+            out[b] = report.fits if report.verdict != "uncertain" else "uncertain"
+        except Exception:  # a verdict column must never stop the plan of the inputs
+            out[b] = None
+    return out
+
+
+def _memory_summary(plan: Any) -> dict[str, Any]:
+    """The plan's memory verdict, as `compile --dry-run` gives it, in short."""
+    from qwenvl_rbln.memory import estimate_plan, fit_hint, gate_message
+
+    report = estimate_plan(plan).to_dict()
+    keys = ("device", "verdict", "total_bytes", "total_low_bytes", "total_high_bytes", "usable_bytes", "fits")
+    return {
+        "verdict": report["verdict"],
+        "fits": report["fits"],
+        "devices": [{k: d[k] for k in keys} for d in report["devices"]],
+        "suggestions": [s["cli"] for s in report.get("suggestions") or []],
+        "gate": None if report["verdict"] == "fits" else gate_message(report),
+        "fix": None if report["verdict"] == "fits" else fit_hint(report),
+    }
+
+
+def own_dry_run(preset: str, sets: list[str] | None, model: str | None, extra: str) -> dict[str, Any]:
+    """The memory verdict of a recommended configuration, by its own dry run (the preset, the user's --sets and
+    the recommended ``--set ...`` string applied), so nothing is recommended that `compile --dry-run` refuses."""
+    from qwenvl_rbln.memory import estimate_plan
+    from qwenvl_rbln.plan import build_plan
+
+    added = [part.strip() for part in extra.split("--set") if part.strip()]
+    try:
+        report = estimate_plan(build_plan(preset, [*(sets or []), *added], model=model)).to_dict()
+    except QvlError as exc:
+        return {"verdict": "invalid", "set": added, "reason": exc.one_line(), "fix": None}
+    fix = (report.get("suggestions") or [{}])[0].get("cli")
+    return {"verdict": report["verdict"], "set": added, "reason": None, "fix": fix}
+
+
+def summarize(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], int]) -> dict[str, Any]:
+    """Per-bucket totals over the planned items (each weighted by count x ViT calls)."""
+    buckets = list(plan.vit_buckets)
+    per: dict[int, dict[str, Any]] = {
+        b: {"calls": 0, "pad_sum": 0.0, "executed": 0, "useful": 0, "inputs": 0} for b in buckets
+    }
+    uncovered = {"calls": 0, "inputs": 0, "max_patches": None}
+    n_items = n_errors = requests = lm_tokens = capped = 0
+    for it in items:
+        n_items += 1
+        requests += it["count"]
+        if it["patches"] is None:
+            n_errors += 1
+            continue
+        calls = it["count"] * it["vit_calls"]
+        lm_tokens += it["count"] * it["lm_tokens"]
+        if it.get("capped"):
+            capped += it["count"]
+        b = it["bucket"]
+        if b is None:
+            n_errors += 1
+            uncovered["calls"] += calls
+            uncovered["inputs"] += it["count"]
+            mp = uncovered["max_patches"]
+            uncovered["max_patches"] = it["patches"] if mp is None else max(mp, it["patches"])
+            continue
+        row = per[b]
+        row["calls"] += calls
+        row["inputs"] += it["count"]
+        row["pad_sum"] += calls * (b - it["patches"]) / b
+        row["executed"] += calls * cost(b)
+        row["useful"] += calls * cost(it["patches"])
+    total_calls = sum(r["calls"] for r in per.values()) + uncovered["calls"]
+    verdicts = _bucket_verdicts(plan, buckets)
+    workspace = _workspace_fn()
+    dtype = plan.geometry.dtype_bytes
+    rows = []
+    for b in buckets:
+        r = per[b]
+        rows.append(
+            {
+                "bucket": b,
+                "square_px": int(math.isqrt(b) * plan.geometry.vision.patch_size),
+                "inputs": r["inputs"],
+                "calls": r["calls"],
+                "share": round(r["calls"] / total_calls, 4) if total_calls else 0.0,
+                "mean_padding_pct": round(100.0 * r["pad_sum"] / r["calls"], 2) if r["calls"] else None,
+                "executed_flops": r["executed"],
+                "useful_flops": r["useful"],
+                "executed_over_useful": round(r["executed"] / r["useful"], 4) if r["useful"] else None,
+                "flops_per_call": cost(b),
+                "attn_mask_bytes": b * b * dtype,
+                "workspace_bytes": workspace(plan.geometry, b) if workspace else None,
+                "plan_fits_with_this_as_largest": verdicts.get(b),
+            }
+        )
+    executed = sum(r["executed"] for r in per.values())
+    useful = sum(r["useful"] for r in per.values())
+    return {
+        "preset": plan.preset,
+        "vit_buckets": buckets,
+        "unit": "pre-merge patches (16x16 px) per image or per temporal patch (2 video frames)",
+        "processor": plan.processor.to_dict(),
+        "items": n_items,
+        "requests": requests,
+        "errors": n_errors,
+        "vit_calls": total_calls,
+        "lm_tokens": lm_tokens,
+        "capped_inputs": capped,
+        "executed_flops": executed,
+        "useful_flops": useful,
+        "executed_over_useful": round(executed / useful, 4) if useful else None,
+        "buckets": rows,
+        "memory": _memory_summary(plan),
+        "uncovered": uncovered,
+        "workspace_note": None
+        if workspace
+        else "visual workspace per bucket: memory.estimate_for_bucket not available",
+        **({"packed": packed_summary(items, plan, cost)} if plan.runtime.get("vit_packing", True) else {}),
+    }
+
+
+def packed_summary(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], int]) -> dict[str, Any]:
+    """The same items with each request's segments packed into shared ViT calls (``packing.py``): every pack
+    uses its segments' own bucket, so the figures differ only in calls, executed FLOPs and mask bytes."""
+    dtype = plan.geometry.dtype_bytes
+    calls = executed = useful = mask = unpacked_mask = 0
+    for it in items:
+        if it["patches"] is None:
+            continue
+        if it["bucket"] is None:  # above every bucket: as today (no pack), counted as its calls
+            calls += it["count"] * it["vit_calls"]
+            continue
+        n, b = it["vit_calls"], it["bucket"]
+        packed_calls, packed_executed = uniform_cost(it["patches"], n, plan.vit_buckets, cost)
+        calls += it["count"] * packed_calls
+        executed += it["count"] * packed_executed
+        useful += it["count"] * n * cost(it["patches"])
+        mask += it["count"] * packed_calls * b * b * dtype
+        unpacked_mask += it["count"] * n * b * b * dtype
+    return {
+        "vit_calls": calls,
+        "executed_flops": executed,
+        "executed_over_useful": round(executed / useful, 4) if useful else None,
+        "attn_mask_bytes": mask,
+        "unpacked_attn_mask_bytes": unpacked_mask,
+        "note": "segments of one request (its images, a video's temporal patches) share a ViT call through a "
+        "block-diagonal mask, each pack in its segments' own bucket; requests are never packed together",
+    }
+
+
+def _check_k(flag: str, k: int | None) -> None:
+    if k is not None and k < 1:
+        raise InputError(f"{flag} {k}: the number of buckets must be at least 1", f"e.g. {flag} 3")
+
+
+def _check_flags(
+    *,
+    has_inputs: bool,
+    optimize: int | None,
+    max_bucket: int | None,
+    batch_trace: Path | None,
+    optimize_decoder: int | None,
+) -> None:
+    """Flag combinations, the specific complaint first (so a lone --optimize-decoder names what it needs)."""
+    _check_k("--optimize", optimize)
+    _check_k("--optimize-decoder", optimize_decoder)
+    if max_bucket is not None and optimize is None:
+        raise InputError("--max-bucket only applies to --optimize", "add --optimize K, or drop --max-bucket")
+    if max_bucket is not None and (max_bucket < 4 or max_bucket % 4):
+        raise InputError(
+            f"--max-bucket {max_bucket} is not a positive multiple of 4 (spatial_merge_size**2)",
+            f"use {max(4, max_bucket - max_bucket % 4)}",
+        )
+    if optimize_decoder is not None and batch_trace is None:
+        raise InputError(
+            "--optimize-decoder needs --batch-trace FILE",
+            "pass the observed running-batch sizes: a JSON list or one integer per line",
+        )
+    if optimize is not None and not has_inputs:
+        raise InputError("--optimize needs inputs to optimise for", "pass files, --size or --workload")
+    if not (has_inputs or batch_trace):
+        raise InputError(
+            "bucket-plan needs something to plan",
+            "pass image/video files or directories, --size WIDTHxHEIGHT, --workload FILE or --batch-trace FILE",
+        )
+
+
+SKIPPED_SHOWN = 5
+
+
+def _names(paths: list[Path], shown: int = SKIPPED_SHOWN) -> str:
+    text = ", ".join(str(p) for p in paths[:shown])
+    return text + (f", ... ({len(paths) - shown:,} more)" if len(paths) > shown else "")
+
+
+def _supported() -> str:
+    return f"images {' '.join(sorted(IMAGE_EXTENSIONS))}; videos {' '.join(sorted(VIDEO_EXTENSIONS))}"
+
+
+def _skip_warnings(expansion: Any) -> list[str]:
+    """Say what directories held that is not planned: a silent skip looks like an empty workload."""
+    out = []
+    if expansion.skipped:
+        out.append(
+            f"skipped {len(expansion.skipped):,} file(s) without an image or video extension: "
+            f"{_names(expansion.skipped)} (qvl reads {_supported()}; convert others, e.g. HEIC, to JPEG or PNG)"
+        )
+    out += [f"{d}: no image or video files in this directory" for d in expansion.empty_dirs]
+    return out
+
+
+def _nothing_to_plan(inputs: list[str], expansion: Any) -> Exception:
+    skipped = f"; {len(expansion.skipped):,} other file(s) skipped: {_names(expansion.skipped)}"
+    verb = "holds" if len(inputs) == 1 else "hold"
+    return InputError(
+        f"nothing to plan: {_names([Path(i) for i in inputs])} {verb} no image or video files"
+        + (skipped if expansion.skipped else ""),
+        f"pass image or video files ({_supported()}), convert other formats (e.g. HEIC) to JPEG or PNG, "
+        "or use --size/--workload",
+    )
+
+
+def _skipped_json(expansion: Any) -> dict[str, Any]:
+    return {"count": len(expansion.skipped), "examples": [str(p) for p in expansion.skipped[:20]]}
+
+
+def _plan_workload(
+    planner: ItemPlanner, workload: Path, notify: Callable[[str], None]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The workload's distinct sizes planned, most frequent first; its ignored keys are said through ``notify``."""
+    wl = read_workload(workload)
+    items = [planner.workload_entry(key, n) for key, n in wl.sizes.items()]
+    items.sort(key=lambda it: (-it["count"], it["input"]))
+    info = {
+        "path": wl.path,
+        "format": wl.format,
+        "lines": wl.lines,
+        "requests": wl.requests,
+        "distinct": wl.distinct,
+        "ignored_keys": sorted(wl.ignored),
+    }
+    if wl.ignored:
+        notify(
+            f"{wl.path}: ignored {'keys' if wl.format != 'csv' else 'columns'} {', '.join(sorted(wl.ignored))} "
+            "(only width, height, count, frames, fps, kind and images are read)"
+        )
+    return items, info
+
+
+def run_bucket_plan(
+    *,
+    preset: str,
+    sets: list[str] | None,
+    model: str | None,
+    inputs: list[str] | None,
+    sizes: list[str] | None,
+    workload: Path | None,
+    optimize: int | None,
+    max_bucket: int | None,
+    batch_trace: Path | None,
+    optimize_decoder: int | None,
+    vit_packing: bool = True,
+    notify: Callable[[str], None] | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """The whole command without printing: (JSON document, warnings). ``vit_packing=False``
+    (``--no-vit-packing``) overrides the preset's ``runtime.vit_packing``: today's figures, no ``packed``.
+    ``notify`` hears a warning as soon as it is known (the CLI prints it before a later error); without it,
+    such warnings lead the returned list."""
+    from qwenvl_rbln.plan import build_plan
+
+    _check_flags(
+        has_inputs=bool(inputs or sizes or workload),
+        optimize=optimize,
+        max_bucket=max_bucket,
+        batch_trace=batch_trace,
+        optimize_decoder=optimize_decoder,
+    )
+    parsed_sizes = [(s, *parse_size(s)) for s in (sizes or [])]  # bad --size fails before any work
+    expansion = expand_inputs_report(inputs or [])
+    if inputs and not (expansion.files or sizes or workload or batch_trace):
+        raise _nothing_to_plan(inputs, expansion)
+
+    plan = build_plan(preset, sets, model=model)
+    if not vit_packing:
+        plan.runtime = {**plan.runtime, "vit_packing": False}
+    early: list[str] = []
+    planner = ItemPlanner(plan)
+    items = [planner.file(path) for path in expansion.files]
+    items += [planner.size(text, w, h) for text, w, h in parsed_sizes]
+    wl_info = None
+    if workload is not None:
+        wl_items, wl_info = _plan_workload(planner, workload, notify or early.append)
+        items.extend(wl_items)
+    if optimize is not None and not items:
+        raise _nothing_to_plan(inputs or [], expansion)
+    cost = vit_cost_fn(plan.geometry.vision)
+    data: dict[str, Any] = {"items": items, "summary": summarize(items, plan, cost)}
+    if inputs:
+        data["skipped_files"] = _skipped_json(expansion)
+    if wl_info:
+        data["workload"] = wl_info
+    if optimize is not None:
+        data["optimized"] = optimize_section(items, plan, optimize, max_bucket, cost, planner)
+        data["optimized"]["memory"] = own_dry_run(preset, sets, model, data["optimized"]["set"])
+    if batch_trace is not None:
+        dec, _ = decoder_section(read_batch_trace(batch_trace), plan, optimize_decoder)
+        if dec.get("optimized"):
+            dec["optimized"]["memory"] = own_dry_run(preset, sets, model, dec["optimized"]["set"])
+        data["decoder"] = dec
+    return data, [*early, *plan.warnings, *_skip_warnings(expansion)]
+
+
+def final_error(data: dict[str, Any], as_json: bool) -> str | None:
+    """The closing stderr line when something could not be planned; it points where the details are."""
+    failed = sum(1 for it in data["items"] if it["error"])
+    dec_failed = data.get("decoder", {}).get("uncovered_steps", 0)
+    if not (failed or dec_failed):
+        return None
+    parts, where = [], []
+    if failed:
+        parts.append(f"{failed:,} of {len(data['items']):,} inputs cannot run with preset {data['summary']['preset']}")
+        where.append("items[].error")
+    if dec_failed:
+        parts.append(f"{dec_failed:,} decode steps are above the largest decoder graph")
+        where.append("decoder.per_batch[].error")
+    if as_json:
+        return f"qvl: error: {'; '.join(parts)}; fix: see {' and '.join(where)} in the JSON for each one's fix"
+    return f"qvl: error: {'; '.join(parts)} (listed above); fix: see the fix on each line above, or remove the inputs"
+
+
+def memory_gate(summary: dict[str, Any], uncertain_ok: bool) -> Exception | None:
+    """The same CI gate as `compile --dry-run` (exit 4): the plan does not fit, or is uncertain without
+    ``--uncertain-ok``. None when the plan may load."""
+    mem = summary.get("memory") or {}
+    if not (mem.get("verdict") == "does_not_fit" or (mem.get("verdict") == "uncertain" and not uncertain_ok)):
+        return None
+    return DoesNotFit(
+        f"bucket-plan: {mem['gate']}",
+        mem["fix"]
+        .replace("in `qvl compile --dry-run`", "in `qvl compile --dry-run` or the JSON summary.memory")
+        .replace(", or pass --force to compile anyway", "")
+        .replace("; --force compiles anyway", ""),
+    )
