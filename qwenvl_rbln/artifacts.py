@@ -35,6 +35,7 @@ from typing import Any
 
 from qwenvl_rbln.errors import BusyError, InputError
 from qwenvl_rbln.paths import user_path
+from qwenvl_rbln.resolved_lm import ResolvedLM
 
 MANIFEST_NAME = "qvl-manifest.json"
 MANIFEST_FORMAT = 1
@@ -806,87 +807,9 @@ def expected_graph_names(cfg: dict[str, Any]) -> list[str]:
     return list(phases)
 
 
-_KIND_WORDS: dict[Any, str] = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
-
-
-def _need(cfg: dict[str, Any], key: str, source: str, kind: type | tuple[type, ...] = int) -> Any:
-    value = cfg.get(key)
-    if value is None or isinstance(value, bool) or not isinstance(value, kind):
-        raise InputError(
-            f"{source}: {key}={value!r} is missing or not {_KIND_WORDS.get(kind, 'a value')}",
-            "the artifact config is damaged: recompile it (`qvl compile --force`)",
-        )
-    return value
-
-
-def _positive_or_none(cfg: dict[str, Any], key: str, source: str) -> None:
-    value = cfg.get(key)
-    if value is not None and (type(value) is not int or value < 1):
-        raise InputError(f"{source}: {key}={value!r} is not a positive integer", "recompile the artifact")
-
-
-_QUANT_DEFAULTS = {"format": "rbln", "weights": "fp16", "activations": "fp16", "kv_caches": "fp16"}
-
-
-def resolved_from_rbln_config(cfg: dict[str, Any], *, source: str = RBLN_CONFIG_NAME) -> Any:
-    """Rebuild plan.ResolvedLM from a compiled rbln_config.json, so the memory planner runs without a preset."""
-    from qwenvl_rbln.plan import ResolvedLM, kv_block_counts
-
-    target = compile_target(cfg)
-    batch = cfg.get("batch_size", 1)  # absent means optimum-rbln's default; 0 is not a batch
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-        raise InputError(f"{source}: batch_size={batch!r} is not a positive integer", "recompile the artifact")
-    max_seq_len = _need(cfg, "max_seq_len", source)
-    partition = cfg.get("kvcache_partition_len")
-    attn = cfg.get("attn_impl") or ("flash_attn" if partition else "eager")
-    if attn not in ("eager", "flash_attn"):
-        raise InputError(f"{source}: attn_impl={attn!r} is not eager or flash_attn", "recompile the artifact")
-    for key in ("max_seq_len", "kvcache_partition_len", "kvcache_block_size", "prefill_chunk_size"):
-        _positive_or_none(cfg, key, source)
-    if attn == "flash_attn" and not partition:
-        raise InputError(f"{source}: attn_impl=flash_attn without kvcache_partition_len", "recompile the artifact")
-    block = cfg.get("kvcache_block_size") or (partition if attn == "flash_attn" else max_seq_len)
-    npu = target["npu"] or ""
-    chunk = cfg.get("prefill_chunk_size") or (512 if npu.startswith("RBLN-CR") else 128)
-    num_blocks = cfg.get("kvcache_num_blocks") or 0
-    if type(num_blocks) is not int or num_blocks < 0:
-        raise InputError(f"{source}: kvcache_num_blocks={num_blocks!r} is not a count", "recompile the artifact")
-    dbs = cfg.get("decoder_batch_sizes") or [batch]
-    if not isinstance(dbs, list) or not all(type(b) is int and b > 0 for b in dbs):
-        raise InputError(f"{source}: decoder_batch_sizes={dbs!r} is not a list of integers", "recompile the artifact")
-    visual = cfg.get("visual")
-    if not isinstance(visual, dict):
-        raise InputError(f"{source}: no 'visual' section", "recompile the artifact with optimum-rbln 0.12.0")
-    buckets = visual.get("max_seq_len")
-    buckets = [buckets] if isinstance(buckets, int) and not isinstance(buckets, bool) else buckets
-    if not isinstance(buckets, list) or not buckets or not all(type(b) is int and b > 0 for b in buckets):
-        raise InputError(f"{source}: visual.max_seq_len={buckets!r} is not a list of integers", "recompile")
-    num_full, num_min = kv_block_counts(max_seq_len, block, batch, attn)
-    quant = cfg.get("quantization")
-    if quant is not None and not isinstance(quant, dict):
-        raise InputError(f"{source}: quantization={quant!r} is not a mapping", "recompile the artifact")
-    quantization = None
-    if quant:  # saved as RBLNQuantizationConfig._prepare_for_serialization writes it; unset fields mean fp16
-        quantization = {name: quant.get(name) or default for name, default in _QUANT_DEFAULTS.items()}
-        quantization["dynamic"] = bool(quant.get("dynamic"))
-    return ResolvedLM(
-        batch_size=batch,
-        max_seq_len=max_seq_len,
-        attn_impl=attn,
-        kvcache_partition_len=partition if attn == "flash_attn" else None,
-        kvcache_block_size=block,
-        prefill_chunk_size=chunk,
-        kvcache_num_blocks=num_blocks,
-        memory_budget=None,  # never saved (subclass_non_save_attributes)
-        decoder_batch_sizes=sorted(dbs, reverse=True),
-        vit_buckets=sorted(buckets),
-        num_full_blocks=num_full,
-        num_min_blocks=num_min,
-        num_devices=target["num_devices"],
-        visual_num_devices=target["visual_num_devices"],
-        quantization=quantization,
-        use_attention_mask=bool(cfg.get("use_attention_mask")),
-    )
+def resolved_from_rbln_config(cfg: dict[str, Any], *, source: str = RBLN_CONFIG_NAME) -> ResolvedLM:
+    """ResolvedLM of a compiled rbln_config.json, for the NPU and num_devices it was compiled for."""
+    return ResolvedLM.from_rbln_config(cfg, compile_target(cfg), source=source)
 
 
 def placement_from_artifact(cfg: dict[str, Any], manifest: dict[str, Any] | None) -> dict[str, Any]:
