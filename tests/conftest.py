@@ -33,3 +33,49 @@ def no_model_load(monkeypatch):
         raise AssertionError("a model was loaded for a request that should have been refused")
 
     monkeypatch.setattr(reference, "load_reference", boom)
+
+
+# ------------------------------------------------------------------- optimum-rbln's real code on the emulator
+
+
+@pytest.fixture
+def emulated():
+    """qvl's CPU emulator served as ``rebel`` for one test (optimum-rbln's real code runs on it), removed again
+    afterwards unless it was on before. One torch thread meanwhile: the tiny model's ops take microseconds, and on
+    a busy 2-core box a second OpenMP thread only makes each of them wait (see tests/test_emulator.py)."""
+    from tests.emulated_rbln import optimum_rbln_installed
+
+    if not optimum_rbln_installed():
+        pytest.skip("optimum-rbln is not installed")
+    import torch
+
+    from qwenvl_rbln import emulator
+
+    was_active = emulator.is_active()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    emulator.activate()
+    yield
+    torch.set_num_threads(threads)
+    if not was_active:
+        emulator.deactivate()
+
+
+@pytest.fixture
+def rbln_calls(emulated, monkeypatch):
+    """The emulator on, and optimum-rbln's entry points recorded (tests/emulated_rbln.py: record_rbln)."""
+    from tests.emulated_rbln import record_rbln
+
+    return record_rbln(monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def tiny_rbln(tmp_path_factory):
+    """`qvl compile --preset cpu-tiny-rbln --emulate` once per session: tiny model, flash attention, batch 2 with
+    decoder_batch_sizes [1, 2], ViT buckets 256/1024/4096, placement 0/0. Read-only: copy it to change it. Later
+    compiles of the same graphs (another placement too) are cache hits, tests/test_vit_packing_e2e.py's as well."""
+    from tests.emulated_rbln import compile_emulated, optimum_rbln_installed
+
+    if not optimum_rbln_installed():
+        pytest.skip("optimum-rbln is not installed")
+    return compile_emulated(tmp_path_factory.mktemp("tiny-rbln") / "cpu-tiny-rbln")
