@@ -9,6 +9,7 @@ import pytest
 
 from qwenvl_rbln import artifacts
 from qwenvl_rbln.plan import build_plan
+from tests.emulated_rbln import compile_emulated
 from tests.fakes_rbln import (
     TINY_CONFIG,
     GiB,
@@ -108,25 +109,28 @@ def test_placement_compared_with_the_compiled_one(tmp_path, capsys, no_npu_stack
     assert code == 2 and "--device 'x' is not an NPU id" in err
 
 
-def test_runtime_created_with_the_requested_placement(tmp_path, monkeypatch, capsys):
-    plan, root = _artifact(tmp_path, "rebel100-2npu-batch4")
-    auto = make_auto(plan)
-    rebel = make_rebel()
-    install(monkeypatch, auto, rebel=rebel)
-    code, data, err = _json(["load-check", str(root)], capsys)
+def test_runtime_created_with_the_requested_placement(tiny_rbln, rbln_calls, tmp_path, capsys):
+    """optimum-rbln's real load on the emulator: the ViT's runtime on NPU 1, the LM graphs' on NPU 0."""
+    sets = ["placement.visual_device=1"]
+    root = compile_emulated(tmp_path / "art", sets)  # a cache hit of tiny_rbln: placement is a runtime key
+    plan = build_plan("cpu-tiny-rbln", sets)
+    code, data, err = _json(["load-check", str(root), "--emulate"], capsys)
     assert code == 0, err
-    assert auto.calls[-1]["export"] is False
-    assert auto.calls[-1]["rbln_config"] == plan.load_rbln_config == {"visual": {"device": 1}, "device": 0}
+    assert rbln_calls.calls[-1]["export"] is False
+    assert rbln_calls.calls[-1]["rbln_config"] == plan.load_rbln_config == {"visual": {"device": 1}, "device": 0}
     assert data["runtime"]["ok"] is True and data["runtime"]["create_runtimes"] is True
-    assert data["memory"]["source"] == "exact"
+    assert data["memory"]["source"] == "emulated"  # the emulated graphs' own sizes ("exact" from a real rebel)
     assert [d["device"] for d in data["memory"]["devices"]] == [0, 1]
-    devices = {path.split("/")[-1]: dev for path, dev in rebel.runtimes_created}
+    devices = {path.split("/")[-1]: dev for path, dev in rbln_calls.runtimes}
     assert devices["compiled_model.rbln"] == 1 and devices["prefill.rbln"] == 0
-    code, data, _ = _json(["load-check", str(root), "--no-runtime"], capsys)
-    assert code == 0 and auto.calls[-1]["rbln_config"]["create_runtimes"] is False and data["runtime"]["attempted"]
+    assert {devices[f"{name}.rbln"] for name in plan.resolved.graph_names} == {0}
+    code, data, _ = _json(["load-check", str(root), "--emulate", "--no-runtime"], capsys)
+    assert code == 0 and data["runtime"]["attempted"]
+    assert rbln_calls.calls[-1]["rbln_config"]["create_runtimes"] is False
 
 
 def test_lack_of_device_memory_diagnosis(tmp_path, monkeypatch, capsys):
+    # fakes: "Lack of device memory" comes from a real NPU's runtime only (the emulator never runs out)
     plan = build_plan("rebel100-2npu-batch4")
     _, root = _artifact(tmp_path, "rebel100-2npu-batch4", alloc=allocation_table(plan, kv_bytes=112 * GiB))
     install(monkeypatch, make_auto(plan), rebel=make_rebel(runtime_error=LACK))
@@ -155,11 +159,10 @@ def test_lack_of_device_memory_diagnosis(tmp_path, monkeypatch, capsys):
     assert code == 4 and "fixes" in out and "device 0: prefill" in out
 
 
-def test_backend_failure_exit_5(tmp_path, monkeypatch, capsys):
-    plan, root = _artifact(tmp_path)
-    install(monkeypatch, make_auto(plan), rebel=make_rebel(runtime_error="Device 3 is not a valid NPU device."))
-    code, data, err = _json(["load-check", str(root)], capsys)
-    assert code == 5 and data["runtime"]["ok"] is False and "not a valid NPU device" in err
+def test_backend_failure_exit_5(tiny_rbln, emulated, capsys, monkeypatch):
+    monkeypatch.setenv("QVL_EMULATOR_DEVICES", "2")  # NPU 3 is not on this (emulated) host
+    code, data, err = _json(["load-check", str(tiny_rbln), "--emulate", "--device", "3"], capsys)
+    assert code == 5 and data["runtime"]["ok"] is False and "device 3 is not an emulated NPU" in err
 
 
 def test_torch_artifact_layout_and_runtime_skip(tmp_path, capsys):
@@ -201,6 +204,7 @@ def test_not_an_artifact_and_default_dir_from_preset(tmp_path, capsys, monkeypat
 
 
 def test_calibrate_records_exact_workspaces_that_later_estimates_use(tmp_path, monkeypatch, capsys):
+    # fakes: only a real rebel's allocation figures are recorded; the emulator's sizes never are (test_emulator.py)
     from qwenvl_rbln import calibration
     from qwenvl_rbln.memory import estimate_plan
 
