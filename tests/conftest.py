@@ -40,25 +40,14 @@ def no_model_load(monkeypatch):
 
 @pytest.fixture
 def emulated():
-    """qvl's CPU emulator served as ``rebel`` for one test (optimum-rbln's real code runs on it), removed again
-    afterwards unless it was on before. One torch thread meanwhile: the tiny model's ops take microseconds, and on
-    a busy 2-core box a second OpenMP thread only makes each of them wait (see tests/test_emulator.py)."""
-    from tests.emulated_rbln import optimum_rbln_installed
+    """qvl's CPU emulator served as ``rebel`` for one test, so optimum-rbln's real code runs on it; removed again
+    afterwards unless it was on before (tests/emulated_rbln.py: emulator_on)."""
+    from tests.emulated_rbln import emulator_on, optimum_rbln_installed
 
     if not optimum_rbln_installed():
         pytest.skip("optimum-rbln is not installed")
-    import torch
-
-    from qwenvl_rbln import emulator
-
-    was_active = emulator.is_active()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    emulator.activate()
-    yield
-    torch.set_num_threads(threads)
-    if not was_active:
-        emulator.deactivate()
+    with emulator_on():
+        yield
 
 
 @pytest.fixture

@@ -12,8 +12,9 @@ The fixtures that use these (``emulated``, ``rbln_calls``, ``tiny_rbln``) are in
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import util
 from pathlib import Path
@@ -27,16 +28,33 @@ def optimum_rbln_installed() -> bool:
         return False
 
 
+@contextlib.contextmanager
+def emulator_on() -> Iterator[None]:
+    """qvl's CPU emulator served as ``rebel`` (removed again afterwards unless it was on before), with one torch
+    thread meanwhile: the tiny model's ops take microseconds, and on a busy 2-core box a second OpenMP thread only
+    makes each of them wait (tests/test_emulator.py measured 40 ms instead of 0.1 ms per attention step)."""
+    import torch
+
+    from qwenvl_rbln import emulator
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with emulator.active():
+            yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def compile_emulated(
     out: Path, sets: Sequence[str] = (), preset: str = "cpu-tiny-rbln", *, model: str | None = None
 ) -> Path:
     """``qvl compile --preset PRESET --set ... -o OUT --emulate`` in-process, through the default compile cache."""
-    from qwenvl_rbln import emulator
     from qwenvl_rbln.compile_job import run_compile
     from qwenvl_rbln.memory import estimate_plan
     from qwenvl_rbln.plan import build_plan
 
-    with emulator.active():
+    with emulator_on():
         plan = build_plan(preset, list(sets), model=model, output_dir=str(out))
         run_compile(plan, estimate_plan(plan), heartbeat_s=0)
     return Path(out)
