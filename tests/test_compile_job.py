@@ -1,4 +1,10 @@
-"""`qvl compile` for real (compile_job.run_compile) with an injected optimum-rbln: safety, cache, manifest."""
+"""`qvl compile` for real (compile_job.run_compile): safety, cache, manifest.
+
+The tiny preset (cpu-tiny-rbln) compiles with optimum-rbln 0.12's real code on qvl's CPU emulator of rebel
+(``--emulate``; emulated: no NPU compile ran), its ``from_pretrained`` calls recorded (tests/emulated_rbln.py).
+The 2B presets' hub id and the failures only a real NPU stack or a failing disk produce use the injected fakes of
+tests/fakes_rbln.py; each such test says why.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +25,8 @@ from qwenvl_rbln.plan import build_plan
 from tests.fakes_rbln import TINY_CONFIG, install, make_auto, run_main, temp_entries, write_hf_model
 from tests.helpers_cli import REPO, Result
 
+TINY = "cpu-tiny-rbln"
+
 
 @pytest.fixture
 def model_dir(tmp_path):
@@ -27,6 +35,23 @@ def model_dir(tmp_path):
 
 def _compile_argv(preset, model, out, cache, *extra):
     return ["compile", "--preset", preset, "--model", str(model), "-o", str(out), "--cache-dir", str(cache), *extra]
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from qwenvl_rbln.tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model()
+
+
+# two ViT buckets (the 4096 one would double each emulated compile here, and every compile in these tests is real)
+TINY_SETS = ["visual.max_seq_len=[256,1024]"]
+
+
+def _tiny_argv(model, out, cache, *extra):
+    """`qvl compile --preset cpu-tiny-rbln --emulate` with TINY_SETS."""
+    sets = [a for s in TINY_SETS for a in ("--set", s)]
+    return [*_compile_argv(TINY, model, out, cache, "--emulate", *sets), *extra]
 
 
 HIDE_OPTIMUM_RBLN = "import sys; sys.modules['optimum.rbln'] = None; sys.modules['rebel'] = None; "
@@ -47,22 +72,22 @@ def test_missing_optimum_rbln_exit_3_one_line_nothing_created(tmp_path):
     assert not (tmp_path / "sub").exists()
 
 
-def test_cache_miss_then_hit_and_the_manifest(tmp_path, monkeypatch, capsys, model_dir):
-    plan = build_plan("rebel100-1npu-vit-buckets", model=str(model_dir))
-    auto = make_auto(plan)
-    install(monkeypatch, auto)
+def test_cache_miss_then_hit_and_the_manifest(tmp_path, rbln_calls, capsys, tiny_model):
+    plan = build_plan(TINY, TINY_SETS, model=str(tiny_model))
+    auto = rbln_calls
     out, cache = tmp_path / "out", tmp_path / "cache"
-    code, stdout, stderr = run_main(_compile_argv("rebel100-1npu-vit-buckets", model_dir, out, cache, "--json"), capsys)
+    code, stdout, stderr = run_main(_tiny_argv(tiny_model, out, cache, "--json"), capsys)
     assert code == 0, stderr
     result = json.loads(stdout)["result"]
     assert result["cache"] == "miss" and result["output_dir"] == str(out)
     assert len(auto.calls) == 1 and auto.calls[0]["rbln_config"] == plan.rbln_config
     assert "ViT buckets" in stderr and "prefill graph" in stderr and "saving" in stderr
     m = json.loads((out / artifacts.MANIFEST_NAME).read_text())
-    assert m["preset"]["name"] == "rebel100-1npu-vit-buckets" and m["preset"]["sha256"] == plan.preset_hash
-    assert m["model"]["sha256"] == artifacts.model_fingerprint(str(model_dir))["sha256"]
+    assert m["preset"]["name"] == TINY and m["preset"]["sha256"] == plan.preset_hash
+    assert m["model"]["sha256"] == artifacts.model_fingerprint(str(tiny_model))["sha256"]
     assert m["rbln_config"] == plan.rbln_config and m["npu"] == "RBLN-CR13"
     assert set(m["versions"]) == {"qvl", "optimum-rbln", "rebel-compiler", "transformers", "torch"}
+    assert m["emulated"] is True and "emulated" in m["versions"]["rebel-compiler"]
     assert m["timings"]["total"] > 0 and "prefill graph" in m["timings"]
     assert "prefill.rbln" in m["files"] and "visual/compiled_model.rbln" in m["files"]
     # what optimum-rbln resolved (automatic KV blocks: the full count here) next to what the plan asked for (0)
@@ -74,9 +99,7 @@ def test_cache_miss_then_hit_and_the_manifest(tmp_path, monkeypatch, capsys, mod
     assert (cache / result["cache_key"] / "prefill.rbln").exists()
     assert temp_entries(tmp_path) == []
 
-    code, stdout, stderr = run_main(
-        _compile_argv("rebel100-1npu-vit-buckets", model_dir, out, cache, "--force"), capsys
-    )
+    code, stdout, stderr = run_main(_tiny_argv(tiny_model, out, cache, "--force"), capsys)
     assert code == 0, stderr
     assert len(auto.calls) == 1  # the hit did not call from_pretrained
     assert "cache hit" in stderr
@@ -86,19 +109,16 @@ def test_cache_miss_then_hit_and_the_manifest(tmp_path, monkeypatch, capsys, mod
 
     # a runtime-only change (placement/device) is still a hit; a compile key change is a miss
     code, _, stderr = run_main(
-        _compile_argv(
-            "rebel100-1npu-vit-buckets", model_dir, out, cache, "--force", "--set", "placement.visual_device=1"
-        ),
+        _tiny_argv(tiny_model, out, cache, "--force", "--set", "placement.visual_device=1"),
         capsys,
     )
     assert code == 0 and "cache hit" in stderr and len(auto.calls) == 1
-    code, _, stderr = run_main(
-        _compile_argv("rebel100-1npu-vit-buckets", model_dir, out, cache, "--force", "--no-cache"), capsys
-    )
+    code, _, stderr = run_main(_tiny_argv(tiny_model, out, cache, "--force", "--no-cache"), capsys)
     assert code == 0 and len(auto.calls) == 2 and "cache off: --no-cache" in stderr
 
 
 def test_hub_id_turns_the_cache_off_and_says_why(tmp_path, monkeypatch, capsys):
+    # fakes: the 2B preset's hub id, not downloadable here (and far too large for the emulator)
     plan = build_plan("rebel100-1npu")
     auto = make_auto(plan)
     install(monkeypatch, auto)
@@ -112,23 +132,21 @@ def test_hub_id_turns_the_cache_off_and_says_why(tmp_path, monkeypatch, capsys):
     assert json.loads((tmp_path / "o" / artifacts.MANIFEST_NAME).read_text())["model"]["note"] == "hub id, not hashed"
 
 
-def test_existing_target_without_force_exit_2_untouched(tmp_path, monkeypatch, capsys, model_dir):
-    plan = build_plan("rebel100-1npu", model=str(model_dir))
-    auto = make_auto(plan)
-    install(monkeypatch, auto)
+def test_existing_target_without_force_exit_2_untouched(tmp_path, rbln_calls, capsys, tiny_model):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    code, _, stderr = run_main(_compile_argv("rebel100-1npu", model_dir, out, tmp_path / "c"), capsys)
+    code, _, stderr = run_main(_tiny_argv(tiny_model, out, tmp_path / "c"), capsys)
     assert code == 2
     assert stderr.count("\n") == 1 and "--force" in stderr and "Traceback" not in stderr
-    assert [p.name for p in out.iterdir()] == ["keep.txt"] and auto.calls == []
+    assert [p.name for p in out.iterdir()] == ["keep.txt"] and rbln_calls.calls == []
 
 
 @pytest.mark.parametrize(("behavior", "exit_code"), [({"save_error": "disk full"}, 5), ({"save_interrupt": True}, 130)])
 def test_failure_or_interrupt_mid_write_leaves_old_artifact(
     tmp_path, monkeypatch, capsys, model_dir, behavior, exit_code
 ):
+    # fakes: a disk error or Ctrl-C half-way through optimum-rbln's save_pretrained copy is injected there
     plan = build_plan("rebel100-1npu", model=str(model_dir))
     install(monkeypatch, make_auto(plan, **behavior))
     out = tmp_path / "out"
@@ -144,11 +162,10 @@ def test_failure_or_interrupt_mid_write_leaves_old_artifact(
     assert stderr.strip().splitlines()[-1].startswith("qvl: ")
 
 
-def test_planner_refusal_and_force(tmp_path, monkeypatch, capsys, model_dir):
-    plan = build_plan("rebel100-1npu", model=str(model_dir))
+def test_planner_refusal_and_force(tmp_path, rbln_calls, capsys, tiny_model):
+    plan = build_plan(TINY, TINY_SETS, model=str(tiny_model))
     plan.output_dir = str(tmp_path / "out")
-    auto = make_auto(plan)
-    install(monkeypatch, auto)
+    auto = rbln_calls
     memory = {
         "fits": False,
         "devices": [{"device": 0, "total_bytes": 150 << 30, "usable_bytes": 140 << 30, "fits": False}],
@@ -213,12 +230,22 @@ def test_qvl_tiny_is_created_through_ensure_tiny_model(tmp_path, monkeypatch, ca
 _SCRIPT = textwrap.dedent(
     """
     import sys
+    import time
+    from pathlib import Path
     sys.path.insert(0, {repo!r})
-    from qwenvl_rbln.plan import build_plan
-    from tests import fakes_rbln
-    plan = build_plan("rebel100-1npu", model={model!r})
-    fakes_rbln.install_plain(fakes_rbln.make_auto(plan, wait_for_file={wait!r}))
-    sys.argv = ["qvl", "compile", "--preset", "rebel100-1npu", "--model", {model!r}, "-o", {out!r},
+    from qwenvl_rbln.emulator import rebel_api
+
+    real_compile = rebel_api.compile_from_torch
+
+    def held(*args, **kwargs):  # optimum-rbln's first graph compile waits here (killed by the test)
+        Path({inside!r}).touch()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+        return real_compile(*args, **kwargs)
+
+    rebel_api.compile_from_torch = held
+    sys.argv = ["qvl", "compile", "--preset", "cpu-tiny-rbln", "--emulate", "--model", {model!r}, "-o", {out!r},
                 "--cache-dir", {cache!r}]
     from qwenvl_rbln import cli
     cli.main()
@@ -226,9 +253,9 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def _spawn(tmp_path, model, out, wait):
+def _spawn(tmp_path, model, out, inside):
     script = _SCRIPT.format(
-        repo=str(REPO), model=str(model), out=str(out), cache=str(tmp_path / "cache"), wait=str(wait)
+        repo=str(REPO), model=str(model), out=str(out), cache=str(tmp_path / "cache"), inside=str(inside)
     )
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
     return subprocess.Popen(
@@ -236,20 +263,28 @@ def _spawn(tmp_path, model, out, wait):
     )
 
 
-def test_concurrent_compiles_busy_then_sigterm_cleans_up(tmp_path, model_dir):
+def test_concurrent_compiles_busy_then_sigterm_cleans_up(tmp_path, tiny_model, emulated, capsys):
+    """A second compile of the same output while the first is inside optimum-rbln's real (emulated) compile."""
     out = tmp_path / "out"
-    first = _spawn(tmp_path, model_dir, out, tmp_path / "never")  # blocks inside from_pretrained
-    owner = artifacts.lock_path(out).with_name(artifacts.lock_path(out).name + ".owner")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not any(".export" in p.name for p in tmp_path.iterdir()):
-        time.sleep(0.05)
-    assert owner.exists(), first.stderr.read() if first.poll() is not None else "first compile never took the lock"
-    second = _spawn(tmp_path, model_dir, out, tmp_path / "go")
-    _, err2 = second.communicate(timeout=60)
-    assert second.returncode == 6, err2
-    assert f"pid {first.pid}" in err2 and str(out) in err2 and err2.count("qvl: error") == 1
-    first.send_signal(signal.SIGTERM)
-    _, err1 = first.communicate(timeout=60)
+    inside = tmp_path / "inside-compile"
+    first = _spawn(tmp_path, tiny_model, out, inside)  # holds inside optimum-rbln's first graph compile
+    try:
+        owner = artifacts.lock_path(out).with_name(artifacts.lock_path(out).name + ".owner")
+        deadline = time.monotonic() + 180  # a fresh interpreter imports torch, transformers and optimum-rbln
+        while time.monotonic() < deadline and not inside.exists() and first.poll() is None:
+            time.sleep(0.05)
+        assert inside.exists(), first.stderr.read() if first.poll() is not None else "never reached the compile"
+        assert owner.exists() and any(".export" in p.name for p in tmp_path.iterdir())
+        argv = ["compile", "--preset", TINY, "--emulate", "--model", str(tiny_model), "-o", str(out)]
+        code, _, err2 = run_main([*argv, "--cache-dir", str(tmp_path / "cache")], capsys)
+        assert code == 6, err2
+        assert f"pid {first.pid}" in err2 and str(out) in err2 and err2.count("qvl: error") == 1
+        first.send_signal(signal.SIGTERM)
+        _, err1 = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
     assert first.returncode == 130, err1
     assert "nothing half-written" in err1
     assert not out.exists() and temp_entries(tmp_path) == []
@@ -258,6 +293,7 @@ def test_concurrent_compiles_busy_then_sigterm_cleans_up(tmp_path, model_dir):
 def test_a_hub_id_in_the_local_hf_cache_is_hashed_and_cached(tmp_path, monkeypatch, capsys):
     """The shipped rbln presets name a hub id: when its snapshot is in the Hugging Face cache, qvl compiles from
     that directory, hashes it into the manifest and uses the compile cache (found offline, never downloaded)."""
+    # fakes: a shipped 2B preset (its geometry is far too large for the emulator; the 2B weights are not here)
     from huggingface_hub import constants
 
     hub = tmp_path / "hf-cache"
