@@ -7,7 +7,7 @@
 - ``FakeRBLNAuto``: ``from_pretrained`` records every call (deep copies) and mimics export (writes into
   ``model_save_dir``, calls ``RBLNBaseModel.compile`` per graph, mutates the passed dict like optimum-rbln)
   and load (missing file -> FileNotFoundError, runtime failure -> optimum-rbln's wrapped RuntimeError).
-  ``save_pretrained`` copies like optimum-rbln (``<dir>.tmp`` then merge/rename) and can sleep, raise or
+  ``save_pretrained`` copies like optimum-rbln (``<dir>.tmp`` then merge/rename) and can raise or
   KeyboardInterrupt half-way.
 - ``install(monkeypatch, ...)``: puts fake ``optimum``, ``optimum.rbln``, ``optimum.rbln.modeling_base`` and
   ``rebel`` modules into ``sys.modules``.
@@ -291,13 +291,11 @@ def make_rebel(*, runtime_error: str | None = None) -> types.ModuleType:
     """A fake ``rebel`` module; ``runtime_error`` makes every Runtime() raise RuntimeError(runtime_error)."""
     mod = types.ModuleType("rebel")
     mod.RBLNCompiledModel = FakeCompiledModel
-    mod.runtimes_created = []
 
     class Runtime:
         def __init__(self, compiled_model: Any, tensor_type: str = "pt", device: Any = None, **kwargs: Any):
             if runtime_error:
                 raise RuntimeError(runtime_error)
-            mod.runtimes_created.append((compiled_model.path, device))
 
     mod.Runtime = Runtime
     mod.__version__ = "0.12.0"
@@ -368,8 +366,6 @@ class FakeRBLNAuto:
             )
             for name in cls.plan.resolved.graph_names:
                 lm_cls.compile(None, _CompileCfg(name), create_runtimes=False, device=None)
-            if b.get("sleep_export"):
-                time.sleep(b["sleep_export"])
             wait_for = b.get("wait_for_file")
             if wait_for:
                 deadline = time.monotonic() + 30
@@ -422,8 +418,6 @@ class FakeRBLNAuto:
         b = type(self).behavior
         try:
             shutil.copytree(real, tmp)
-            if b.get("save_sleep"):
-                time.sleep(b["save_sleep"])
             if b.get("save_interrupt"):
                 raise KeyboardInterrupt
             if b.get("save_error"):
