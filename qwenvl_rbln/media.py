@@ -136,8 +136,10 @@ def _png_walk(f, size: int) -> _PngWalk:
     Pillow's lazy open stops at the first IDAT, but transformers' ``load_image`` runs ``exif_transpose``,
     which loads the image: Pillow then reads the chunks after IDAT, a later eXIf replaces an earlier
     one, and the last one rotates the picture (Pillow stops at the next frame's fcTL in an APNG; so
-    does this walk). A file that ends with the IEND chunk was not cut short; its walk is bounded by
-    ``HEADER_READ_BUDGET`` chunks (seek + 8-byte read each). Any other file is walked to its damage.
+    does this walk). Every walk is bounded by ``HEADER_READ_BUDGET`` chunks (seek + 8-byte read each): a file
+    that ends with the IEND chunk was not cut short, so its walk just stops there; any other file is walked to
+    its damage, and one with more chunks than the budget before any is refused (a flood of empty 12-byte
+    chunks is 2 million Python-level reads in 24 MiB; no real PNG has 20,000 chunks).
     """
     complete = False
     if size >= 8 + len(_PNG_IEND):
@@ -147,6 +149,9 @@ def _png_walk(f, size: int) -> _PngWalk:
     seen_idat = animated = False
     try:
         for i, (pos, length, ctype) in enumerate(_png_chunks(f, size)):
+            if i >= HEADER_READ_BUDGET and not complete:
+                out.problem = f"has over {HEADER_READ_BUDGET:,} chunks and does not end with its IEND chunk"
+                break
             if complete and (i >= HEADER_READ_BUDGET or (animated and seen_idat and ctype == b"fcTL")):
                 break
             animated = animated or ctype == b"acTL"

@@ -139,6 +139,37 @@ def test_truncated_image(tmp_path: Path, fmt: str) -> None:
     assert "truncated" in err.message
 
 
+def test_a_cut_png_of_tiny_chunks_is_refused_after_the_chunk_budget(tmp_path: Path, monkeypatch) -> None:
+    """Without IEND the walk would visit every 12-byte chunk (2 million Python-level reads in 24 MiB): it stops
+    at HEADER_READ_BUDGET chunks, counted here by reads, not timed; a short cut file still names its cut."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    monkeypatch.setattr(media, "HEADER_READ_BUDGET", 500)
+    head = _png_header_only(64, 64)[: -len(chunk(b"IEND", b""))]
+    flood = tmp_path / "flood.png"
+    flood.write_bytes(head + chunk(b"IDAT", b"") * 5_000)
+    reads = []
+    real_open = Path.open
+
+    def counting_open(self, *args, **kwargs):
+        f = real_open(self, *args, **kwargs)
+        if self == flood and "b" in (args[0] if args else kwargs.get("mode", "r")):
+            real_read = f.read
+            f.read = lambda *a: reads.append(1) or real_read(*a)  # type: ignore[method-assign]
+        return f
+
+    monkeypatch.setattr(Path, "open", counting_open)
+    err = _input_error(media.probe_image, flood)
+    assert "has over 500 chunks and does not end with its IEND chunk" in err.message
+    assert len(reads) < 600, len(reads)
+    monkeypatch.setattr(Path, "open", real_open)
+    short = tmp_path / "short.png"
+    short.write_bytes(head + chunk(b"IDAT", b"") * 100)
+    assert "ends before its IEND chunk" in _input_error(media.probe_image, short).message
+
+
 def test_jpeg_with_trailing_data_is_fine(tmp_path: Path) -> None:
     p = tmp_path / "motion.jpg"
     Image.new("RGB", (64, 32)).save(p)
