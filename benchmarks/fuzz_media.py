@@ -3,11 +3,12 @@
 Every input qvl is handed (``bucket-plan`` paths, ``infer --image/--video``, request files) goes through
 these two functions first, so they must survive anything: random bytes, files cut short at any byte, the
 wrong extension, and headers that declare absurd sizes (a PNG of 2^31-1 x 2^31-1, a JPEG of 65535 x 65535).
-The contract: a result or an ``InputError`` -- never another exception, never more than 2 s, never more than
+The contract: a result or an ``InputError`` -- never another exception, never more than 2 s of CPU, never more than
 512 MiB of address space.
 
 Each probe runs in a worker subprocess with ``RLIMIT_AS`` set (the memory bound), a ``setitimer`` alarm
-inside the worker (the wall-clock bound for Python code) and a watchdog in the parent that kills the worker
+inside the worker (the bound on CPU time for Python code: CPU, not wall, so a busy machine cannot fail a
+probe that did bounded work) and a watchdog in the parent that kills the worker
 when it does not answer (the bound for a hang inside C code). ``tests/test_fuzz_media.py`` imports this file
 for its case generators and the ``Prober``.
 
@@ -312,20 +313,22 @@ def _worker_main(memory_mb: int, timeout_s: float, selftest: bool) -> None:
     def on_alarm(signum, frame):  # noqa: ANN001
         raise _Alarm
 
-    signal.signal(signal.SIGALRM, on_alarm)
+    signal.signal(signal.SIGPROF, on_alarm)
     out = sys.stdout
     for line in sys.stdin:
         req = json.loads(line)
         path, kind = req["path"], req.get("kind") or media.classify(req["path"])
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         result: dict = {}
-        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        signal.setitimer(signal.ITIMER_PROF, timeout_s)
         try:
-            if selftest and kind == "selftest-sleep":
-                time.sleep(timeout_s * 3)
+            if selftest and kind == "selftest-spin":
+                end = time.process_time() + timeout_s * 3
+                while time.process_time() < end:  # busy: the CPU-time alarm must stop it
+                    pass
             elif selftest and kind == "selftest-hang":
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
+                signal.setitimer(signal.ITIMER_PROF, 0)
+                signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGPROF])
                 time.sleep(3600)  # simulates a hang inside C code: no alarm can interrupt it
             elif selftest and kind == "selftest-alloc":
                 blob = bytearray(memory_mb << 21)  # twice the limit
@@ -358,8 +361,8 @@ def _worker_main(memory_mb: int, timeout_s: float, selftest: bool) -> None:
         except BaseException as exc:  # noqa: BLE001 - anything else is exactly what the fuzzer looks for
             result = {"status": "crash", "detail": f"{type(exc).__name__}: {exc}"[:300]}
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        result["seconds"] = round(time.perf_counter() - t0, 4)
+            signal.setitimer(signal.ITIMER_PROF, 0)
+        result["seconds"] = round(time.process_time() - t0, 4)  # CPU seconds: load on the box does not count
         result["maxrss_mb"] = _peak_rss_mb()
         out.write(json.dumps(result) + "\n")
         out.flush()
@@ -493,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", type=int, default=0, help="stop after this many cases (0: time budget only)")
     ap.add_argument("--seed", type=int, default=None, help="random seed (default: time based, printed)")
     ap.add_argument("--memory-mb", type=int, default=512, help="RLIMIT_AS of the worker in MiB (default 512)")
-    ap.add_argument("--timeout", type=float, default=2.0, help="seconds allowed per probe (default 2)")
+    ap.add_argument("--timeout", type=float, default=2.0, help="CPU seconds allowed per probe (default 2)")
     ap.add_argument("--keep", type=Path, default=None, help="directory to copy failing inputs into")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--selftest", action="store_true", help=argparse.SUPPRESS)

@@ -1,6 +1,6 @@
 """Fuzzing the header-only media probes: whatever the bytes, a result or an InputError, fast, in bounded memory.
 
-Every probe runs in the worker of ``benchmarks/fuzz_media.py`` (RLIMIT_AS 512 MiB, a 2 s alarm, and a watchdog
+Every probe runs in the worker of ``benchmarks/fuzz_media.py`` (RLIMIT_AS 512 MiB, a 2 s CPU-time alarm, and a watchdog
 that kills a worker stuck in C code), so a hang or a memory blow-up is a test failure, not a stuck test run.
 The harness itself is checked first: a probe that sleeps, hangs, allocates or raises must be reported as such.
 """
@@ -65,7 +65,7 @@ def _write(workdir: Path, name: str, data: bytes) -> Path:
 @pytest.mark.parametrize(
     ("kind", "status"),
     [
-        ("selftest-sleep", "timeout"),
+        ("selftest-spin", "timeout"),
         ("selftest-hang", "hang"),
         ("selftest-alloc", "memory"),
         ("selftest-crash", "crash"),
