@@ -253,9 +253,9 @@ def test_optimizer_rejects_a_decreasing_cost() -> None:
 def test_optimizer_is_fast_on_many_distinct_values() -> None:
     rng = random.Random(5)
     counts = {4 * v: rng.randint(1, 1000) for v in range(64, 16385)}  # every multiple of 4 up to 65536
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU seconds (0.25 s here): a busy machine's wall clock must not fail it
     res = bk.optimize_buckets(counts, 8, COSTS["vit"])
-    assert time.perf_counter() - t0 < 10
+    assert time.process_time() - t0 < 10
     assert len(res.buckets) == 8 and res.buckets[-1] == 65536
 
 
