@@ -49,7 +49,7 @@ SOURCE_OVERRIDE = "--device-memory"
 SCENARIOS = ("low", "mid", "high")
 FITS, DOES_NOT_FIT, UNCERTAIN = "fits", "does_not_fit", "uncertain"
 
-# optimum-rbln 0.12 attention limits (plan.ATTENTION_LIMITS), for the max_seq_len suggestion.
+# optimum-rbln 0.12 attention limits (resolved_lm.ATTENTION_LIMITS), for the max_seq_len suggestion.
 _EAGER_MAX = {"REBEL": 16384, "ATOM": 32768}
 _MIN_FLASH_LEN = 2048
 

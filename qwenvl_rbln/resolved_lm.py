@@ -144,7 +144,7 @@ class ResolvedLM:
             visual_num_devices=target["visual_num_devices"],
             quantization=_saved_quantization(cfg, source),
             use_attention_mask=bool(cfg.get("use_attention_mask")),
-            use_position_ids=False,  # as before the split: not read back from rbln_config.json
+            use_position_ids=bool(cfg.get("use_position_ids")),
         )
 
 

@@ -70,3 +70,15 @@ def test_a_flash_artifact_without_a_partition_is_refused_naming_the_file():
         ResolvedLM.from_rbln_config(
             cfg, {"npu": None, "num_devices": 1, "visual_num_devices": 1}, source="art/rbln_config.json"
         )
+
+
+def test_an_artifact_compiled_with_position_ids_resolves_as_its_preset():
+    """use_position_ids shapes the attention-mask input ([B, max_seq_len]); load-check must read it back."""
+    plan = build_plan("rebel100-1npu", ["use_attention_mask=true", "use_position_ids=true"])
+    cfg = rbln_config_json(plan)
+    cfg.update(use_attention_mask=True, use_position_ids=True)
+    resolved = ResolvedLM.from_rbln_config(
+        cfg, {"npu": plan.npu, "num_devices": 1, "visual_num_devices": 1}, source="x"
+    )
+    assert plan.resolved.use_position_ids and resolved.use_position_ids
+    assert resolved.use_attention_mask
