@@ -1,0 +1,154 @@
+"""The layering rules a reader relies on, checked from the source (no import runs).
+
+- No import cycle inside ``qwenvl_rbln``; an import inside a function counts, because it binds the two
+  modules just the same and makes the order they can be changed in a puzzle.
+- Command modules hold options, one core call and rendering: at most 300 lines, and no core module
+  imports one.
+- No function over 120 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "qwenvl_rbln"
+MAX_FUNCTION_LINES = 120
+MAX_COMMAND_FILE_LINES = 300
+
+
+def module_files(package: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py under ``package`` (a package is named by its __init__)."""
+    files = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        files[".".join(parts)] = path
+    return files
+
+
+def _targets(module: str, is_package: bool, node: ast.Import | ast.ImportFrom, known: set[str]) -> set[str]:
+    """The package modules one import statement names: ``from a import b`` may name module a.b or a name in a."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            anchor = module.split(".") if is_package else module.split(".")[:-1]
+            anchor = anchor[: len(anchor) - node.level + 1]
+            base = ".".join(anchor + ([node.module] if node.module else []))
+        names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+    return {name for name in names if name in known and name != module}
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Module -> the package modules it imports anywhere in its source (top level, functions, TYPE_CHECKING)."""
+    files = module_files(package)
+    known = set(files)
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                edges |= _targets(module, path.name == "__init__.py", node, known)
+        graph[module] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def _describe(graph: dict[str, set[str]], component: list[str]) -> str:
+    members = set(component)
+    return "; ".join(f"{m} -> {', '.join(sorted(graph[m] & members))}" for m in component)
+
+
+def test_no_import_cycle_inside_the_package():
+    graph = import_graph(PACKAGE)
+    assert len(graph) > 40, "the scan found too few modules to be looking at the package"
+    found = cycles(graph)
+    assert not found, "import cycles: " + " | ".join(_describe(graph, c) for c in found)
+
+
+def test_the_cycle_scan_sees_function_level_and_relative_imports(tmp_path):
+    """The scan itself: a cycle closed only by an import inside a function, or by a relative import, is found."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg import b\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg.a import thing\n")
+    (pkg / "sub" / "c.py").write_text("from . import d\n")
+    (pkg / "sub" / "d.py").write_text("from ..sub.c import x\n")
+    (pkg / "e.py").write_text("import pkg.a\n")
+    found = cycles(import_graph(pkg))
+    assert sorted(found) == [["pkg.a", "pkg.b"], ["pkg.sub.c", "pkg.sub.d"]]
+
+
+def test_core_modules_never_import_a_command_module():
+    graph = import_graph(PACKAGE)
+    offenders = {
+        module: sorted(t for t in targets if t.startswith("qwenvl_rbln.commands."))
+        for module, targets in graph.items()
+        if not module.startswith("qwenvl_rbln.commands") and module not in {"qwenvl_rbln.cli", "qwenvl_rbln.entry"}
+    }
+    assert not {m: t for m, t in offenders.items() if t}
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "commands").glob("*.py")), ids=lambda p: p.name)
+def test_command_files_stay_thin(path):
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_COMMAND_FILE_LINES, f"{path.name}: {lines} lines; move logic into a core module"
+
+
+def test_no_function_is_too_long_to_hold_in_one_head():
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({length} lines)")
+    assert not too_long, "split into named steps: " + ", ".join(too_long)
