@@ -12,7 +12,8 @@ Order matters and is part of the contract:
 5. the compile cache (key: model files' hash, rbln_config without runtime keys, versions, NPU) is looked up
    under the lock and stored after the rename.
 
-Progress lines (stage, elapsed time) go to stderr through ``render.info``.
+Progress lines (stage, elapsed time) and warnings go to the ``info`` / ``warn`` callables the caller passes (the
+CLI passes render's); a library caller that passes none gets plain lines on stderr.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln import artifacts, render
+from qwenvl_rbln import artifacts
 from qwenvl_rbln.backends import Progress, backend_module, fmt_elapsed, resolve_source
 from qwenvl_rbln.errors import EXIT_INTERRUPTED, BackendError, DoesNotFit, InputError, QvlError
 from qwenvl_rbln.paths import user_path
@@ -72,7 +73,15 @@ def _emulated() -> bool:
     return emulator.is_active()
 
 
-def refuse_if_not_fit(plan: Any, memory: Any, force: bool) -> None:
+def _stderr_line(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _stderr_warning(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def refuse_if_not_fit(plan: Any, memory: Any, force: bool, warn: Callable[[str], None] = _stderr_warning) -> None:
     """DoesNotFit (exit 4) when the planner says no and --force was not given (memory.ensure_fits: the hint
     carries the planner's --set fixes); with --force a warning says we compile anyway."""
     if _fits(memory) is not False:
@@ -83,7 +92,7 @@ def refuse_if_not_fit(plan: Any, memory: Any, force: bool) -> None:
         from qwenvl_rbln.backends.rbln import over_devices_text
 
         where = over_devices_text(_memory_dict(memory))
-        render.warn(
+        warn(
             f"the memory planner says preset {plan.preset} does not fit on {plan.npu}"
             + (f" ({where})" if where else "")
             + "; compiling anyway (--force)"
@@ -123,6 +132,8 @@ def run_compile(
     as_json: bool = False,
     model_cls: Any = None,
     heartbeat_s: float = 30.0,
+    info: Callable[[str], None] = _stderr_line,
+    warn: Callable[[str], None] = _stderr_warning,
 ) -> dict[str, Any]:
     """Compile ``plan`` into ``plan.output_dir``; see the module docstring for the order of checks.
 
@@ -133,14 +144,14 @@ def run_compile(
     t0 = time.monotonic()
     target = user_path(plan.output_dir, "output_dir").absolute()
 
-    refuse_if_not_fit(plan, memory, force)
+    refuse_if_not_fit(plan, memory, force, warn)
     backend = backend_module(plan.backend)
     backend.check_dependencies()
     artifacts.check_target(target, force)
 
-    progress = Progress(render.info, heartbeat_s=heartbeat_s, prefix="qvl compile ")
+    progress = Progress(info, heartbeat_s=heartbeat_s, prefix="qvl compile ")
     try:
-        return _run(plan, target, backend, progress, force, cache_dir, use_cache, model_cls, t0)
+        return _run(plan, target, backend, progress, force, cache_dir, use_cache, model_cls, t0, warn)
     except KeyboardInterrupt:
         state = "the existing artifact is untouched" if target.exists() else "no output directory was created"
         raise CompileInterrupted(
@@ -216,6 +227,7 @@ def _run(
     use_cache: bool,
     model_cls: Any,
     t0: float,
+    warn: Callable[[str], None],
 ) -> dict[str, Any]:
     with _sigterm_as_interrupt(), progress:
         progress.stage("resolving model", plan.model_id)
@@ -285,7 +297,7 @@ def _run(
                 try:
                     stored = artifacts.cache_store(cache_root, key, target)
                 except OSError as exc:
-                    render.warn(f"could not store the artifact in the compile cache {cache_root}: {exc}")
+                    warn(f"could not store the artifact in the compile cache {cache_root}: {exc}")
         progress.stage("done")
     artifacts.record_last_compile(target, plan.preset)
     timings = progress.timings()

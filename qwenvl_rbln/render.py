@@ -16,6 +16,8 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from qwenvl_rbln.units import fmt_bytes  # noqa: F401  (re-exported: views format bytes through render)
+
 _stdout: Console | None = None
 _stderr: Console | None = None
 
@@ -144,18 +146,6 @@ def emit_error(message: str, hint: str | None, exit_code: int, *, problems: list
         sys.stdout.flush()
     except (OSError, ValueError):  # stdout closed (a pipe whose reader left): stderr has the line
         pass
-
-
-def fmt_bytes(n: float | int | None) -> str:
-    """Binary units, as rbln-smi prints them (GiB)."""
-    if n is None:
-        return "-"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.2f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.2f} TiB"
 
 
 # --- tables that fit -------------------------------------------------------------------------------

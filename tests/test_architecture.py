@@ -137,6 +137,42 @@ def test_core_modules_never_import_a_command_module():
     assert not {m: t for m, t in offenders.items() if t}
 
 
+PRESENTATION = (
+    "qwenvl_rbln.__main__",
+    "qwenvl_rbln.cli",
+    "qwenvl_rbln.entry",
+    "qwenvl_rbln.render",
+    "qwenvl_rbln.commands",
+)
+TERMINAL_LIBRARIES = ("rich", "typer", "click")
+
+
+def _external_imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_core_never_imports_a_terminal():
+    """Only commands, views (*_view.py), render and the CLI wiring may touch rich/typer or the renderer:
+    a core function returns data, so a script, a test or vLLM's plugin can call it without a console."""
+    graph = import_graph(PACKAGE)
+    files = module_files(PACKAGE)
+    offenders = []
+    for module, path in files.items():
+        if module.startswith(PRESENTATION) or module.endswith("_view"):
+            continue
+        terminal = _external_imports(path) & set(TERMINAL_LIBRARIES)
+        views = {t for t in graph[module] if t.startswith(PRESENTATION) or t.endswith("_view")}
+        if terminal or views:
+            offenders.append(f"{module}: {sorted(terminal | views)}")
+    assert not offenders, offenders
+
+
 @pytest.mark.parametrize("path", sorted((PACKAGE / "commands").glob("*.py")), ids=lambda p: p.name)
 def test_command_files_stay_thin(path):
     lines = len(path.read_text(encoding="utf-8").splitlines())

@@ -505,7 +505,7 @@ def suggestion_texts(report: dict[str, Any] | None) -> tuple[list[str], list[str
 
 def over_devices_text(memory: dict[str, Any]) -> str:
     """'device 0 needs 150.00 GiB of 140.00 GiB; ...' for the devices a memory report says are over."""
-    from qwenvl_rbln.render import fmt_bytes
+    from qwenvl_rbln.units import fmt_bytes
 
     parts = []
     for d in memory.get("devices") or []:
@@ -549,7 +549,7 @@ def lack_of_memory_diagnosis(
     raw: str, memory: dict[str, Any], placement: dict[str, Any], graphs: dict[str, dict[str, str]], planner: dict | None
 ) -> dict[str, Any]:
     """Which graphs share which device, the numbers, and concrete fixes."""
-    from qwenvl_rbln.render import fmt_bytes
+    from qwenvl_rbln.units import fmt_bytes
 
     by_device: dict[int, list[str]] = {}
     for name, info in graphs.items():

@@ -139,7 +139,16 @@ def register(app: typer.Typer) -> None:
             )
         if plan.backend == "rbln":
             use_emulator(emulate)
-        result = run_compile(plan, memory, force=force, cache_dir=cache_dir, use_cache=not no_cache, as_json=as_json)
+        result = run_compile(
+            plan,
+            memory,
+            force=force,
+            cache_dir=cache_dir,
+            use_cache=not no_cache,
+            as_json=as_json,
+            info=render.info,
+            warn=render.warn,
+        )
 
         def human_done(console: Any, d: dict[str, Any]) -> None:
             console.print(d["result"]["summary"], markup=False)
