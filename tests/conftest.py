@@ -59,6 +59,14 @@ def rbln_calls(emulated, monkeypatch):
 
 
 @pytest.fixture(scope="session")
+def tiny_model():
+    """The offline tiny Qwen3-VL (qvl:tiny), created once under the tests' QVL_HOME."""
+    from qwenvl_rbln.tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model()
+
+
+@pytest.fixture(scope="session")
 def tiny_rbln(tmp_path_factory):
     """`qvl compile --preset cpu-tiny-rbln --emulate` once per session: tiny model, flash attention, batch 2 with
     decoder_batch_sizes [1, 2], ViT buckets 256/1024/4096, placement 0/0. Read-only: copy it to change it. Later

@@ -37,13 +37,6 @@ def _compile_argv(preset, model, out, cache, *extra):
     return ["compile", "--preset", preset, "--model", str(model), "-o", str(out), "--cache-dir", str(cache), *extra]
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    from qwenvl_rbln.tiny_model import ensure_tiny_model
-
-    return ensure_tiny_model()
-
-
 # two ViT buckets (the 4096 one would double each emulated compile here, and every compile in these tests is real)
 TINY_SETS = ["visual.max_seq_len=[256,1024]"]
 

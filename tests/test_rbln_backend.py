@@ -47,13 +47,6 @@ def _staging(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_model():
-    from qwenvl_rbln.tiny_model import ensure_tiny_model
-
-    return ensure_tiny_model()
-
-
-@pytest.fixture(scope="module")
 def tiny_compile(tiny_model, tmp_path_factory):
     """One emulated ``compile_model`` of cpu-tiny-rbln with optimum-rbln's entry points and the stages recorded."""
     if not optimum_rbln_installed():
