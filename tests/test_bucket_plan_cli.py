@@ -477,3 +477,13 @@ def test_each_bucket_says_whether_the_whole_plan_fits_with_it_as_the_largest():
     result = _invoke("--preset", "rebel100-1npu-batch4", *sets, "--size", "1920x1080")
     assert isinstance(result.exception, DoesNotFit)
     assert "memory (whole plan): does not fit" in result.stdout and "try --set max_seq_len=163840" in result.stdout
+
+
+def test_an_ignored_workload_key_that_looks_like_markup_prints_literally(tmp_path: Path) -> None:
+    """The warning names the key as written: no rich tag swallowed, no stray backslash from double escaping."""
+    wl = tmp_path / "w.jsonl"
+    wl.write_text('{"width": 640, "height": 480, "[bold]note": "x"}\n')
+    r = run_qvl("bucket-plan", "-w", str(wl), "--json")
+    assert r.exit_code == 0, r.stderr
+    (line,) = [x for x in r.stderr.splitlines() if "ignored keys" in x]
+    assert "[bold]note" in line and "\\[" not in line

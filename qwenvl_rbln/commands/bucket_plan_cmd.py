@@ -57,8 +57,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Where each image / video frame lands in the ViT buckets, its padding and compute, and the best buckets
         for a workload. Header reads only: no model, no NPU."""
-        from rich.markup import escape
-
         from qwenvl_rbln import render
         from qwenvl_rbln.bucket_plan_view import print_human
         from qwenvl_rbln.bucket_report import final_error, memory_gate, run_bucket_plan
@@ -76,7 +74,7 @@ def register(app: typer.Typer) -> None:
             batch_trace=batch_trace,
             optimize_decoder=optimize_decoder,
             vit_packing=not no_vit_packing,
-            notify=lambda line: render.warn(escape(line)),
+            notify=render.warn,
         )
         print_warnings(warnings)
         render.emit(data, as_json=as_json, human=lambda console, d: print_human(console, d, rows))
