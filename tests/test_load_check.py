@@ -163,6 +163,7 @@ def test_backend_failure_exit_5(tiny_rbln, emulated, capsys, monkeypatch):
     monkeypatch.setenv("QVL_EMULATOR_DEVICES", "2")  # NPU 3 is not on this (emulated) host
     code, data, err = _json(["load-check", str(tiny_rbln), "--emulate", "--device", "3"], capsys)
     assert code == 5 and data["runtime"]["ok"] is False and "device 3 is not an emulated NPU" in err
+    assert "QVL_EMULATOR_DEVICES" in data["error"]["hint"] and "rbln-smi" not in data["error"]["hint"]
 
 
 def test_torch_artifact_layout_and_runtime_skip(tmp_path, capsys):

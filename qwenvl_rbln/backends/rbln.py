@@ -361,9 +361,16 @@ def load_model(
             )
             err.raw = _raw_runtime_message(text)  # type: ignore[attr-defined]
             raise err from exc
+        from qwenvl_rbln.emulator import is_active
+
+        where = (
+            "the emulated host has QVL_EMULATOR_DEVICES NPUs (default 4): use ids below that"
+            if is_active()
+            else "check `rbln-smi` for the NPU ids and their free memory"
+        )
         raise BackendError(
             f"optimum-rbln could not load {artifact_dir}: {_first_line(exc)}",
-            "check `rbln-smi` for the NPU ids and their free memory; rerun with QVL_DEBUG=1 for the traceback",
+            f"{where}; rerun with QVL_DEBUG=1 for the traceback",
         ) from exc
 
 
