@@ -87,15 +87,11 @@ def register(app: typer.Typer) -> None:
         """Compile Qwen3-VL with a preset (optimum-rbln on an RBLN host, transformers for backend torch)."""
         from qwenvl_rbln import render
         from qwenvl_rbln.commands.common import print_warnings
+        from qwenvl_rbln.compile_request import compile_for_real, dry_run_gate, plan_for_compile
         from qwenvl_rbln.memory import estimate_plan
         from qwenvl_rbln.memory_view import print_memory
-        from qwenvl_rbln.plan import build_plan
 
-        if output is not None and not output.strip():  # typer would read '' as '.', the working directory
-            from qwenvl_rbln.errors import InputError
-
-            raise InputError("-o/--output is empty", "pass the artifact directory, e.g. -o qvl-out/my-model")
-        plan = build_plan(preset, sets, model=model, output_dir=output)
+        plan = plan_for_compile(preset, sets, model, output)
         print_warnings(plan.warnings)
         memory = estimate_plan(plan, device_memory=device_memory)
         data = {**plan.to_dict(), "memory": memory.to_dict()}
@@ -106,42 +102,16 @@ def register(app: typer.Typer) -> None:
                 print_memory(console, d["memory"])
                 console.print("[dim]dry run: nothing was compiled[/dim]")
 
-            gate = None
-            # A dry run is also a CI gate: exit 4 when it would not fit, and when the planner cannot tell
-            # (verdict uncertain) unless --uncertain-ok accepts that.
-            if memory.verdict == "does_not_fit" or (memory.verdict == "uncertain" and not uncertain_ok):
-                from qwenvl_rbln.errors import DoesNotFit
-                from qwenvl_rbln.memory import fit_hint, gate_message
-
-                where = "in the JSON's memory.suggestions" if as_json else "above"
-                gate = DoesNotFit(
-                    "dry run: " + gate_message(data["memory"]).replace("predicts this", "predicts this configuration"),
-                    fit_hint(data["memory"], where),
-                )
+            gate = dry_run_gate(data["memory"], uncertain_ok, as_json)
             render.emit({**data, "dry_run": True}, as_json=as_json, human=human, error=gate)
             if gate is not None:
                 raise gate
             return
-        if memory.verdict == "uncertain" and not (uncertain_ok or force):
-            from qwenvl_rbln.memory import ensure_fits
-
-            ensure_fits(memory)  # exit 4 before a long compile whose load the planner cannot vouch for
-        from qwenvl_rbln.backends.rbln import use_emulator
-        from qwenvl_rbln.compile_job import run_compile
-
-        if emulate and plan.backend != "rbln":
-            from qwenvl_rbln.errors import InputError
-
-            raise InputError(
-                f"--emulate emulates the NPU backend, but preset {plan.preset} uses backend {plan.backend} "
-                "(nothing to emulate)",
-                "drop --emulate, or compile an rbln preset such as --preset cpu-tiny-rbln --emulate",
-            )
-        if plan.backend == "rbln":
-            use_emulator(emulate)
-        result = run_compile(
+        result = compile_for_real(
             plan,
             memory,
+            emulate=emulate,
+            uncertain_ok=uncertain_ok,
             force=force,
             cache_dir=cache_dir,
             use_cache=not no_cache,

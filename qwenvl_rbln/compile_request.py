@@ -1,0 +1,76 @@
+"""What `qvl compile` decides around the compile itself: the plan, the dry run's CI gate, and the refusals that
+must come before a long compile. Returns data or raises from ``errors``; prints nothing (the command renders)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln.errors import DoesNotFit, InputError
+
+
+def plan_for_compile(preset: str, sets: list[str] | None, model: str | None, output: str | None) -> Any:
+    """The validated plan; an empty -o is refused first (typer would read '' as '.', the working directory)."""
+    from qwenvl_rbln.plan import build_plan
+
+    if output is not None and not output.strip():
+        raise InputError("-o/--output is empty", "pass the artifact directory, e.g. -o qvl-out/my-model")
+    return build_plan(preset, sets, model=model, output_dir=output)
+
+
+def dry_run_gate(memory: dict[str, Any], uncertain_ok: bool, as_json: bool) -> DoesNotFit | None:
+    """A dry run is also a CI gate: exit 4 when it would not fit, and when the planner cannot tell (verdict
+    uncertain) unless --uncertain-ok accepts that. None when the plan may load."""
+    verdict = memory.get("verdict")
+    if not (verdict == "does_not_fit" or (verdict == "uncertain" and not uncertain_ok)):
+        return None
+    from qwenvl_rbln.memory import fit_hint, gate_message
+
+    where = "in the JSON's memory.suggestions" if as_json else "above"
+    return DoesNotFit(
+        "dry run: " + gate_message(memory).replace("predicts this", "predicts this configuration"),
+        fit_hint(memory, where),
+    )
+
+
+def compile_for_real(
+    plan: Any,
+    memory: Any,
+    *,
+    emulate: bool,
+    uncertain_ok: bool,
+    force: bool,
+    cache_dir: Path | None,
+    use_cache: bool,
+    as_json: bool,
+    info: Callable[[str], None],
+    warn: Callable[[str], None],
+) -> dict[str, Any]:
+    """The refusals, in this order, then the compile: an uncertain verdict (exit 4 before a long compile whose
+    load the planner cannot vouch for), --emulate on a torch preset; then the emulator if asked."""
+    from qwenvl_rbln.backends.rbln import use_emulator
+    from qwenvl_rbln.compile_job import run_compile
+
+    if memory.verdict == "uncertain" and not (uncertain_ok or force):
+        from qwenvl_rbln.memory import ensure_fits
+
+        ensure_fits(memory)
+    if emulate and plan.backend != "rbln":
+        raise InputError(
+            f"--emulate emulates the NPU backend, but preset {plan.preset} uses backend {plan.backend} "
+            "(nothing to emulate)",
+            "drop --emulate, or compile an rbln preset such as --preset cpu-tiny-rbln --emulate",
+        )
+    if plan.backend == "rbln":
+        use_emulator(emulate)
+    return run_compile(
+        plan,
+        memory,
+        force=force,
+        cache_dir=cache_dir,
+        use_cache=use_cache,
+        as_json=as_json,
+        info=info,
+        warn=warn,
+    )
