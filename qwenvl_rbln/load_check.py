@@ -34,6 +34,27 @@ Progress = Callable[[int, int], None]
 """Called with (files, bytes) before the manifest's sha256 check, which reads every file."""
 
 
+def resolve_request(
+    directory: Path | None, preset: str | None, notify: Callable[[str], None]
+) -> tuple[Path, dict[str, Any] | None]:
+    """The directory to check and the placement fallback: with no DIR, exactly the rule `qvl infer` follows
+    (``inference.runner.default_directory``; its notes go to ``notify``); the preset's placement is the
+    fallback when the artifact records none."""
+    if directory is None:
+        from qwenvl_rbln.inference.runner import default_directory
+
+        directory, used, notes = default_directory(preset, [], command="load-check")
+        for line in notes:
+            notify(line)
+        preset = preset or used
+    if preset is None:
+        return directory, None
+    from qwenvl_rbln.plan import build_plan
+
+    plan = build_plan(preset)
+    return directory, {"preset": plan.preset, "placement": plan.placement}
+
+
 def _emulated() -> bool:
     from qwenvl_rbln import emulator
 

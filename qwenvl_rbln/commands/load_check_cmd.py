@@ -65,22 +65,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check a compiled artifact: files, target NPU, placement, memory per device, then create the runtimes."""
         from qwenvl_rbln import load_check_view, render
-        from qwenvl_rbln.load_check import run_load_check
+        from qwenvl_rbln.load_check import resolve_request, run_load_check
         from qwenvl_rbln.placement import parse_device
 
-        fallback = None
-        if directory is None:  # exactly the rule `qvl infer` follows (inference.runner.default_directory)
-            from qwenvl_rbln.inference.runner import default_directory
-
-            directory, used, notes = default_directory(preset, [], command="load-check")
-            for line in notes:
-                render.warn(line)
-            preset = preset or used
-        if preset is not None:
-            from qwenvl_rbln.plan import build_plan
-
-            plan = build_plan(preset)
-            fallback = {"preset": plan.preset, "placement": plan.placement}
+        directory, fallback = resolve_request(directory, preset, notify=render.warn)
         report, error = run_load_check(
             directory,
             device=parse_device(device, "--device"),
