@@ -465,6 +465,14 @@ def _first_missing(data: dict[str, Any], route: list[str]) -> int:
     return len(route)
 
 
+def describe_presets() -> list[dict[str, str]]:
+    """`qvl presets list`: each shipped preset's name, one-line description and file."""
+    return [
+        {"name": name, "description": load_preset(name).data.get("description", ""), "path": str(path)}
+        for name, path in list_preset_files().items()
+    ]
+
+
 def load_preset(ref: str, sets: list[str] | None = None) -> LoadedPreset:
     """Load a preset by name or path, apply ``extends:`` then ``--set`` overrides."""
     path = resolve_ref(ref)

@@ -651,3 +651,34 @@ def describe(path: Path) -> dict[str, Any]:
         "files": files,
         "total_bytes": sum(files.values()),
     }
+
+
+def build_or_reuse(directory: Path | None, *, seed: int = 0, force: bool = False, notify: Any = None) -> dict[str, Any]:
+    """`qvl tiny-model`: reuse DIR when it already holds this seed's model in this format (unless ``force``),
+    else build it (``notify(line)`` hears that first); returns what was done, for the renderer."""
+    import time
+
+    target = user_path(directory if directory is not None else default_tiny_model_dir(), "directory").absolute()
+    marker = read_marker(target)
+    reuse = (
+        not force
+        and marker is not None
+        and marker.get("seed") == seed
+        and marker.get("format") == FORMAT_VERSION
+        and (target / "model.safetensors").is_file()
+    )
+    start = time.perf_counter()
+    if not reuse:
+        if notify is not None:
+            notify(f"building tiny Qwen3-VL in {target} ...")
+        create_tiny_model(target, seed=seed, overwrite=force)
+    info = describe(target)
+    return {
+        "path": str(target),
+        "created": not reuse,
+        "seed": seed,
+        "seconds": round(time.perf_counter() - start, 3),
+        "total_bytes": info["total_bytes"],
+        "files": info["files"],
+        "note": MARKER_NOTE,
+    }

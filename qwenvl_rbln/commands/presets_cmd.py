@@ -16,12 +16,9 @@ def register(app: typer.Typer) -> None:
     def list_cmd(as_json: bool = JsonOpt) -> None:
         """List the shipped presets with their one-line descriptions."""
         from qwenvl_rbln import render
-        from qwenvl_rbln.presets import list_preset_files, load_preset
+        from qwenvl_rbln.presets import describe_presets
 
-        items = []
-        for name, path in list_preset_files().items():
-            loaded = load_preset(name)
-            items.append({"name": name, "description": loaded.data.get("description", ""), "path": str(path)})
+        items = describe_presets()
 
         def human(console: Any, data: dict) -> None:
             from rich.table import Table

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,33 +36,9 @@ def tiny_model(
     Its generated text is meaningless; it exists so every code path runs on a CPU in seconds.
     """
     from qwenvl_rbln import render
-    from qwenvl_rbln import tiny_model as tm
-    from qwenvl_rbln.paths import user_path
+    from qwenvl_rbln.tiny_model import build_or_reuse
 
-    target = user_path(directory if directory is not None else tm.default_tiny_model_dir(), "directory").absolute()
-    marker = tm.read_marker(target)
-    reuse = (
-        not force
-        and marker is not None
-        and marker.get("seed") == seed
-        and marker.get("format") == tm.FORMAT_VERSION
-        and (target / "model.safetensors").is_file()
-    )
-    start = time.perf_counter()
-    if not reuse:
-        if not as_json:
-            render.info(f"building tiny Qwen3-VL in {target} ...")
-        tm.create_tiny_model(target, seed=seed, overwrite=force)
-    info = tm.describe(target)
-    data = {
-        "path": str(target),
-        "created": not reuse,
-        "seed": seed,
-        "seconds": round(time.perf_counter() - start, 3),
-        "total_bytes": info["total_bytes"],
-        "files": info["files"],
-        "note": tm.MARKER_NOTE,
-    }
+    data = build_or_reuse(directory, seed=seed, force=force, notify=None if as_json else render.info)
     render.emit(data, as_json=as_json, human=_human)
 
 
