@@ -31,7 +31,12 @@ def module_files(package: Path) -> dict[str, Path]:
 
 
 def _targets(module: str, is_package: bool, node: ast.Import | ast.ImportFrom, known: set[str]) -> set[str]:
-    """The package modules one import statement names: ``from a import b`` may name module a.b or a name in a."""
+    """The package modules one import statement names, the same for every spelling.
+
+    ``import a.b`` and ``from a import b`` (b a submodule) both name module ``a.b``; ``from a import f`` (f
+    defined in ``a/__init__.py``) names ``a``. The package ``__init__`` Python runs before any of its
+    submodules is not counted: every submodule needs it, so it orders nothing a reader could change.
+    """
     if isinstance(node, ast.Import):
         names = [alias.name for alias in node.names]
     else:
@@ -40,7 +45,7 @@ def _targets(module: str, is_package: bool, node: ast.Import | ast.ImportFrom, k
             anchor = module.split(".") if is_package else module.split(".")[:-1]
             anchor = anchor[: len(anchor) - node.level + 1]
             base = ".".join(anchor + ([node.module] if node.module else []))
-        names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
     return {name for name in names if name in known and name != module}
 
 
@@ -113,7 +118,8 @@ def test_no_import_cycle_inside_the_package():
 
 
 def test_the_cycle_scan_sees_function_level_and_relative_imports(tmp_path):
-    """The scan itself: a cycle closed only by an import inside a function, or by a relative import, is found."""
+    """The scan itself: cycles closed by an import inside a function, a relative import, ``import a.b`` or a name
+    from a package ``__init__`` are found; a submodule imported through its package is not mistaken for one."""
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
@@ -122,9 +128,24 @@ def test_the_cycle_scan_sees_function_level_and_relative_imports(tmp_path):
     (pkg / "b.py").write_text("def f():\n    from pkg.a import thing\n")
     (pkg / "sub" / "c.py").write_text("from . import d\n")
     (pkg / "sub" / "d.py").write_text("from ..sub.c import x\n")
-    (pkg / "e.py").write_text("import pkg.a\n")
+    (pkg / "e.py").write_text("import pkg.a\n")  # into a cycle, not part of one
+    (pkg / "f.py").write_text("import pkg.g\n")
+    (pkg / "g.py").write_text("def h():\n    import pkg.f\n")
+    for name, init, member in (
+        ("lib", "from pkg.lib.x import helper\n", "from pkg.lib import y\n"),  # y is a submodule: no cycle
+        ("lib2", "from pkg.lib2.z import q\nVALUE = 1\n", "def q():\n    from pkg.lib2 import VALUE\n"),
+    ):
+        (pkg / name).mkdir()
+        (pkg / name / "__init__.py").write_text(init)
+        (pkg / name / ("x.py" if name == "lib" else "z.py")).write_text(member)
+    (pkg / "lib" / "y.py").write_text("")
     found = cycles(import_graph(pkg))
-    assert sorted(found) == [["pkg.a", "pkg.b"], ["pkg.sub.c", "pkg.sub.d"]]
+    assert sorted(found) == [
+        ["pkg.a", "pkg.b"],
+        ["pkg.f", "pkg.g"],
+        ["pkg.lib2", "pkg.lib2.z"],
+        ["pkg.sub.c", "pkg.sub.d"],
+    ]
 
 
 def test_core_modules_never_import_a_command_module():

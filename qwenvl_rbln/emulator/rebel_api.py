@@ -36,7 +36,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-import qwenvl_rbln.emulator.graph as graph_mod  # the sibling module itself, not via the package __init__
+import qwenvl_rbln.emulator.graph as graph_mod
 
 __version__ = "0.12.0+qvl.emulated"
 EMULATED = True
