@@ -307,6 +307,7 @@ def test_emulate_beside_a_real_rebel_is_refused(tmp_path, capsys, monkeypatch):
     code, _, err = run_main(["compile", "--preset", "cpu-tiny-rbln", "--emulate", "-o", str(out)], capsys)
     line = _one_line(code, err)
     assert "--emulate" in line and "real rebel-compiler is installed" in line and not out.exists()
+    assert "fix: drop --emulate and unset QVL_EMULATE_NPU" in line
     monkeypatch.setenv("QVL_EMULATE_NPU", "1")
     code, _, err = run_main(["compile", "--preset", "cpu-tiny-rbln", "-o", str(out)], capsys)
     assert "QVL_EMULATE_NPU" in _one_line(code, err) and not out.exists()
@@ -317,11 +318,18 @@ def test_an_emulated_artifact_is_refused_on_a_real_host(art, media, capsys, monk
 
     emulator.deactivate()
     monkeypatch.setitem(sys.modules, "rebel", types.ModuleType("rebel"))
-    code, _, err = run_main(["load-check", str(art)], capsys)
+    before = _tree(art)
+    code, _, err = run_main(["load-check", str(art), "--calibrate"], capsys)
     line = _one_line(code, err)
-    assert "compiled by qvl's CPU emulator" in line and "--emulate" in line
+    assert "compiled by qvl's CPU emulator" in line and "--emulate" in line and "fix:" in line
     code, _, err = run_main(["infer", str(art), "--prompt", "Hi", "--max-new-tokens", "2"], capsys)
     assert "compiled by qvl's CPU emulator" in _one_line(code, err)
+    assert _tree(art) == before  # nothing written into the artifact
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root`` with its size and mtime: equal before and after means nothing was written."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
 
 
 def _copy(art: Path, tmp_path: Path) -> Path:
@@ -335,17 +343,20 @@ def test_tampered_and_foreign_graph_files_are_refused(art, tmp_path, capsys):
     data = bytearray((bad / "prefill.rbln").read_bytes())
     data[-100] ^= 0xFF  # one weight byte
     (bad / "prefill.rbln").write_bytes(bytes(data))
+    before = _tree(bad)
     code, _, err = run_main(["load-check", str(bad), "--emulate"], capsys)
     line = _one_line(code, err)
     assert "prefill.rbln" in line and "modified" in line and "qvl compile --emulate --force" in line
     code, _, err = run_main(["infer", str(bad), "--emulate", "--prompt", "Hi", "--max-new-tokens", "2"], capsys)
     assert "prefill.rbln" in _one_line(code, err)
+    assert _tree(bad) == before  # refused without writing anything
 
     (bad / "prefill.rbln").write_bytes((art / "prefill.rbln").read_bytes())
     (bad / "decoder_batch_1.rbln").write_bytes(b"RBLN\x00 a graph from somewhere else" * 10)
     code, _, err = run_main(["load-check", str(bad), "--emulate"], capsys)
     line = _one_line(code, err)
     assert "decoder_batch_1.rbln" in line and "not written by qvl's emulator" in line
+    assert "fix:" in line and "qvl compile --emulate" in line
 
 
 def test_loading_a_graph_never_unpickles(tmp_path):
