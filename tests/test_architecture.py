@@ -209,3 +209,20 @@ def test_no_function_is_too_long_to_hold_in_one_head():
                 if length > MAX_FUNCTION_LINES:
                     too_long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({length} lines)")
     assert not too_long, "split into named steps: " + ", ".join(too_long)
+
+
+def test_the_readme_layout_names_every_top_level_module():
+    """The developer section's map of the package must not fall behind the package (views go by *_view.py)."""
+    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
+    layout = readme[readme.index("Where things live") :]
+    layout = layout[: layout.index("```", layout.index("```") + 3)]
+    unnamed = [
+        path.name
+        for path in sorted(PACKAGE.glob("*.py"))
+        if path.name not in {"__init__.py", "__main__.py"}
+        and not path.name.endswith("_view.py")
+        and path.name not in layout
+    ]
+    subpackages = [p.name for p in sorted(PACKAGE.iterdir()) if (p / "__init__.py").is_file()]
+    unnamed += [f"{name}/" for name in subpackages if f"{name}/" not in layout]
+    assert not unnamed, f"README 'Where things live' does not name: {unnamed}"
