@@ -388,8 +388,10 @@ def final_error(data: dict[str, Any], as_json: bool) -> str | None:
 def memory_gate(summary: dict[str, Any], uncertain_ok: bool) -> Exception | None:
     """The same CI gate as `compile --dry-run` (exit 4): the plan does not fit, or is uncertain without
     ``--uncertain-ok``. None when the plan may load."""
+    from qwenvl_rbln.memory import gate_stops
+
     mem = summary.get("memory") or {}
-    if not (mem.get("verdict") == "does_not_fit" or (mem.get("verdict") == "uncertain" and not uncertain_ok)):
+    if not gate_stops(mem.get("verdict"), uncertain_ok):
         return None
     return DoesNotFit(
         f"bucket-plan: {mem['gate']}",

@@ -22,10 +22,10 @@ def plan_for_compile(preset: str, sets: list[str] | None, model: str | None, out
 def dry_run_gate(memory: dict[str, Any], uncertain_ok: bool, as_json: bool) -> DoesNotFit | None:
     """A dry run is also a CI gate: exit 4 when it would not fit, and when the planner cannot tell (verdict
     uncertain) unless --uncertain-ok accepts that. None when the plan may load."""
-    verdict = memory.get("verdict")
-    if not (verdict == "does_not_fit" or (verdict == "uncertain" and not uncertain_ok)):
+    from qwenvl_rbln.memory import fit_hint, gate_message, gate_stops
+
+    if not gate_stops(memory.get("verdict"), uncertain_ok):
         return None
-    from qwenvl_rbln.memory import fit_hint, gate_message
 
     where = "in the JSON's memory.suggestions" if as_json else "above"
     return DoesNotFit(

@@ -1086,12 +1086,16 @@ def verdict_of(report: MemoryReport | dict[str, Any]) -> str:
     return {True: FITS, False: DOES_NOT_FIT}.get(data.get("fits"), UNCERTAIN)
 
 
+def gate_stops(verdict: str | None, uncertain_ok: bool = False) -> bool:
+    """The one memory gate every command applies (compile, its dry run, bucket-plan): stop when the planner
+    predicts a failure, or cannot tell (``uncertain``) unless ``uncertain_ok``."""
+    return verdict == DOES_NOT_FIT or (verdict == UNCERTAIN and not uncertain_ok)
+
+
 def ensure_fits(report: MemoryReport | dict[str, Any], *, force: bool = False, uncertain_ok: bool = False) -> None:
-    """Raise DoesNotFit (exit 4) when the planner predicts a failure, or cannot tell (``uncertain``) unless
-    ``uncertain_ok``; never with ``force``."""
+    """Raise DoesNotFit (exit 4) when the gate stops (``gate_stops``); never with ``force``."""
     data = report.to_dict() if isinstance(report, MemoryReport) else report
-    verdict = verdict_of(data)
-    if force or verdict == FITS or (verdict == UNCERTAIN and uncertain_ok):
+    if force or not gate_stops(verdict_of(data), uncertain_ok):
         return
     raise DoesNotFit(gate_message(data), fit_hint(data))
 
