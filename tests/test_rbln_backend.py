@@ -13,6 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -78,21 +79,28 @@ def tiny_compile(tiny_model, tmp_path_factory):
     )
 
 
-def test_compile_passes_exactly_the_plans_rbln_config_emulated(tiny_compile):
-    t = tiny_compile
-    plan, auto, staging, tmp_path = t.plan, t.calls, t.staging, t.tmp
+def _assert_compiled_with_exactly_the_plan(
+    plan: Any, before: dict, auto: Any, staging: Path, tmp_path: Path, info: dict
+) -> None:
+    """One from_pretrained(export=True) with exactly the plan's rbln_config (the plan keeps its own dict, whatever
+    the callee does to the one it got), exported into a sibling scratch dir, saved once into staging."""
     assert len(auto.calls) == 1
     call = auto.calls[0]
     assert call["model_id"] == plan.model_id and call["export"] is True
     assert call["rbln_config"] == plan.rbln_config  # exactly the plan's dict
-    assert plan.rbln_config == t.before  # whatever optimum-rbln does to the dict it got, the plan keeps its own
+    assert plan.rbln_config == before
     assert set(call["kwargs"]) == {"model_save_dir"}
     scratch = call["kwargs"]["model_save_dir"]
     assert scratch == str(staging) + ".export"  # a sibling on the same filesystem, never save_pretrained's target
     assert auto.saves == [str(staging)]
     assert (staging / "prefill.rbln").exists() and (staging / "visual" / "compiled_model.rbln").exists()
     assert not (tmp_path / (staging.name + ".export")).exists() and temp_entries(tmp_path) == [staging.name]
-    assert t.info["class"] == "RBLNAutoModelForImageTextToText"
+    assert info["class"] == "RBLNAutoModelForImageTextToText"
+
+
+def test_compile_passes_exactly_the_plans_rbln_config_emulated(tiny_compile):
+    t = tiny_compile
+    _assert_compiled_with_exactly_the_plan(t.plan, t.before, t.calls, t.staging, t.tmp, t.info)
 
 
 @pytest.mark.parametrize("preset", NPU_PRESETS)
@@ -103,18 +111,7 @@ def test_compile_passes_exactly_the_plans_rbln_config(tmp_path, monkeypatch, pre
     install(monkeypatch, auto)
     staging = _staging(tmp_path)
     info = backend.compile_model(plan, staging, Progress(), model_cls=None)
-    assert len(auto.calls) == 1
-    call = auto.calls[0]
-    assert call["model_id"] == plan.model_id and call["export"] is True
-    assert call["rbln_config"] == plan.rbln_config  # exactly the plan's dict
-    assert plan.rbln_config == before  # the fake mutated its copy, not the plan's
-    assert set(call["kwargs"]) == {"model_save_dir"}
-    scratch = call["kwargs"]["model_save_dir"]
-    assert scratch == str(staging) + ".export"  # a sibling on the same filesystem, never save_pretrained's target
-    assert auto.saves == [str(staging)]
-    assert (staging / "prefill.rbln").exists() and (staging / "visual" / "compiled_model.rbln").exists()
-    assert not (tmp_path / (staging.name + ".export")).exists() and temp_entries(tmp_path) == [staging.name]
-    assert info["class"] == "RBLNAutoModelForImageTextToText"
+    _assert_compiled_with_exactly_the_plan(plan, before, auto, staging, tmp_path, info)
 
 
 def test_load_passes_exactly_the_plans_load_rbln_config_emulated(tiny_rbln, rbln_calls):
