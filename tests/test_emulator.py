@@ -28,22 +28,14 @@ BUCKETS = [256, 576, 1024]
 
 @pytest.fixture(scope="module", autouse=True)
 def emulator_scope():
-    """The emulator is served as ``rebel`` only inside this module; later modules see no rebel again.
-
-    One intra-op thread: the tiny model's ops are microseconds, and on a busy 2-core box OpenMP's second thread
-    makes each of them wait (40 ms instead of 0.1 ms measured for one attention step).
-    """
-    import torch
-
-    from qwenvl_rbln import emulator
+    """The emulator is served as ``rebel`` only inside this module, with one torch thread (emulator_on says why);
+    later modules see no rebel again, and KV sharing is back on whatever the negative control left."""
     from qwenvl_rbln.emulator import rebel_api
+    from tests.emulated_rbln import emulator_on
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with emulator_on():
+        yield
     rebel_api.state.share_static_buffers = True
-    emulator.deactivate()
 
 
 @pytest.fixture(scope="module")
