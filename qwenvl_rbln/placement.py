@@ -33,11 +33,8 @@ def _as_list(value: Any) -> list[int]:
 
 def vit_shares_a_device(requested: dict[str, Any]) -> bool:
     """True when the ViT and the LM graphs are placed on at least one common NPU."""
-
-    def ids(value: Any) -> set[Any]:
-        return set(value) if isinstance(value, list) else {value}
-
-    return bool(ids(requested.get("device")) & ids(requested.get("visual_device", requested.get("device"))))
+    device = requested.get("device")
+    return bool(set(_as_list(device)) & set(_as_list(requested.get("visual_device", device))))
 
 
 def _requested(device: Any, visual_device: Any, compiled: dict | None, base: dict[str, Any]) -> tuple[Any, Any]:
