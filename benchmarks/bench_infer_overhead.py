@@ -81,7 +81,7 @@ def fixed_costs(opts: object, art: Path, plan: object, reps: int = 50) -> dict[s
 
 def wide_model(path: Path, scale: int) -> Path:
     """The tiny Qwen3-VL widened ``scale`` times (random weights, same tokenizer and processor)."""
-    from qwenvl_rbln import tiny_model as tm
+    from qwenvl_rbln.backends import tiny_model as tm
 
     text, vision = dict(tm.TEXT_DIMS), dict(tm.VISION_DIMS)
     for key in ("hidden_size", "intermediate_size", "head_dim"):
@@ -118,14 +118,14 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from qwenvl_rbln.compile_job import run_compile
+    from qwenvl_rbln.backends.tiny_model import ensure_tiny_model
     from qwenvl_rbln.inference.generation import GenerationOptions
     from qwenvl_rbln.inference.reference import ReferenceBackend, load_reference
     from qwenvl_rbln.inference.requests import from_flags, validate_requests
     from qwenvl_rbln.inference.runner import InferOptions, run_infer
+    from qwenvl_rbln.jobs.compile_job import run_compile
     from qwenvl_rbln.memory import estimate_plan
-    from qwenvl_rbln.plan import build_plan
-    from qwenvl_rbln.tiny_model import ensure_tiny_model
+    from qwenvl_rbln.planning.plan import build_plan
 
     tmp = Path(tempfile.mkdtemp(prefix="qvl-bench-"))
     model_dir = str(ensure_tiny_model()) if args.scale == 1 else str(wide_model(tmp / "model", args.scale))

@@ -303,8 +303,8 @@ def _worker_main(memory_mb: int, timeout_s: float, selftest: bool) -> None:
     import av  # noqa: F401  (import before the limit: the probe's own memory is what is bounded)
     import PIL.Image  # noqa: F401
 
-    from qwenvl_rbln import media
     from qwenvl_rbln.errors import InputError
+    from qwenvl_rbln.vision import media
 
     if memory_mb > 0:
         limit = memory_mb << 20

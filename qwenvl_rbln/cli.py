@@ -122,7 +122,7 @@ def wants_json(argv: list[str]) -> bool:
 
 def _fail(message: str, hint: str | None, code: int, *, as_json: bool, prefix: str = "qvl: error: ") -> None:
     """One line on stderr and, with --json (unless the command already printed its document), the error on stdout."""
-    from qwenvl_rbln import render
+    from qwenvl_rbln.views import render
 
     joiner = "; fix: " if prefix.endswith("error: ") else "; "
     line = message if hint is None else f"{message.rstrip('. ')}{joiner}{hint}"
@@ -176,7 +176,7 @@ _single_brackets()
 
 def main() -> None:
     """Entry point: one line per error, a documented exit code, no traceback; with --json, also the error as JSON."""
-    from qwenvl_rbln import render
+    from qwenvl_rbln.views import render
 
     argv = sys.argv[1:]
     as_json = wants_json(argv)

@@ -35,7 +35,7 @@ def emulator_on() -> Iterator[None]:
     makes each of them wait (tests/test_emulator.py measured 40 ms instead of 0.1 ms per attention step)."""
     import torch
 
-    from qwenvl_rbln import emulator
+    from qwenvl_rbln.backends import emulator
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -50,9 +50,9 @@ def compile_emulated(
     out: Path, sets: Sequence[str] = (), preset: str = "cpu-tiny-rbln", *, model: str | None = None
 ) -> Path:
     """``qvl compile --preset PRESET --set ... -o OUT --emulate`` in-process, through the default compile cache."""
-    from qwenvl_rbln.compile_job import run_compile
+    from qwenvl_rbln.jobs.compile_job import run_compile
     from qwenvl_rbln.memory import estimate_plan
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
 
     with emulator_on():
         plan = build_plan(preset, list(sets), model=model, output_dir=str(out))
@@ -86,8 +86,8 @@ class RblnCalls:
 
 def record_rbln(monkeypatch: Any) -> RblnCalls:
     """Record optimum-rbln's entry points (the emulator must be active: optimum.rbln imports rebel)."""
-    from qwenvl_rbln import emulator
-    from qwenvl_rbln.emulator import rebel_api
+    from qwenvl_rbln.backends import emulator
+    from qwenvl_rbln.backends.emulator import rebel_api
 
     with emulator.quiet_optimum_import():
         import optimum.rbln as orbln

@@ -496,7 +496,8 @@ def install_plain(auto: type, rebel_mod: types.ModuleType | None = None) -> None
 
 def run_main(argv: list[str], capsys: Any) -> tuple[int, str, str]:
     """cli.main in-process with sys.argv patched: (exit code, stdout, stderr), exactly as a user sees them."""
-    from qwenvl_rbln import cli, render
+    from qwenvl_rbln import cli
+    from qwenvl_rbln.views import render
 
     render.reset_consoles()
     capsys.readouterr()
@@ -515,7 +516,7 @@ def run_main(argv: list[str], capsys: Any) -> tuple[int, str, str]:
 
 
 def rbln_presets() -> list[str]:
-    from qwenvl_rbln.presets import list_preset_files, load_preset
+    from qwenvl_rbln.planning.presets import list_preset_files, load_preset
 
     return [name for name in list_preset_files() if load_preset(name).data.get("backend", "rbln") == "rbln"]
 

@@ -16,7 +16,7 @@ import pytest
 
 from qwenvl_rbln import artifacts
 from qwenvl_rbln.errors import BusyError, InputError
-from qwenvl_rbln.plan import build_plan
+from qwenvl_rbln.planning.plan import build_plan
 from tests.fakes_rbln import TINY_CONFIG, rbln_config_json, rbln_presets, temp_entries, write_artifact, write_hf_model
 
 # ------------------------------------------------------------------------------------------------ hashing

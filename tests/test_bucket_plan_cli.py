@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from qwenvl_rbln import buckets as bk
-from qwenvl_rbln import render
 from qwenvl_rbln.cli import app
 from qwenvl_rbln.errors import DoesNotFit, InputError
-from qwenvl_rbln.modelinfo import QWEN3_VL_2B
+from qwenvl_rbln.planning.modelinfo import QWEN3_VL_2B
+from qwenvl_rbln.views import render
+from qwenvl_rbln.vision import buckets as bk
 from tests.helpers_cli import run_qvl
 
 Image = pytest.importorskip("PIL.Image")
@@ -243,7 +243,7 @@ def _max_bucket_workload(tmp_path: Path) -> Path:
 
 def test_max_bucket_costs_every_list_on_the_same_calls(tmp_path: Path) -> None:
     """Audit: the preset row counted 470 calls, the others 370 (the 100 above the cap left out): 44x 'speedup'."""
-    from qwenvl_rbln.geometry import image_geometry
+    from qwenvl_rbln.vision.geometry import image_geometry
 
     wl = str(_max_bucket_workload(tmp_path))
     args = ("--preset", "rebel100-1npu", "--workload", wl, "--optimize", "2", "--max-bucket", "4096")

@@ -1,4 +1,4 @@
-"""The bucket-plan report as a library (``bucket_report``, ``bucket_items``, ``bucket_optimise_report``):
+"""The bucket-plan report as a library (``vision.report``, ``vision.report_items``, ``vision.report_optimise``):
 plain data in and out, no terminal, and warnings heard in the order the CLI prints them."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from qwenvl_rbln.bucket_items import ItemPlanner
-from qwenvl_rbln.bucket_report import memory_gate, run_bucket_plan
 from qwenvl_rbln.errors import DoesNotFit, InputError
-from qwenvl_rbln.plan import build_plan
+from qwenvl_rbln.planning.plan import build_plan
+from qwenvl_rbln.vision.report import memory_gate, run_bucket_plan
+from qwenvl_rbln.vision.report_items import ItemPlanner
 
 PACKAGE = Path(__file__).resolve().parents[1] / "qwenvl_rbln"
-CORE = ("bucket_items.py", "bucket_report.py", "bucket_optimise_report.py")
-NOT_IN_CORE = ("typer", "rich", "torch", "transformers", "optimum", "qwenvl_rbln.render", "qwenvl_rbln.backends")
+CORE = ("vision/report_items.py", "vision/report.py", "vision/report_optimise.py")
+NOT_IN_CORE = ("typer", "rich", "torch", "transformers", "optimum", "qwenvl_rbln.views", "qwenvl_rbln.backends")
 IGNORED = "ignored keys source (only width, height, count, frames, fps, kind and images are read)"
 
 

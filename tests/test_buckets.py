@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qwenvl_rbln import buckets as bk
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.modelinfo import QWEN3_VL_2B, QWEN3_VL_8B, QWEN3_VL_TINY
+from qwenvl_rbln.planning.modelinfo import QWEN3_VL_2B, QWEN3_VL_8B, QWEN3_VL_TINY
+from qwenvl_rbln.vision import buckets as bk
 
 V2B = QWEN3_VL_2B.vision
 

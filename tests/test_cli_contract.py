@@ -21,7 +21,7 @@ MARKUP = "[bold]rot[/bold] [/x] [red]"
 
 @pytest.fixture(scope="module")
 def tiny() -> Path:
-    from qwenvl_rbln.tiny_model import ensure_tiny_model
+    from qwenvl_rbln.backends.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model()
 
@@ -89,7 +89,7 @@ def test_presets_compile_bucket_plan_and_load_check_print_names_literally(odd, c
 
 
 def test_a_warning_quoting_user_text_is_printed_literally(capsys):
-    from qwenvl_rbln import render
+    from qwenvl_rbln.views import render
 
     render.reset_consoles()
     render.warn(f"request {MARKUP} was capped")
@@ -99,7 +99,7 @@ def test_a_warning_quoting_user_text_is_printed_literally(capsys):
 def test_markup_fills_fields_literally_with_the_style_around_them():
     from rich.console import Console
 
-    from qwenvl_rbln.render import markup
+    from qwenvl_rbln.views.render import markup
 
     text = markup("[bold][{}][/bold] {} [dim]{}[/dim]", "/x", "[red]a", "b\\")
     assert text.plain == "[/x] [red]a b\\"
@@ -426,7 +426,7 @@ def test_a_compiled_artifact_in_a_markup_named_directory_is_reported_literally(t
 
 
 def test_presets_list_and_tiny_model_print_names_literally(tiny, tmp_path, capsys, monkeypatch):
-    from qwenvl_rbln import presets
+    from qwenvl_rbln.planning import presets
 
     (tmp_path / "[bold]mine.yaml").write_text(f"extends: rebel100-1npu\ndescription: '{MARKUP}'\n")
     shipped = presets.preset_dirs

@@ -19,9 +19,9 @@ import time
 import pytest
 
 from qwenvl_rbln import artifacts
-from qwenvl_rbln.compile_job import run_compile
 from qwenvl_rbln.errors import DoesNotFit
-from qwenvl_rbln.plan import build_plan
+from qwenvl_rbln.jobs.compile_job import run_compile
+from qwenvl_rbln.planning.plan import build_plan
 from tests.fakes_rbln import TINY_CONFIG, install, make_auto, run_main, temp_entries, write_hf_model
 from tests.helpers_cli import REPO, Result
 
@@ -207,7 +207,7 @@ def test_torch_backend_compile_writes_the_same_manifest_and_config(tmp_path, cap
 
 
 def test_qvl_tiny_is_created_through_ensure_tiny_model(tmp_path, monkeypatch, capsys):
-    from qwenvl_rbln import tiny_model
+    from qwenvl_rbln.backends import tiny_model
 
     model = write_hf_model(tmp_path / "tiny", TINY_CONFIG)
     calls = []
@@ -226,7 +226,7 @@ _SCRIPT = textwrap.dedent(
     import time
     from pathlib import Path
     sys.path.insert(0, {repo!r})
-    from qwenvl_rbln.emulator import rebel_api
+    from qwenvl_rbln.backends.emulator import rebel_api
 
     real_compile = rebel_api.compile_from_torch
 

@@ -30,7 +30,7 @@ BUCKETS = [256, 576, 1024]
 def emulator_scope():
     """The emulator is served as ``rebel`` only inside this module, with one torch thread (emulator_on says why);
     later modules see no rebel again, and KV sharing is back on whatever the negative control left."""
-    from qwenvl_rbln.emulator import rebel_api
+    from qwenvl_rbln.backends.emulator import rebel_api
     from tests.emulated_rbln import emulator_on
 
     with emulator_on():
@@ -40,7 +40,7 @@ def emulator_scope():
 
 @pytest.fixture(scope="module")
 def tiny() -> Path:
-    from qwenvl_rbln.tiny_model import ensure_tiny_model
+    from qwenvl_rbln.backends.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model()
 
@@ -66,9 +66,9 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _compile(out: Path, sets: list[str]) -> Path:
     from qwenvl_rbln.backends.rbln import use_emulator
-    from qwenvl_rbln.compile_job import run_compile
+    from qwenvl_rbln.jobs.compile_job import run_compile
     from qwenvl_rbln.memory import estimate_plan
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
 
     assert use_emulator(True)
     plan = build_plan("cpu-tiny-rbln", sets, output_dir=str(out))
@@ -125,7 +125,7 @@ def _infer(capsys: Any, *args: str) -> tuple[int, dict | None, str]:
 
 def test_compile_layout_and_marks(art: Path):
     from qwenvl_rbln import artifacts
-    from qwenvl_rbln.emulator import graph
+    from qwenvl_rbln.backends.emulator import graph
 
     manifest = artifacts.read_manifest(art)
     assert manifest["emulated"] is True and "emulated by qvl" in manifest["versions"]["rebel-compiler"]
@@ -158,7 +158,7 @@ def test_load_check_creates_runtimes_and_labels_sizes_emulated(art: Path, capsys
 
 
 def test_qvl_emulate_npu_turns_the_emulator_on_without_the_flag(art: Path, capsys, monkeypatch):
-    from qwenvl_rbln import emulator
+    from qwenvl_rbln.backends import emulator
 
     emulator.deactivate()
     monkeypatch.setenv("QVL_EMULATE_NPU", "1")
@@ -261,7 +261,7 @@ def test_logits_agree_with_transformers_in_fp32(art, logits_inputs, reference_lo
 
 def test_negative_control_kv_not_shared_between_prefill_and_decoder_fails(art, logits_inputs, reference_logits):
     """The same check with every graph on its own KV buffers: the decoder no longer sees the prompt."""
-    from qwenvl_rbln.emulator import rebel_api
+    from qwenvl_rbln.backends.emulator import rebel_api
 
     rebel_api.state.share_static_buffers = False
     try:
@@ -291,7 +291,7 @@ def test_emulate_on_a_torch_preset_is_refused_and_writes_nothing(tmp_path, capsy
 
 
 def test_emulate_beside_a_real_rebel_is_refused(tmp_path, capsys, monkeypatch):
-    from qwenvl_rbln import emulator
+    from qwenvl_rbln.backends import emulator
 
     emulator.deactivate()
     monkeypatch.setitem(sys.modules, "rebel", types.ModuleType("rebel"))  # stands for rebel-compiler
@@ -306,7 +306,7 @@ def test_emulate_beside_a_real_rebel_is_refused(tmp_path, capsys, monkeypatch):
 
 
 def test_an_emulated_artifact_is_refused_on_a_real_host(art, media, capsys, monkeypatch):
-    from qwenvl_rbln import emulator
+    from qwenvl_rbln.backends import emulator
 
     emulator.deactivate()
     monkeypatch.setitem(sys.modules, "rebel", types.ModuleType("rebel"))
@@ -352,7 +352,7 @@ def test_tampered_and_foreign_graph_files_are_refused(art, tmp_path, capsys):
 
 
 def test_loading_a_graph_never_unpickles(tmp_path):
-    from qwenvl_rbln.emulator import rebel_api
+    from qwenvl_rbln.backends.emulator import rebel_api
 
     marker = tmp_path / "ran"
 
@@ -379,7 +379,7 @@ def test_an_artifact_from_another_optimum_rbln_version_is_refused(art, tmp_path,
 
 
 def test_real_npu_graphs_are_not_run_by_the_emulator(tmp_path, capsys):
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
     from tests.fakes_rbln import write_artifact
 
     plan = build_plan("cpu-tiny-rbln")

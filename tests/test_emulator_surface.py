@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from qwenvl_rbln.emulator import graph, ops, rebel_api  # noqa: E402
+from qwenvl_rbln.backends.emulator import graph, ops, rebel_api  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

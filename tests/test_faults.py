@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qwenvl_rbln import artifacts
-from qwenvl_rbln.plan import build_plan
+from qwenvl_rbln.planning.plan import build_plan
 from tests.fakes_rbln import TINY_CONFIG, install, make_auto, run_main, temp_entries, write_hf_model
 from tests.helpers_cli import REPO, run_qvl
 
@@ -94,7 +94,7 @@ _KILL_SCRIPT = textwrap.dedent(
     sys.path.insert(0, {repo!r})
     from pathlib import Path
     from qwenvl_rbln import artifacts
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
     from tests import fakes_rbln
 
     phase, ready = {phase!r}, Path({ready!r})
@@ -288,7 +288,7 @@ def test_sigterm_mid_torch_copy_exit_130_and_old_artifact_kept(tmp_path, torch_g
 
 
 def test_ctrl_c_in_read_only_commands_exit_130_one_line(tmp_path, monkeypatch, capsys, torch_good):
-    from qwenvl_rbln import media
+    from qwenvl_rbln.vision import media
 
     def interrupt(*a, **k):
         raise KeyboardInterrupt
@@ -473,7 +473,7 @@ _RACE_SCRIPT = textwrap.dedent(
     """
     import sys
     sys.path.insert(0, {repo!r})
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
     from tests import fakes_rbln
     plan = build_plan("rebel100-1npu", model={model!r})
     fakes_rbln.install_plain(fakes_rbln.make_auto(plan, wait_for_file={go!r}))
@@ -688,7 +688,7 @@ def _apply(doc, edits):
 def test_load_check_on_hostile_artifact_json_is_a_report_or_a_clean_error(pristine, kind, name, replace, edits):
     """Whatever an artifact's own JSON files hold, load-check answers with its report and one clean error."""
     from qwenvl_rbln.errors import QvlError
-    from qwenvl_rbln.load_check import run_load_check
+    from qwenvl_rbln.jobs.load_check import run_load_check
 
     out = pristine[kind]
     path = out / name
@@ -718,7 +718,7 @@ def test_load_check_on_hostile_artifact_json_is_a_report_or_a_clean_error(pristi
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
     """A torch artifact and an rbln one (the fake's real layout) for the test above; each example restores."""
-    from qwenvl_rbln.compile_job import run_compile
+    from qwenvl_rbln.jobs.compile_job import run_compile
     from qwenvl_rbln.memory import estimate_plan
     from tests.fakes_rbln import write_artifact
 

@@ -251,7 +251,7 @@ def test_file_named_like_an_ffmpeg_protocol_is_read_as_that_file(tmp_path):
     (tmp_path / "pipe:0").write_bytes(SEEDS["seed.mp4"])
     (tmp_path / "concat:pipe:0").write_bytes(SEEDS["seed.mp4"])
     code = (
-        "import sys; from qwenvl_rbln import media\n"
+        "import sys; from qwenvl_rbln.vision import media\n"
         "for name in ('pipe:0', 'concat:pipe:0'):\n"
         "    info = media.probe_video(name)\n"
         "    print(name, info.width, info.height, info.total_frames)\n"

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qwenvl_rbln import geometry as g
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.vision import geometry as g
 
 # --- reference doc section 5 worked values ----------------------------------------------------------
 
@@ -162,7 +162,7 @@ def test_image_geometry_to_dict() -> None:
 
 def test_module_imports_nothing_heavy() -> None:
     code = (
-        "import sys, qwenvl_rbln.geometry, qwenvl_rbln.media; "
+        "import sys, qwenvl_rbln.vision.geometry, qwenvl_rbln.vision.media; "
         "bad = [m for m in ('torch', 'transformers', 'PIL', 'av', 'numpy') if m in sys.modules]; "
         "assert not bad, bad"
     )

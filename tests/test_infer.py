@@ -35,7 +35,7 @@ N = 10  # new tokens per request
 
 @pytest.fixture(scope="module")
 def tiny() -> Path:
-    from qwenvl_rbln.tiny_model import ensure_tiny_model
+    from qwenvl_rbln.backends.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model()
 
@@ -52,9 +52,9 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def artifact(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`qvl compile --preset cpu-tiny` (batch_size 2, decoder graphs [2, 1], buckets 256/1024/4096)."""
-    from qwenvl_rbln.compile_job import run_compile
+    from qwenvl_rbln.jobs.compile_job import run_compile
     from qwenvl_rbln.memory import estimate_plan
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
 
     out = tmp_path_factory.mktemp("art") / "cpu-tiny"
     plan = build_plan("cpu-tiny", output_dir=str(out))
@@ -539,14 +539,14 @@ def test_streamer_writes_exactly_the_decoded_text(tiny):
 
 
 def _caps(**kw: Any) -> Any:
-    from qwenvl_rbln.plan import ProcessorCaps
+    from qwenvl_rbln.planning.plan import ProcessorCaps
 
     base = {"min_pixels": 65536, "max_pixels": 16777216, "video_min_pixels": 4096, "video_max_pixels": 25165824}
     return ProcessorCaps(**{**base, **kw})
 
 
 def _req(rid: str, images: list[tuple[int, int]] = (), videos: list[tuple[int, int, int, float]] = ()) -> Any:
-    from qwenvl_rbln.media import ImageInfo, VideoInfo
+    from qwenvl_rbln.vision.media import ImageInfo, VideoInfo
 
     r = rq.Request(id=rid, prompt="x")
     r.image_info = [ImageInfo(Path(f"{rid}-{n}.jpg"), w, h, "JPEG", 1) for n, (w, h) in enumerate(images)]
@@ -574,8 +574,8 @@ def test_vision_report_buckets_padding_and_video_calls():
 
 
 def test_vision_report_oversize_resize_caps_images_and_videos():
-    from qwenvl_rbln.geometry import video_max_pixels_for_bucket
     from qwenvl_rbln.inference.vision_report import plan_vision
+    from qwenvl_rbln.vision.geometry import video_max_pixels_for_bucket
 
     reqs = [_req("a", images=[(4000, 3000)]), _req("b", images=[(640, 480)], videos=[(3840, 2160, 4, 2.0)])]
     vp = plan_vision(reqs, _caps(), [1024, 4096])

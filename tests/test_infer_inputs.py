@@ -30,7 +30,7 @@ DEMO = REPO / "assets" / "demo.jpg"
 
 @pytest.fixture(scope="module")
 def tiny() -> Path:
-    from qwenvl_rbln.tiny_model import ensure_tiny_model
+    from qwenvl_rbln.backends.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model()
 
@@ -38,9 +38,9 @@ def tiny() -> Path:
 @pytest.fixture(scope="module")
 def artifact(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`qvl compile --preset cpu-tiny` (max_seq_len 4096)."""
-    from qwenvl_rbln.compile_job import run_compile
+    from qwenvl_rbln.jobs.compile_job import run_compile
     from qwenvl_rbln.memory import estimate_plan
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
 
     plan = build_plan("cpu-tiny", output_dir=str(tmp_path_factory.mktemp("art") / "cpu-tiny"))
     run_compile(plan, estimate_plan(plan), use_cache=False, heartbeat_s=0)
@@ -89,7 +89,7 @@ def _png_with_damaged_idat(path: Path) -> Path:
 def test_damaged_media_that_passes_the_probe_is_refused_before_the_model_loads(
     artifact, tmp_path, capsys, no_model_load
 ):
-    from qwenvl_rbln.media import probe_image, probe_video
+    from qwenvl_rbln.vision.media import probe_image, probe_video
 
     video = _faststart_mp4_cut_in_half(tmp_path / "half.mp4")
     png = _png_with_damaged_idat(tmp_path / "idat.png")
@@ -118,7 +118,7 @@ def test_media_check_decodes_each_file_once(tmp_path, monkeypatch):
     """A batch naming one image 50 times decodes it once: the check stays cheap for large batches."""
     from qwenvl_rbln.inference import inputs
     from qwenvl_rbln.inference.requests import Request
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
 
     seen: list[Path] = []
     monkeypatch.setattr(inputs, "check_image", seen.append)
@@ -146,7 +146,7 @@ def test_model_directory_without_tokenizer_files_isrefused(tiny, tmp_path, capsy
 def test_loaders_refuse_a_tokenizer_without_the_vision_tokens(tiny, tmp_path):
     """What the file check cannot see: transformers builds a one-token tokenizer when its files are gone."""
     from qwenvl_rbln.inference import inputs
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
 
     model = tmp_path / "no-tokenizer"
     shutil.copytree(tiny, model)

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from qwenvl_rbln import artifacts
-from qwenvl_rbln.plan import build_plan
+from qwenvl_rbln.planning.plan import build_plan
 from tests.emulated_rbln import compile_emulated
 from tests.fakes_rbln import (
     TINY_CONFIG,
@@ -184,7 +184,7 @@ def test_torch_artifact_layout_and_runtime_skip(tmp_path, capsys):
 
 def test_torch_runtime_loads_the_real_tiny_model(tmp_path, capsys):
     pytest.importorskip("transformers")
-    from qwenvl_rbln.tiny_model import ensure_tiny_model
+    from qwenvl_rbln.backends.tiny_model import ensure_tiny_model
 
     ensure_tiny_model()  # shared per test session (QVL_HOME from conftest)
     out = tmp_path / "out"
@@ -206,8 +206,7 @@ def test_not_an_artifact_and_default_dir_from_preset(tmp_path, capsys, monkeypat
 
 def test_calibrate_records_exact_workspaces_that_later_estimates_use(tmp_path, monkeypatch, capsys):
     # fakes: only a real rebel's allocation figures are recorded; the emulator's sizes never are (test_emulator.py)
-    from qwenvl_rbln import calibration
-    from qwenvl_rbln.memory import estimate_plan
+    from qwenvl_rbln.memory import calibration, estimate_plan
 
     monkeypatch.setenv("QVL_HOME", str(tmp_path / "home"))
     plan, root = _artifact(tmp_path, "rebel100-2npu-batch4")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from qwenvl_rbln import geometry as g
-from qwenvl_rbln import media
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.vision import geometry as g
+from qwenvl_rbln.vision import media
 
 Image = pytest.importorskip("PIL.Image")
 

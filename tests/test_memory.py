@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from qwenvl_rbln import calibration as cal
 from qwenvl_rbln import memory as m
-from qwenvl_rbln.devices import GiB, MiB, npu_spec
 from qwenvl_rbln.errors import DoesNotFit, InputError
-from qwenvl_rbln.modelinfo import QWEN3_VL_2B, QWEN3_VL_8B, QWEN3_VL_TINY
-from qwenvl_rbln.plan import build_plan
+from qwenvl_rbln.memory import calibration as cal
+from qwenvl_rbln.planning.devices import GiB, MiB, npu_spec
+from qwenvl_rbln.planning.modelinfo import QWEN3_VL_2B, QWEN3_VL_8B, QWEN3_VL_TINY
+from qwenvl_rbln.planning.plan import build_plan
 
 NO_CAL: dict = {}
 
@@ -481,7 +481,7 @@ def test_ensure_fits_gate():
 
 def test_memory_modules_stay_pure_python():
     code = (
-        "import sys, qwenvl_rbln.memory, qwenvl_rbln.memory_view, qwenvl_rbln.calibration;"
+        "import sys, qwenvl_rbln.memory, qwenvl_rbln.views.memory, qwenvl_rbln.memory.calibration;"
         "bad = [n for n in ('torch', 'transformers') if n in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
     proc = subprocess.run(
@@ -496,8 +496,8 @@ def test_memory_modules_stay_pure_python():
 def test_cli_compile_dry_run_json_memory():
     from typer.testing import CliRunner
 
-    from qwenvl_rbln import render
     from qwenvl_rbln.cli import app
+    from qwenvl_rbln.views import render
 
     render.reset_consoles()
     result = CliRunner().invoke(
@@ -527,8 +527,8 @@ def test_cli_compile_dry_run_json_memory():
 def test_cli_compile_dry_run_human(monkeypatch):
     from typer.testing import CliRunner
 
-    from qwenvl_rbln import render
     from qwenvl_rbln.cli import app
+    from qwenvl_rbln.views import render
 
     monkeypatch.setenv("COLUMNS", "200")
     render.reset_consoles()
@@ -549,7 +549,7 @@ def test_print_memory_tolerates_empty_report():
 
     from rich.console import Console
 
-    from qwenvl_rbln.memory_view import print_memory
+    from qwenvl_rbln.views.memory import print_memory
 
     buf = StringIO()
     print_memory(Console(file=buf, width=120), {"fits": None, "devices": [], "suggestions": []})

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from qwenvl_rbln.buckets import select_bucket, vit_cost_fn
-from qwenvl_rbln.modelinfo import QWEN3_VL_2B
-from qwenvl_rbln.packing import plan_packs, slot, unpacked
+from qwenvl_rbln.planning.modelinfo import QWEN3_VL_2B
+from qwenvl_rbln.vision.buckets import select_bucket, vit_cost_fn
+from qwenvl_rbln.vision.packing import plan_packs, slot, unpacked
 
 BUCKETS = [1024, 3136, 16384]
 
@@ -97,7 +97,7 @@ def test_bad_arguments():
 
 
 def test_no_torch_import():
-    code = "import sys, qwenvl_rbln.packing; print('torch' in sys.modules)"
+    code = "import sys, qwenvl_rbln.vision.packing; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

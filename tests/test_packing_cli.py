@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from qwenvl_rbln import render
 from qwenvl_rbln.cli import app
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.plan import build_plan
-from qwenvl_rbln.workload import read_workload
+from qwenvl_rbln.planning.plan import build_plan
+from qwenvl_rbln.views import render
+from qwenvl_rbln.vision.workload import read_workload
 from tests.helpers_cli import run_qvl
 
 PRESET = "rebel100-1npu-vit-buckets"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.plan import build_plan
-from qwenvl_rbln.presets import list_preset_files
+from qwenvl_rbln.planning.plan import build_plan
+from qwenvl_rbln.planning.presets import list_preset_files
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "presets.json").read_text())
 PRESETS = [name for name in GOLDEN if not name.startswith("_")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.presets import load_preset, parse_set, parse_set_value
+from qwenvl_rbln.planning.presets import load_preset, parse_set, parse_set_value
 
 
 def write(tmp_path, name, text):
@@ -274,7 +274,7 @@ def test_same_key_in_different_mappings_and_merge_overrides_are_fine(tmp_path):
 def test_duplicate_keys_use_the_c_loader_when_present():
     import yaml
 
-    from qwenvl_rbln.presets import _loader_class
+    from qwenvl_rbln.planning.presets import _loader_class
 
     cls = _loader_class(yaml)
     assert issubclass(cls, getattr(yaml, "CSafeLoader", yaml.SafeLoader))

@@ -16,12 +16,10 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from qwenvl_rbln import buckets as bk
-from qwenvl_rbln import geometry as g
 from qwenvl_rbln.errors import InputError, QvlError
-from qwenvl_rbln.modelinfo import QWEN3_VL_2B
-from qwenvl_rbln.plan import LM_KEYS, VISUAL_KEYS, Plan, build_plan, plan_from_loaded
-from qwenvl_rbln.presets import (
+from qwenvl_rbln.planning.modelinfo import QWEN3_VL_2B
+from qwenvl_rbln.planning.plan import LM_KEYS, VISUAL_KEYS, Plan, build_plan, plan_from_loaded
+from qwenvl_rbln.planning.presets import (
     PLACEMENT_KEYS,
     PROCESSOR_KEYS,
     TOP_KEYS,
@@ -32,6 +30,8 @@ from qwenvl_rbln.presets import (
     parse_set,
     parse_set_value,
 )
+from qwenvl_rbln.vision import buckets as bk
+from qwenvl_rbln.vision import geometry as g
 
 
 def _props(n: int) -> settings:
@@ -693,7 +693,7 @@ def test_decoder_optimiser_tops_at_batch_size_and_is_never_worse(trace, k, extra
 
 def test_optimize_section_when_every_input_is_above_max_bucket():
     """bucket-plan --optimize K --max-bucket M where no input fits M: an InputError, not an IndexError."""
-    from qwenvl_rbln.bucket_optimise_report import optimize_section
+    from qwenvl_rbln.vision.report_optimise import optimize_section
 
     plan = build_plan("rebel100-1npu")
     items = [{"patches": 16384, "count": 1, "vit_calls": 1, "input": "x.jpg"}]

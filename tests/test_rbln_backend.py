@@ -19,9 +19,9 @@ import pytest
 
 from qwenvl_rbln.backends import Progress
 from qwenvl_rbln.backends import rbln as backend
-from qwenvl_rbln.devices import npu_spec
 from qwenvl_rbln.errors import BackendError, DependencyMissing, DoesNotFit
-from qwenvl_rbln.plan import build_plan
+from qwenvl_rbln.planning.devices import npu_spec
+from qwenvl_rbln.planning.plan import build_plan
 from tests.emulated_rbln import emulator_on, optimum_rbln_installed, record_rbln
 from tests.fakes_rbln import (
     GiB,
@@ -229,7 +229,7 @@ def test_compile_errors_map_to_exit_codes(tmp_path, monkeypatch):
 def test_exact_allocations_count_the_shared_kv_cache_once(tiny_rbln, emulated):
     """The emulated graphs' own allocations: every LM graph holds the same KV cache, counted once per device."""
     from qwenvl_rbln import artifacts
-    from qwenvl_rbln.emulator import rebel_api
+    from qwenvl_rbln.backends.emulator import rebel_api
 
     plan = build_plan(TINY)
     cfg = json.loads((tiny_rbln / "rbln_config.json").read_text())

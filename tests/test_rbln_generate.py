@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from qwenvl_rbln import artifacts  # noqa: E402
-from qwenvl_rbln.plan import build_plan  # noqa: E402
+from qwenvl_rbln.planning.plan import build_plan  # noqa: E402
 from tests.emulated_rbln import compile_emulated  # noqa: E402
 from tests.fakes_rbln import run_main, write_artifact  # noqa: E402
 
@@ -39,7 +39,7 @@ PROCESSOR_FILES = (
 
 @pytest.fixture(scope="module")
 def tiny() -> Path:
-    from qwenvl_rbln.tiny_model import ensure_tiny_model
+    from qwenvl_rbln.backends.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model()
 

@@ -22,8 +22,8 @@ import yaml
 
 from qwenvl_rbln import artifacts
 from qwenvl_rbln.errors import InputError, QvlError
-from qwenvl_rbln.plan import build_plan
-from qwenvl_rbln.presets import load_preset
+from qwenvl_rbln.planning.plan import build_plan
+from qwenvl_rbln.planning.presets import load_preset
 from tests.fakes_rbln import TINY_CONFIG, install, make_auto, run_main, write_hf_model
 from tests.helpers_cli import REPO, run_qvl
 
@@ -319,7 +319,7 @@ _REMOTE_CODE_SCRIPT = textwrap.dedent(
     out = {{}}
     from qwenvl_rbln.backends import torch_ref_compile
     from qwenvl_rbln.inference import inputs, reference
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
     from qwenvl_rbln.errors import QvlError
     caps = build_plan("cpu-tiny").processor
     for name, call in (("torch_ref_compile.load_model", lambda: torch_ref_compile.load_model(model)),
@@ -348,7 +348,7 @@ def test_remote_code_in_a_model_directory_never_runs(tmp_path):
     pytest.importorskip("transformers")
     import shutil
 
-    from qwenvl_rbln.tiny_model import ensure_tiny_model
+    from qwenvl_rbln.backends.tiny_model import ensure_tiny_model
 
     model = tmp_path / "evil-model"
     shutil.copytree(ensure_tiny_model(), model)

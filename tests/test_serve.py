@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from qwenvl_rbln import artifacts, serving
-from qwenvl_rbln.plan import build_plan
+from qwenvl_rbln.planning.plan import build_plan
 from tests.fakes_rbln import rbln_config_json, run_main, write_artifact
 from tests.helpers_cli import REPO, run_qvl
 from tests.stand_in_vllm import RECORD_ENV, install_stand_in, read_record
@@ -269,7 +269,7 @@ def test_emulated_artifact_is_refused(tmp_path, plans, capsys, no_exec):
 
 
 def test_emulated_graph_without_a_manifest_is_refused(tmp_path, plans, capsys, no_exec):
-    from qwenvl_rbln.emulator.graph import FORMAT
+    from qwenvl_rbln.backends.emulator.graph import FORMAT
 
     root = make_artifact(tmp_path / "emu", plans["rebel100-1npu"], manifest=False)
     header = json.dumps({"__metadata__": {"format": FORMAT, "emulated": "true"}}).encode()
@@ -432,8 +432,8 @@ def test_bad_placement_is_refused(flags, needle, art, capsys, no_exec):
 
 
 def test_bench_serve_argv(tmp_path, plans, capsys, no_exec):
-    from qwenvl_rbln.buckets import select_bucket
-    from qwenvl_rbln.geometry import image_geometry
+    from qwenvl_rbln.vision.buckets import select_bucket
+    from qwenvl_rbln.vision.geometry import image_geometry
 
     plan = plans["rebel100-1npu-vit-buckets"]
     root = make_artifact(tmp_path / "art", plan)
@@ -522,17 +522,17 @@ def test_no_vllm_import_anywhere(art):
 def test_plugin_entry_point_is_declared_and_installed():
     data = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     group = data["project"]["entry-points"][serving.PLUGIN_GROUP]
-    assert group == {serving.PLUGIN_NAME: "qwenvl_rbln.vllm_plugin:register"}
+    assert group == {serving.PLUGIN_NAME: "qwenvl_rbln.serving.vllm_plugin:register"}
     found = [ep for ep in metadata.entry_points(group=serving.PLUGIN_GROUP) if ep.name == serving.PLUGIN_NAME]
     assert len(found) == 1, "reinstall qvl (`make install`) so the installed metadata carries the entry point"
-    from qwenvl_rbln import vllm_plugin
+    from qwenvl_rbln.serving import vllm_plugin
 
     assert found[0].load() is vllm_plugin.register
 
 
 @pytest.fixture
 def plugin(monkeypatch):
-    from qwenvl_rbln import vllm_plugin
+    from qwenvl_rbln.serving import vllm_plugin
 
     monkeypatch.setattr(vllm_plugin, "_installed", False)
     return vllm_plugin
@@ -712,7 +712,7 @@ def test_an_artifact_without_a_preset_serves_the_limit_recorded_at_compile(art, 
     preset = tmp_path / "limits.yaml"
     preset.write_text("extends: rebel100-1npu\nruntime:\n  limit_mm_per_prompt: {image: 2}\n")
     from qwenvl_rbln import artifacts as _artifacts
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
 
     manifest = _artifacts.manifest_for_plan(build_plan(str(preset)), model={}, versions={}, cache_key=None)
     assert manifest["runtime"] == {"vit_packing": True, "limit_mm_per_prompt": {"image": 2}}

@@ -17,7 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may touch the hub
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from qwenvl_rbln import tiny_model as tm  # noqa: E402
+from qwenvl_rbln.backends import tiny_model as tm  # noqa: E402
 from qwenvl_rbln.errors import InputError  # noqa: E402
 
 FILES = {
@@ -299,8 +299,8 @@ def test_cli_tiny_model(tmp_path: Path) -> None:
     import typer
     from typer.testing import CliRunner
 
-    from qwenvl_rbln import render
     from qwenvl_rbln.commands import tiny_model_cmd
+    from qwenvl_rbln.views import render
 
     app = typer.Typer()
 

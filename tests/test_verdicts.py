@@ -9,11 +9,11 @@ import pytest
 from typer.testing import CliRunner
 
 from qwenvl_rbln import memory as m
-from qwenvl_rbln import render
 from qwenvl_rbln.cli import app
-from qwenvl_rbln.devices import GiB, MiB, parse_optimum_byte_size
 from qwenvl_rbln.errors import DoesNotFit, InputError
-from qwenvl_rbln.plan import build_plan
+from qwenvl_rbln.planning.devices import GiB, MiB, parse_optimum_byte_size
+from qwenvl_rbln.planning.plan import build_plan
+from qwenvl_rbln.views import render
 from tests.helpers_cli import run_qvl
 
 NO_CAL: dict = {}
@@ -344,7 +344,7 @@ def test_device_memory_without_unit_or_above_the_card_is_refused(value, needle):
 
 
 def test_every_shipped_preset_description_is_true_under_the_planner():
-    from qwenvl_rbln.presets import list_preset_files
+    from qwenvl_rbln.planning.presets import list_preset_files
 
     for name in sorted(list_preset_files()):  # every shipped preset loads in the planner's eyes
         plan = build_plan(name)

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from qwenvl_rbln.backends import vit_packing as vp  # noqa: E402
-from qwenvl_rbln.packing import Pack, PackPlan, plan_packs  # noqa: E402
+from qwenvl_rbln.vision.packing import Pack, PackPlan, plan_packs  # noqa: E402
 
 BUCKETS = [64, 256, 1024]
 # bf16 tolerance (documented in README "ViT packing"): packed and unpacked bf16 differ at rounding level only,
@@ -28,7 +28,7 @@ BF16_REL = 2.0**-5
 
 def _optimum_vision():
     """optimum-rbln's ViT class and graph wrapper, imported with the emulator as ``rebel``."""
-    from qwenvl_rbln import emulator
+    from qwenvl_rbln.backends import emulator
 
     with emulator.active(), emulator.quiet_optimum_import():
         from optimum.rbln.transformers.models.qwen3_vl import modeling_qwen3_vl as m

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 av = pytest.importorskip("av")
 
 from qwenvl_rbln.backends import vit_packing as vp  # noqa: E402
-from qwenvl_rbln.packing import plan_packs  # noqa: E402
+from qwenvl_rbln.vision.packing import plan_packs  # noqa: E402
 from tests.helpers_cli import run_qvl  # noqa: E402
 
 N = 6  # new tokens per request
@@ -33,7 +33,7 @@ def art(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def emulated():
-    from qwenvl_rbln import emulator
+    from qwenvl_rbln.backends import emulator
 
     with emulator.active():
         yield

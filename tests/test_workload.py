@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.workload import read_batch_trace, read_workload
+from qwenvl_rbln.vision.workload import read_batch_trace, read_workload
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:

@@ -91,7 +91,7 @@ def model_class(model_cls: Any = None) -> Any:
         return model_cls
     check_dependencies()
     try:
-        from qwenvl_rbln import emulator
+        from qwenvl_rbln.backends import emulator
 
         quiet = emulator.quiet_optimum_import() if emulator.is_active() else contextlib.nullcontext()
         with quiet:
@@ -123,7 +123,7 @@ def use_emulator(flag: bool = False, flag_name: str = "--emulate") -> bool:
 
     InputError (exit 2) when a real rebel-compiler is importable: two rebels in one process is a trap.
     """
-    from qwenvl_rbln import emulator
+    from qwenvl_rbln.backends import emulator
 
     if emulator.requested(flag):
         emulator.activate(flag_name)
@@ -139,8 +139,8 @@ def artifact_problem(root: Path, cfg: dict[str, Any], manifest: dict[str, Any] |
     """
     from importlib import metadata
 
-    from qwenvl_rbln import emulator
-    from qwenvl_rbln.emulator import graph as emulated_graph
+    from qwenvl_rbln.backends import emulator
+    from qwenvl_rbln.backends.emulator import graph as emulated_graph
     from qwenvl_rbln.errors import InputError
 
     root = Path(root)
@@ -361,7 +361,7 @@ def load_model(
             )
             err.raw = _raw_runtime_message(text)  # type: ignore[attr-defined]
             raise err from exc
-        from qwenvl_rbln.emulator import is_active
+        from qwenvl_rbln.backends.emulator import is_active
 
         where = (
             "the emulated host has QVL_EMULATOR_DEVICES NPUs (default 4): use ids below that"

@@ -10,7 +10,7 @@ output and of each DeepStack output. The graph turns the mask into ``(1 - mask) 
 attention within itself: the same function, with no recompile (``shared/reference/vit-packing.md``).
 
 This forward does the same host preparation (the code below mirrors optimum-rbln's line for line), asks
-``qwenvl_rbln.packing.plan_packs`` for the packs (each in its segments' own bucket, starts aligned to the
+``qwenvl_rbln.vision.packing.plan_packs`` for the packs (each in its segments' own bucket, starts aligned to the
 4-patch merge unit), fills each pack with zeros, copies the segments' rows in, calls the same compiled graph
 (``self.transformer``) once per pack, and returns the main output and DeepStack features in the original
 segment order. A call with a segment above the largest bucket runs optimum-rbln's own forward, unchanged
@@ -28,7 +28,7 @@ import types
 from collections import deque
 from typing import Any
 
-from qwenvl_rbln.packing import PackPlan, plan_packs, unpacked
+from qwenvl_rbln.vision.packing import PackPlan, plan_packs, unpacked
 
 VISION_CLASS = "RBLNQwen3VLVisionModel"
 VISION_MODULE = "optimum.rbln.transformers.models.qwen3_vl.modeling_qwen3_vl"
@@ -78,7 +78,7 @@ def _cost(visual: Any) -> Any:
     """ViT FLOPs per call at ``S`` for this model's vision config (planner cost), cached on the instance."""
     cost = visual.__dict__.get("_qvl_cost")
     if cost is None:
-        from qwenvl_rbln.buckets import vit_cost_fn
+        from qwenvl_rbln.vision.buckets import vit_cost_fn
 
         c = visual.config
         geometry = types.SimpleNamespace(

@@ -1,8 +1,8 @@
 """`qvl bucket-plan`: where each image / video frame lands in the ViT buckets, what it wastes, and
 which bucket list (and decoder_batch_sizes) would serve a real workload best.
 
-Options only: ``qwenvl_rbln/bucket_report.py`` builds the report (header reads and arithmetic: no torch,
-no model, no NPU) and ``qwenvl_rbln/bucket_plan_view.py`` renders it.
+Options only: ``qwenvl_rbln/vision/report.py`` builds the report (header reads and arithmetic: no torch,
+no model, no NPU) and ``qwenvl_rbln/views/bucket_plan.py`` renders it.
 """
 
 from __future__ import annotations
@@ -57,10 +57,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Where each image / video frame lands in the ViT buckets, its padding and compute, and the best buckets
         for a workload. Header reads only: no model, no NPU."""
-        from qwenvl_rbln import render
-        from qwenvl_rbln.bucket_plan_view import print_human
-        from qwenvl_rbln.bucket_report import final_error, memory_gate, run_bucket_plan
         from qwenvl_rbln.commands.common import print_warnings
+        from qwenvl_rbln.views import render
+        from qwenvl_rbln.views.bucket_plan import print_human
+        from qwenvl_rbln.vision.report import final_error, memory_gate, run_bucket_plan
 
         data, warnings = run_bucket_plan(
             preset=preset,

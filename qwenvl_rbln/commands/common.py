@@ -20,7 +20,7 @@ JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout; d
 
 
 def print_warnings(warnings: list[str]) -> None:
-    from qwenvl_rbln import render
+    from qwenvl_rbln.views import render
 
     for w in warnings:
         render.warn(w)

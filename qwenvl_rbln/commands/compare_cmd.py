@@ -26,7 +26,7 @@ def _length(r: dict[str, Any]) -> str:
 def human(console: Any, d: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from qwenvl_rbln.render import markup
+    from qwenvl_rbln.views.render import markup
 
     for side in ("a", "b"):
         x = d[side]
@@ -104,8 +104,8 @@ def register(app: typer.Typer) -> None:
         Exit 0 when the shared tokens of every request agree, 7 when any differ (or lengths differ, with
         --strict-length) or a request is missing, 2 for unreadable files or different inputs.
         """
-        from qwenvl_rbln import render
         from qwenvl_rbln.inference.compare import compare_runs, divergence_error
+        from qwenvl_rbln.views import render
 
         report = compare_runs(a, b, ignore_inputs=ignore_inputs, strict_length=strict_length)
         error = divergence_error(report)

@@ -16,7 +16,7 @@ def plan_summary(console: Any, plan: dict[str, Any]) -> None:
 
     from rich.table import Table
 
-    from qwenvl_rbln.render import markup
+    from qwenvl_rbln.views.render import markup
 
     r = plan["resolved"]
     table = Table(box=None, show_header=False, pad_edge=False)
@@ -85,11 +85,11 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JsonOpt,
     ) -> None:
         """Compile Qwen3-VL with a preset (optimum-rbln on an RBLN host, transformers for backend torch)."""
-        from qwenvl_rbln import render
         from qwenvl_rbln.commands.common import print_warnings
-        from qwenvl_rbln.compile_request import compile_for_real, dry_run_gate, plan_for_compile
+        from qwenvl_rbln.jobs.compile_request import compile_for_real, dry_run_gate, plan_for_compile
         from qwenvl_rbln.memory import estimate_plan
-        from qwenvl_rbln.memory_view import print_memory
+        from qwenvl_rbln.views import render
+        from qwenvl_rbln.views.memory import print_memory
 
         plan = plan_for_compile(preset, sets, model, output)
         print_warnings(plan.warnings)

@@ -40,7 +40,7 @@ def _vision_row(it: dict[str, Any]) -> list[str]:
 def human(console: Any, d: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from qwenvl_rbln.render import fmt_bytes, markup
+    from qwenvl_rbln.views.render import fmt_bytes, markup
 
     rt = d["runtime"]
     if d.get("placement"):
@@ -194,9 +194,9 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JsonOpt,
     ) -> None:
         """Generate text for images, videos and prompts; show buckets, decoder graphs, timings and memory."""
-        from qwenvl_rbln import render
         from qwenvl_rbln.inference.runner import InferOptions, default_stream, run_infer
-        from qwenvl_rbln.placement import parse_device
+        from qwenvl_rbln.memory.placement import parse_device
+        from qwenvl_rbln.views import render
 
         opts = InferOptions(
             directory=directory,

@@ -1,7 +1,7 @@
 """`qvl load-check DIR`: will this artifact load, where, and does it fit? Then create the runtimes.
 
-The steps (layout, target, placement, memory per device, runtime) live in ``qwenvl_rbln/load_check.py``, which
-returns the report as data; ``qwenvl_rbln/load_check_view.py`` renders it. Exit codes: 0 ok; 2 layout or
+The steps (layout, target, placement, memory per device, runtime) live in ``qwenvl_rbln/jobs/load_check.py``, which
+returns the report as data; ``qwenvl_rbln/views/load_check.py`` renders it. Exit codes: 0 ok; 2 layout or
 placement problems; 3 optimum-rbln/torch missing for the runtime step; 4 does not fit; 5 the backend failed
 otherwise. The full report is printed first (stdout, also with --json), then one ``qvl: error:`` line on stderr.
 """
@@ -64,9 +64,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JsonOpt,
     ) -> None:
         """Check a compiled artifact: files, target NPU, placement, memory per device, then create the runtimes."""
-        from qwenvl_rbln import load_check_view, render
-        from qwenvl_rbln.load_check import resolve_request, run_load_check
-        from qwenvl_rbln.placement import parse_device
+        from qwenvl_rbln.jobs.load_check import resolve_request, run_load_check
+        from qwenvl_rbln.memory.placement import parse_device
+        from qwenvl_rbln.views import load_check as load_check_view
+        from qwenvl_rbln.views import render
 
         directory, fallback = resolve_request(directory, preset, notify=render.warn)
         report, error = run_load_check(

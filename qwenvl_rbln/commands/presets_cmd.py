@@ -15,15 +15,15 @@ def register(app: typer.Typer) -> None:
     @presets.command("list")
     def list_cmd(as_json: bool = JsonOpt) -> None:
         """List the shipped presets with their one-line descriptions."""
-        from qwenvl_rbln import render
-        from qwenvl_rbln.presets import describe_presets
+        from qwenvl_rbln.planning.presets import describe_presets
+        from qwenvl_rbln.views import render
 
         items = describe_presets()
 
         def human(console: Any, data: dict) -> None:
             from rich.table import Table
 
-            from qwenvl_rbln.render import markup
+            from qwenvl_rbln.views.render import markup
 
             table = Table("preset", "description", box=None, pad_edge=False)
             for item in data["presets"]:
@@ -39,10 +39,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JsonOpt,
     ) -> None:
         """Show a preset merged with what it extends, and the rbln_config it resolves to."""
-        from qwenvl_rbln import render
         from qwenvl_rbln.commands.common import print_warnings
-        from qwenvl_rbln.plan import plan_from_loaded
-        from qwenvl_rbln.presets import load_preset
+        from qwenvl_rbln.planning.plan import plan_from_loaded
+        from qwenvl_rbln.planning.presets import load_preset
+        from qwenvl_rbln.views import render
 
         loaded = load_preset(name, sets)
         plan = plan_from_loaded(loaded)
@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
         def human(console: Any, d: dict) -> None:
             import yaml
 
-            from qwenvl_rbln.render import markup
+            from qwenvl_rbln.views.render import markup
 
             console.print(markup("[bold]{}[/bold]  ({})", d["name"], " -> ".join(d["chain"])))
             console.print(yaml.safe_dump(d["preset"], sort_keys=False).rstrip(), markup=False)

@@ -65,7 +65,8 @@ def _run(launch: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> N
     import shlex
     import sys
 
-    from qwenvl_rbln import render, serving
+    from qwenvl_rbln import serving
+    from qwenvl_rbln.views import render
 
     for line in warnings:
         render.warn(line)
@@ -113,7 +114,7 @@ def register(app: typer.Typer) -> None:
         import os
 
         from qwenvl_rbln import serving
-        from qwenvl_rbln.placement import parse_device
+        from qwenvl_rbln.memory.placement import parse_device
 
         directory, extra = _split(directory, vllm_args)
         opts = serving.ServeOptions(

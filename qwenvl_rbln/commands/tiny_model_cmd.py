@@ -10,7 +10,7 @@ from rich.console import Console
 
 
 def _human(console: Console, data: dict[str, Any]) -> None:
-    from qwenvl_rbln import render
+    from qwenvl_rbln.views import render
 
     verb = "wrote" if data["created"] else "already present:"
     size = render.fmt_bytes(data["total_bytes"])
@@ -35,8 +35,8 @@ def tiny_model(
 
     Its generated text is meaningless; it exists so every code path runs on a CPU in seconds.
     """
-    from qwenvl_rbln import render
-    from qwenvl_rbln.tiny_model import build_or_reuse
+    from qwenvl_rbln.backends.tiny_model import build_or_reuse
+    from qwenvl_rbln.views import render
 
     data = build_or_reuse(directory, seed=seed, force=force, notify=None if as_json else render.info)
     render.emit(data, as_json=as_json, human=_human)

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import InputError, raise_all
-from qwenvl_rbln.media import ImageInfo, VideoInfo, probe_image, probe_video
 from qwenvl_rbln.paths import user_path
+from qwenvl_rbln.vision.media import ImageInfo, VideoInfo, probe_image, probe_video
 
 ALLOWED_KEYS = ("id", "prompt", "system", "images", "image", "videos", "video")
 FLAGS_SOURCE = "command line"
@@ -106,7 +106,7 @@ def _paths(where: str, key: str, value: Any, base: Path) -> list[Path]:
 
 
 def _one(where: str, obj: dict[str, Any], base: Path, position: int, default_system: str | None) -> Request:
-    from qwenvl_rbln.presets import closest
+    from qwenvl_rbln.planning.presets import closest
 
     for key in obj:
         if key not in ALLOWED_KEYS:
@@ -224,7 +224,7 @@ def validate_requests(requests: list[Request], problems: list[InputError] | None
 
 def _validate(req: Request) -> None:
     """One request's prompt and media probed; InputError naming its source and file."""
-    from qwenvl_rbln.media import VIDEO_EXTENSIONS
+    from qwenvl_rbln.vision.media import VIDEO_EXTENSIONS
 
     prefix = "" if req.source == FLAGS_SOURCE else f"{req.source}: "
     flags = req.source == FLAGS_SOURCE
@@ -266,7 +266,7 @@ def _still_image(path: Path) -> bool:
 
     Asked only of a "video" that has at most one frame or does not probe as a video, so an animated GIF
     passed as a video still runs as one."""
-    from qwenvl_rbln.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
+    from qwenvl_rbln.vision.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
 
     suffix = path.suffix.lower()
     if suffix in IMAGE_EXTENSIONS:

@@ -89,7 +89,7 @@ class InferOptions:
 
 def _manifest_preset(manifest: dict[str, Any] | None) -> str | None:
     """The preset an artifact was compiled with: its name when that names the same file, else its path."""
-    from qwenvl_rbln.presets import list_preset_files
+    from qwenvl_rbln.planning.presets import list_preset_files
 
     info = (manifest or {}).get("preset")
     if not isinstance(info, dict):
@@ -107,8 +107,8 @@ def _manifest_preset(manifest: dict[str, Any] | None) -> str | None:
 
 
 def _is_tiny(directory: Path, manifest: dict[str, Any] | None) -> bool:
-    from qwenvl_rbln.modelinfo import TINY_MODEL_ID
-    from qwenvl_rbln.tiny_model import is_tiny_model
+    from qwenvl_rbln.backends.tiny_model import is_tiny_model
+    from qwenvl_rbln.planning.modelinfo import TINY_MODEL_ID
 
     if is_tiny_model(directory):
         return True
@@ -121,7 +121,7 @@ def _is_tiny(directory: Path, manifest: dict[str, Any] | None) -> bool:
 
 def _qwen3_vl_config(directory: Path) -> None:
     """InputError (one line) unless ``directory/config.json`` is a Qwen3-VL config."""
-    from qwenvl_rbln.modelinfo import read_model_config
+    from qwenvl_rbln.planning.modelinfo import read_model_config
 
     try:
         read_model_config(directory)
@@ -170,7 +170,7 @@ def processor_sets(manifest: dict[str, Any] | None, derived: Any) -> list[str]:
 def artifact_sets(directory: Path, preset_ref: str, resolved: Any, manifest: dict[str, Any] | None) -> list[str]:
     """The artifact's compiled values and compile-time processor caps as --set on ``preset_ref``, so it runs as
     compiled without the user repeating them; InputError when they do not make a valid plan of that preset."""
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
 
     lm = compiled_sets(resolved)
     try:
@@ -213,7 +213,7 @@ def _differs(plan: Any, item: str) -> bool:
 
 def recompile_command(target: Target, extra_sets: list[str]) -> str:
     """`qvl compile` of the artifact's preset, the --set it was compiled with beyond it, then ``extra_sets``."""
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
 
     keys = {s.split("=", 1)[0] for s in extra_sets}
     sets = [s for s in target.artifact_sets if s.split("=", 1)[0] not in keys]
@@ -235,7 +235,7 @@ def _last_compile_record() -> dict[str, str] | None:
 
 
 def _preset_output_dir(preset: str, sets: list[str]) -> Path:
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
 
     return user_path(build_plan(preset, sets).output_dir, "output_dir")
 
@@ -295,7 +295,7 @@ def check_model_files(directory: Path) -> None:
 
 def _hf_target(directory: Path, preset: str | None, sets: list[str]) -> Target:
     from qwenvl_rbln import artifacts
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
 
     if not (directory / "config.json").is_file():
         raise InputError(
@@ -323,7 +323,7 @@ def _artifact_plan(directory: Path, preset_ref: str, base: list[str], sets: list
     ``decoder_batch_sizes=[1]``), the plan is the preset with the user's values alone, for the conflict
     check to name.
     """
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
 
     try:
         return build_plan(preset_ref, without_overridden(base, sets) + sets, model=str(directory))
@@ -412,7 +412,7 @@ def resolve_target(directory: Path | None, preset: str | None, sets: list[str] |
 def resolve_placement(target: Target, device: Any, visual_device: Any) -> dict[str, Any]:
     """The load placement for rbln: the flags, else the manifest's, else the preset's (as load-check)."""
     from qwenvl_rbln import artifacts
-    from qwenvl_rbln.placement import check_placement
+    from qwenvl_rbln.memory.placement import check_placement
 
     fallback = {"preset": target.plan.preset, "placement": target.plan.placement}
     compiled = artifacts.compile_target(target.config or {}, target.manifest)
@@ -423,7 +423,7 @@ def resolve_placement(target: Target, device: Any, visual_device: Any) -> dict[s
 
 
 def _decoder_info(real: int, resolved: Any) -> dict[str, Any]:
-    from qwenvl_rbln.buckets import select_decoder_graph
+    from qwenvl_rbln.vision.buckets import select_decoder_graph
 
     bs = resolved.batch_size
     vgraph, vpad = select_decoder_graph(real, resolved.decoder_batch_sizes)
@@ -524,7 +524,7 @@ def _prepare(opts: InferOptions, target: Target, requests: list[Any], gen: Any) 
     """
     from qwenvl_rbln.inference.inputs import check_media, load_processor
     from qwenvl_rbln.inference.vision_report import plan_vision
-    from qwenvl_rbln.modelinfo import processor_defaults
+    from qwenvl_rbln.planning.modelinfo import processor_defaults
 
     vis = target.plan.geometry.vision
     vplan = plan_vision(

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from qwenvl_rbln.buckets import oversize_error, padding_pct, round_up, select_bucket
 from qwenvl_rbln.errors import InputError, raise_all
-from qwenvl_rbln.geometry import (
+from qwenvl_rbln.vision.buckets import oversize_error, padding_pct, round_up, select_bucket
+from qwenvl_rbln.vision.geometry import (
     IMAGE_MAX_PIXELS,
     VIDEO_MAX_PIXELS,
     image_capped,

@@ -6,8 +6,8 @@ from typing import Any
 
 from rich.markup import escape
 
-from qwenvl_rbln.buckets import fmt_flops
-from qwenvl_rbln.render import Col, fmt_bytes, markup, plural, print_table
+from qwenvl_rbln.views.render import Col, fmt_bytes, markup, plural, print_table
+from qwenvl_rbln.vision.buckets import fmt_flops
 
 
 def _fmt_int(n: Any) -> str:

@@ -35,7 +35,7 @@ from typing import Any
 
 from qwenvl_rbln.errors import BusyError, InputError
 from qwenvl_rbln.paths import user_path
-from qwenvl_rbln.resolved_lm import ResolvedLM
+from qwenvl_rbln.planning.resolved_lm import ResolvedLM
 
 MANIFEST_NAME = "qvl-manifest.json"
 MANIFEST_FORMAT = 1
@@ -144,7 +144,7 @@ def hash_tree(root: Path, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
 def model_fingerprint(model_id: str, path: Path | None = None) -> dict[str, Any]:
     """Identity of the source model: a content hash of its local directory (``path``, else the directory the id
     names); a hub id without a local directory is reported as not hashed and is never downloaded."""
-    from qwenvl_rbln.modelinfo import resolve_model_path
+    from qwenvl_rbln.planning.modelinfo import resolve_model_path
 
     path = Path(path) if path is not None else resolve_model_path(model_id)
     if path is None:
@@ -514,7 +514,7 @@ def lock_path(target: Path) -> Path:
     Unlinking a lock file is never safe while another process may be waiting on it, so the files are kept
     where they bother nobody: one small file per output directory ever compiled into.
     """
-    from qwenvl_rbln.modelinfo import qvl_home
+    from qwenvl_rbln.planning.modelinfo import qvl_home
 
     target = user_path(target).absolute()
     digest = hashlib.sha256(str(target).encode("utf-8", "surrogateescape")).hexdigest()[:16]
@@ -624,14 +624,14 @@ def output_lock(target: Path) -> Iterator[Path]:
 
 
 def default_cache_dir() -> Path:
-    from qwenvl_rbln.modelinfo import qvl_home
+    from qwenvl_rbln.planning.modelinfo import qvl_home
 
     return qvl_home() / "compile-cache"
 
 
 def cache_key(plan: Any, model: dict[str, Any], versions: dict[str, str]) -> tuple[str | None, str | None]:
     """(key, None), or (None, reason) when the inputs cannot be pinned (a hub id is never hashed)."""
-    from qwenvl_rbln.plan import strip_runtime_keys
+    from qwenvl_rbln.planning.plan import strip_runtime_keys
 
     if not model.get("sha256"):
         return None, f"model {model.get('id')!r} is a hub id, not hashed: pass --model DIR to use the compile cache"
@@ -1015,7 +1015,7 @@ def _last_compile_path(cwd: Path | None = None) -> Path:
     crosses projects: `qvl load-check` in another folder does not check this folder's artifact."""
     import hashlib
 
-    from qwenvl_rbln.modelinfo import qvl_home
+    from qwenvl_rbln.planning.modelinfo import qvl_home
 
     where = str((cwd or Path.cwd()).absolute())
     key = hashlib.sha256(where.encode("utf-8", "surrogateescape")).hexdigest()[:24]

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.geometry import max_pixels_for_bucket, video_max_pixels_for_bucket
+from qwenvl_rbln.vision.geometry import max_pixels_for_bucket, video_max_pixels_for_bucket
 
 BUCKET_MULTIPLE = 4  # spatial_merge_size**2: the merger views [S, h] as [S/4, 4h]
 PATCH_PIXELS = 16 * 16  # one pre-merge patch of Qwen3-VL (patch_size 16)

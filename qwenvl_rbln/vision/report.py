@@ -13,13 +13,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln.bucket_items import ItemPlanner
-from qwenvl_rbln.bucket_optimise_report import decoder_section, optimize_section
-from qwenvl_rbln.buckets import vit_cost_fn
 from qwenvl_rbln.errors import DoesNotFit, InputError, QvlError
-from qwenvl_rbln.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, expand_inputs_report, parse_size
-from qwenvl_rbln.packing import uniform_cost
-from qwenvl_rbln.workload import read_batch_trace, read_workload
+from qwenvl_rbln.vision.buckets import vit_cost_fn
+from qwenvl_rbln.vision.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, expand_inputs_report, parse_size
+from qwenvl_rbln.vision.packing import uniform_cost
+from qwenvl_rbln.vision.report_items import ItemPlanner
+from qwenvl_rbln.vision.report_optimise import decoder_section, optimize_section
+from qwenvl_rbln.vision.workload import read_batch_trace, read_workload
 
 
 def _workspace_fn() -> Callable[[Any, int], int | None] | None:
@@ -83,7 +83,7 @@ def own_dry_run(preset: str, sets: list[str] | None, model: str | None, extra: s
     """The memory verdict of a recommended configuration, by its own dry run (the preset, the user's --sets and
     the recommended ``--set ...`` string applied), so nothing is recommended that `compile --dry-run` refuses."""
     from qwenvl_rbln.memory import estimate_plan
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
 
     added = [part.strip() for part in extra.split("--set") if part.strip()]
     try:
@@ -323,7 +323,7 @@ def run_bucket_plan(
     (``--no-vit-packing``) overrides the preset's ``runtime.vit_packing``: today's figures, no ``packed``.
     ``notify`` hears a warning as soon as it is known (the CLI prints it before a later error); without it,
     such warnings lead the returned list."""
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
 
     _check_flags(
         has_inputs=bool(inputs or sizes or workload),

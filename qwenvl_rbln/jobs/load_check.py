@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import DoesNotFit, InputError, QvlError
+from qwenvl_rbln.memory.placement import check_placement, vit_shares_a_device
 from qwenvl_rbln.paths import user_path
-from qwenvl_rbln.placement import check_placement, vit_shares_a_device
 
 Progress = Callable[[int, int], None]
 """Called with (files, bytes) before the manifest's sha256 check, which reads every file."""
@@ -49,14 +49,14 @@ def resolve_request(
         preset = preset or used
     if preset is None:
         return directory, None
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
 
     plan = build_plan(preset)
     return directory, {"preset": plan.preset, "placement": plan.placement}
 
 
 def _emulated() -> bool:
-    from qwenvl_rbln import emulator
+    from qwenvl_rbln.backends import emulator
 
     return emulator.is_active()
 
@@ -110,7 +110,7 @@ def _layout(
 
 def _unknown_npus(target: dict[str, Any]) -> list[str]:
     """A target NPU that optimum-rbln would refuse (``Unknown npu name``) is a problem of the artifact."""
-    from qwenvl_rbln.devices import npu_spec
+    from qwenvl_rbln.planning.devices import npu_spec
 
     problems = []
     for key in ("npu", "visual_npu"):
@@ -134,8 +134,8 @@ def _target(
     target = artifacts.compile_target(cfg, manifest)
     target["problems"].extend(_unknown_npus(target))
     if device_memory is not None and not target["problems"] and target.get("npu"):
-        from qwenvl_rbln.devices import npu_spec
         from qwenvl_rbln.memory import parse_device_memory
+        from qwenvl_rbln.planning.devices import npu_spec
 
         parse_device_memory(device_memory, npu_spec(target["npu"]))  # above this card's DRAM: exit 2, as a dry run
     layout["problems"].extend(target["problems"])
@@ -152,8 +152,8 @@ def _planner_estimate(
 ) -> dict[str, Any]:
     from qwenvl_rbln import memory as planner
     from qwenvl_rbln.artifacts import read_json, resolved_from_rbln_config
-    from qwenvl_rbln.devices import npu_spec
-    from qwenvl_rbln.modelinfo import geometry_from_config
+    from qwenvl_rbln.planning.devices import npu_spec
+    from qwenvl_rbln.planning.modelinfo import geometry_from_config
 
     notes = []
     if not npu:
@@ -193,7 +193,7 @@ def _memory(
     """Exact (or emulated) allocations when rebel is importable, with the planner's estimate beside; else the
     estimate alone."""
     from qwenvl_rbln.backends import rbln as rbln_backend
-    from qwenvl_rbln.devices import npu_spec
+    from qwenvl_rbln.planning.devices import npu_spec
 
     estimate = _planner_estimate(root, kind, cfg, target.get("npu"), placement, device_memory)
     if kind == "rbln" and not layout["missing"] and not refused and rbln_backend.import_rebel() is not None:
@@ -224,10 +224,10 @@ def calibration_from_exact(root: Path, cfg: dict[str, Any], exact: dict[str, Any
     ``DramTensor``) less the weights it holds; the LM weights are shared by its graphs (optimum-rbln compiles
     them with weight sharing), so they are taken out once, from the first LM graph big enough to hold them.
     """
-    from qwenvl_rbln import calibration as cal
     from qwenvl_rbln.artifacts import read_json, resolved_from_rbln_config
+    from qwenvl_rbln.memory import calibration as cal
     from qwenvl_rbln.memory import lm_params, vision_params
-    from qwenvl_rbln.modelinfo import geometry_from_config
+    from qwenvl_rbln.planning.modelinfo import geometry_from_config
 
     geometry = geometry_from_config(read_json(root / "config.json"), name=root.name, source=str(root))
     keys = cal.graph_keys(resolved_from_rbln_config(cfg))
@@ -258,7 +258,7 @@ def calibration_from_exact(root: Path, cfg: dict[str, Any], exact: dict[str, Any
 
 def _calibrate(root: Path, cfg: dict[str, Any], memory: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
     """--calibrate: record the exact per-graph workspaces so later estimates use them."""
-    from qwenvl_rbln import calibration as cal
+    from qwenvl_rbln.memory import calibration as cal
 
     if memory.get("source") == "emulated":
         return {"recorded": False, "reason": "emulated sizes are not NPU figures; calibrate on an RBLN host"}

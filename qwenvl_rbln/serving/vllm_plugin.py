@@ -2,7 +2,7 @@
 
 vLLM loads every entry point of the group ``vllm.general_plugins`` in each process it creates (API server, engine
 core, workers) before the model is built, and calls it (docs.vllm.ai, design/plugin_system). qvl declares one,
-``qvl_vit_packing = "qwenvl_rbln.vllm_plugin:register"`` (pyproject.toml). It does nothing unless ``qvl serve``
+``qvl_vit_packing = "qwenvl_rbln.serving.vllm_plugin:register"`` (pyproject.toml). It does nothing unless ``qvl serve``
 enabled packing (``QVL_VIT_PACKING=1`` in the environment it execs vllm with), so installing qvl beside vLLM
 changes nothing for anyone else. vllm-rbln calls ``self.model.visual(pixel_values, grid_thw=...)`` on the
 optimum-rbln model, so patching ``RBLNQwen3VLVisionModel.forward`` on the class reaches it.

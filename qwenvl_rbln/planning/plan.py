@@ -15,12 +15,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln.devices import NpuSpec, npu_spec
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.modelinfo import ModelGeometry, load_geometry, processor_defaults
-from qwenvl_rbln.presets import LoadedPreset, closest, load_preset
-from qwenvl_rbln.resolved_lm import ResolvedLM
-from qwenvl_rbln.resolved_lm import kv_block_counts as kv_block_counts  # re-exported: memory.py imports it here
+from qwenvl_rbln.planning.devices import NpuSpec, npu_spec
+from qwenvl_rbln.planning.modelinfo import ModelGeometry, load_geometry, processor_defaults
+from qwenvl_rbln.planning.presets import LoadedPreset, closest, load_preset
+from qwenvl_rbln.planning.resolved_lm import ResolvedLM
+from qwenvl_rbln.planning.resolved_lm import (
+    kv_block_counts as kv_block_counts,  # re-exported: memory.py imports it here
+)
 
 # Keys optimum-rbln accepts (RBLNModelConfig + RBLNDecoderOnlyModelConfig + Qwen3-VL), by level.
 BASE_KEYS = {
@@ -173,7 +175,7 @@ class _Checker:
         base file's max_seq_len: that is --set's problem, not the base file's)."""
         import re
 
-        from qwenvl_rbln.presets import display_path
+        from qwenvl_rbln.planning.presets import display_path
 
         own = self.loaded.source_of(key)
         named = {own}

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import BackendError, DependencyMissing, InputError
-from qwenvl_rbln.modelinfo import tiny_model_dir
 from qwenvl_rbln.paths import user_path
+from qwenvl_rbln.planning.modelinfo import tiny_model_dir
 
 MARKER_FILE = "qvl_tiny_model.json"
 MARKER_NOTE = "random weights; generated text is meaningless"

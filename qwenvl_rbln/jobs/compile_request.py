@@ -12,7 +12,7 @@ from qwenvl_rbln.errors import DoesNotFit, InputError
 
 def plan_for_compile(preset: str, sets: list[str] | None, model: str | None, output: str | None) -> Any:
     """The validated plan; an empty -o is refused first (typer would read '' as '.', the working directory)."""
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
 
     if output is not None and not output.strip():
         raise InputError("-o/--output is empty", "pass the artifact directory, e.g. -o qvl-out/my-model")
@@ -50,7 +50,7 @@ def compile_for_real(
     """The refusals, in this order, then the compile: an uncertain verdict (exit 4 before a long compile whose
     load the planner cannot vouch for), --emulate on a torch preset; then the emulator if asked."""
     from qwenvl_rbln.backends.rbln import use_emulator
-    from qwenvl_rbln.compile_job import run_compile
+    from qwenvl_rbln.jobs.compile_job import run_compile
 
     if memory.verdict == "uncertain" and not (uncertain_ok or force):
         from qwenvl_rbln.memory import ensure_fits

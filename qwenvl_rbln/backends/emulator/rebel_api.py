@@ -36,7 +36,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-import qwenvl_rbln.emulator.graph as graph_mod
+import qwenvl_rbln.backends.emulator.graph as graph_mod
 
 __version__ = "0.12.0+qvl.emulated"
 EMULATED = True
@@ -126,7 +126,7 @@ def compile_from_torch(
     **kwargs: Any,
 ) -> RBLNCompiledModel:
     """Trace ``module`` once per input_info group into an emulated compiled model (kept in memory)."""
-    from qwenvl_rbln.emulator.ops import register
+    from qwenvl_rbln.backends.emulator.ops import register
 
     register()
     groups = _norm_info(input_info)
@@ -182,7 +182,7 @@ class RBLNCompiledModel:
     """An emulated compiled model: one or more traced graphs, their input specs and static tensors."""
 
     def __init__(self, path: str | os.PathLike[str]):
-        from qwenvl_rbln.emulator.ops import register
+        from qwenvl_rbln.backends.emulator.ops import register
 
         register()
         p = Path(path)

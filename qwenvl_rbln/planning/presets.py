@@ -46,7 +46,7 @@ PROCESSOR_KEYS = (
 
 def preset_dirs() -> list[Path]:
     """Where named presets live: inside the wheel, or the repo's configs/ in a checkout."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the package root (planning/ sits one level below it)
     return [p for p in (here / "configs", here.parent / "configs") if p.is_dir()]
 
 

@@ -10,8 +10,8 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from qwenvl_rbln.bucket_items import ItemPlanner
-from qwenvl_rbln.buckets import (
+from qwenvl_rbln.errors import InputError, QvlError
+from qwenvl_rbln.vision.buckets import (
     OptimizeResult,
     baselines,
     decoder_powers_of_two,
@@ -21,9 +21,9 @@ from qwenvl_rbln.buckets import (
     round_up,
     select_decoder_graph,
 )
-from qwenvl_rbln.errors import InputError, QvlError
-from qwenvl_rbln.geometry import max_pixels_for_bucket, video_max_pixels_for_bucket
-from qwenvl_rbln.packing import evaluate_packed, optimize_packed
+from qwenvl_rbln.vision.geometry import max_pixels_for_bucket, video_max_pixels_for_bucket
+from qwenvl_rbln.vision.packing import evaluate_packed, optimize_packed
+from qwenvl_rbln.vision.report_items import ItemPlanner
 
 DECODER_NOTE = (
     "per-step decoder graph selection is what vllm-rbln does (smallest compiled batch >= running requests); "

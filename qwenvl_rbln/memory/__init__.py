@@ -32,12 +32,12 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from qwenvl_rbln import calibration as cal
-from qwenvl_rbln.calibration import model_key  # re-exported: memory.model_key stays valid
-from qwenvl_rbln.devices import MAX_CARD_BYTES, SIZE_SPELLINGS, GiB, MiB, NpuSpec, parse_byte_size
 from qwenvl_rbln.errors import DoesNotFit, InputError
-from qwenvl_rbln.modelinfo import QWEN3_VL_2B, ModelGeometry, TextGeometry, VisionGeometry
-from qwenvl_rbln.resolved_lm import kv_block_counts
+from qwenvl_rbln.memory import calibration as cal
+from qwenvl_rbln.memory.calibration import model_key  # re-exported: memory.model_key stays valid
+from qwenvl_rbln.planning.devices import MAX_CARD_BYTES, SIZE_SPELLINGS, GiB, MiB, NpuSpec, parse_byte_size
+from qwenvl_rbln.planning.modelinfo import QWEN3_VL_2B, ModelGeometry, TextGeometry, VisionGeometry
+from qwenvl_rbln.planning.resolved_lm import kv_block_counts
 
 KV_ALIGN = 2 * MiB  # optimum-rbln aligns every KV tensor to 2 MiB
 FP32 = 4  # attention scores and logits are accumulated in fp32 (modelled)

@@ -68,7 +68,7 @@ EMULATION_NOTE = (
 
 
 def _emulated() -> bool:
-    from qwenvl_rbln import emulator
+    from qwenvl_rbln.backends import emulator
 
     return emulator.is_active()
 

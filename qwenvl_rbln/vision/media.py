@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from qwenvl_rbln.errors import DependencyMissing, InputError
-from qwenvl_rbln.geometry import IMAGE_MAX_PIXELS
+from qwenvl_rbln.vision.geometry import IMAGE_MAX_PIXELS
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 VIDEO_EXTENSIONS = frozenset({".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v"})

@@ -11,7 +11,7 @@ BAD = "[red bold]problem[/red bold]"
 def verifying_line(files: int, total_bytes: int) -> str:
     """The progress line printed before the manifest's sha256 check (it reads every file)."""
     from qwenvl_rbln.artifacts import MANIFEST_NAME
-    from qwenvl_rbln.render import fmt_bytes
+    from qwenvl_rbln.views.render import fmt_bytes
 
     return f"qvl load-check: verifying {files} files ({fmt_bytes(total_bytes)}) against {MANIFEST_NAME}"
 
@@ -71,7 +71,7 @@ def _device_table(console: Any, memory: dict[str, Any]) -> None:
     """Exact or emulated allocations per device, with each device's verdict."""
     from rich.table import Table
 
-    from qwenvl_rbln.render import fmt_bytes
+    from qwenvl_rbln.views.render import fmt_bytes
 
     title = (
         "memory per device (exact: from the compiled graphs)"
@@ -99,8 +99,8 @@ def _emulated_graphs(console: Any, memory: dict[str, Any]) -> None:
     """Emulated sizes per graph, then the planner's estimate beside them."""
     from rich.table import Table
 
-    from qwenvl_rbln.memory_view import print_memory
-    from qwenvl_rbln.render import fmt_bytes
+    from qwenvl_rbln.views.memory import print_memory
+    from qwenvl_rbln.views.render import fmt_bytes
 
     gt = Table(title="graphs (emulated sizes)", title_justify="left", show_edge=False)
     for col in ("graph", "device", "weights", "io buffers", "KV cache"):
@@ -133,7 +133,7 @@ def _memory(console: Any, memory: dict[str, Any]) -> None:
     """Exact/emulated tables, the planner's estimate, or the reason there is none; then --calibrate's outcome."""
     from rich.markup import escape
 
-    from qwenvl_rbln.memory_view import print_memory
+    from qwenvl_rbln.views.memory import print_memory
 
     if memory.get("source") in ("exact", "emulated"):
         _device_table(console, memory)
@@ -151,7 +151,7 @@ def _diagnosis(console: Any, diag: dict[str, Any]) -> None:
     """After ``Lack of device memory``: each device's graphs and use, then the fixes."""
     from rich.markup import escape
 
-    from qwenvl_rbln.render import fmt_bytes
+    from qwenvl_rbln.views.render import fmt_bytes
 
     for dev in diag["devices"]:
         nums = ""

@@ -10,10 +10,10 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln import geometry
-from qwenvl_rbln.buckets import oversize_error, padding_pct, select_bucket, vit_cost_fn
 from qwenvl_rbln.errors import QvlError
-from qwenvl_rbln.modelinfo import processor_defaults
+from qwenvl_rbln.planning.modelinfo import processor_defaults
+from qwenvl_rbln.vision import geometry
+from qwenvl_rbln.vision.buckets import oversize_error, padding_pct, select_bucket, vit_cost_fn
 
 
 def blank_item(input_name: str, kind: str, source: str, count: int = 1) -> dict[str, Any]:
@@ -133,13 +133,13 @@ class ItemPlanner:
             item["padding_pct"] = padding_pct(patches, bucket)  # the one rounding infer reports too
             item["vit_calls_packed"] = item["vit_calls"]
             if self.packing:  # one request's segments share calls (packing.py); requests are never packed together
-                from qwenvl_rbln.packing import uniform_cost
+                from qwenvl_rbln.vision.packing import uniform_cost
 
                 item["vit_calls_packed"] = uniform_cost(patches, item["vit_calls"], self.buckets, self.cost)[0]
         return item
 
     def file(self, path: Path) -> dict[str, Any]:
-        from qwenvl_rbln.media import classify, probe_image, probe_video
+        from qwenvl_rbln.vision.media import classify, probe_image, probe_video
 
         kind = classify(path)
         item = blank_item(str(path), kind, "file")

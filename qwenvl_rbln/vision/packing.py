@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from qwenvl_rbln.buckets import BUCKET_MULTIPLE, round_up, select_bucket
+from qwenvl_rbln.vision.buckets import BUCKET_MULTIPLE, round_up, select_bucket
 
 EXACT_MAX = 8  # segments up to which the exact subset search runs (3**8 = 6561 steps)
 
@@ -292,7 +292,7 @@ def uniform_cost(patches: int, n: int, buckets: Sequence[int], cost: Callable[[i
 def evaluate_packed(groups: dict[Group, int], buckets: Sequence[int], cost: Callable[[int], Any]) -> Any:
     """A ``buckets.BucketEval`` of a workload (``(patches, n) -> requests``) with packing: executed is packed;
     ``covered_calls``/``uncovered_calls`` count segments (the unpacked calls), ``packed_calls`` the packed ones."""
-    from qwenvl_rbln.buckets import BucketEval
+    from qwenvl_rbln.vision.buckets import BucketEval
 
     bs = sorted(buckets)
     ev = BucketEval(buckets=bs)

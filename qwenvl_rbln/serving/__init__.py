@@ -269,7 +269,7 @@ def _check_config(cfg: dict[str, Any], path: Path, checks: list[dict[str, Any]])
 
 def _check_graphs(root: Path, cfg: dict[str, Any], checks: list[dict[str, Any]]) -> None:
     """Every graph optimum-rbln loads (and the host-side files beside them), none written by the emulator."""
-    from qwenvl_rbln.emulator.graph import is_emulated_file  # reads a safetensors header only
+    from qwenvl_rbln.backends.emulator.graph import is_emulated_file  # reads a safetensors header only
 
     graphs = [f"{name}.rbln" for name in artifacts.expected_graph_names(cfg)] + ["visual/compiled_model.rbln"]
     others = ["config.json", "torch_artifacts.pth", "visual/config.json", "visual/torch_artifacts.pth"]
@@ -532,7 +532,7 @@ def _served_name(art: Artifact) -> str:
 def _preset_plan(preset: str | None) -> Any:
     if preset is None:
         return None
-    from qwenvl_rbln.plan import build_plan
+    from qwenvl_rbln.planning.plan import build_plan
 
     return build_plan(preset)
 
@@ -544,7 +544,7 @@ def limit_mm_per_prompt(art: Artifact, plan: Any) -> tuple[dict[str, int], str]:
     given = runtime.get("limit_mm_per_prompt") if isinstance(runtime, dict) else None
     if isinstance(given, dict) and given:
         return dict(given), "the preset's runtime.limit_mm_per_prompt"
-    from qwenvl_rbln.geometry import VIDEO_MAX_PIXELS
+    from qwenvl_rbln.vision.geometry import VIDEO_MAX_PIXELS
 
     caps = getattr(plan, "processor", None)
     caps = caps.to_dict() if caps is not None else (art.manifest or {}).get("processor") or {}
@@ -658,8 +658,8 @@ def _packing_env(
 def bench_images(art: Artifact, input_len: int, output_len: int) -> tuple[list[tuple[int, int, int]], list[str]]:
     """One square image size per compiled ViT bucket that lands in that bucket and whose prompt fits the context:
     [(side px, bucket, LM tokens)], and notes on the buckets left out."""
-    from qwenvl_rbln.buckets import select_bucket
-    from qwenvl_rbln.geometry import IMAGE_MIN_PIXELS, image_geometry
+    from qwenvl_rbln.vision.buckets import select_bucket
+    from qwenvl_rbln.vision.geometry import IMAGE_MIN_PIXELS, image_geometry
 
     sizes: list[tuple[int, int, int]] = []
     notes: list[str] = []

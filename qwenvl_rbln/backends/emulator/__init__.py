@@ -1,14 +1,14 @@
 """A CPU emulator of the ``rebel`` (rebel-compiler) surface optimum-rbln 0.12 uses for Qwen3-VL.
 
-Usage in-process (a test, a benchmark): call ``qwenvl_rbln.emulator.activate()`` before anything imports
-``optimum.rbln`` (or use ``with qwenvl_rbln.emulator.active():``); ``import rebel`` then yields the emulator
+Usage in-process (a test, a benchmark): call ``qwenvl_rbln.backends.emulator.activate()`` before anything imports
+``optimum.rbln`` (or use ``with qwenvl_rbln.backends.emulator.active():``); ``import rebel`` then yields the emulator
 and optimum-rbln's real ``RBLNAutoModelForImageTextToText.from_pretrained(..., export=True,
 rbln_config={"npu": "RBLN-CR13", ...})`` compiles a (tiny) Qwen3-VL into emulated ``.rbln`` files that
 ``from_pretrained(dir, export=False)`` loads and ``generate`` runs on the CPU. ``deactivate()`` removes it
 again (optimum.rbln modules imported meanwhile stay bound to it). From the CLI: ``--emulate`` on compile,
 load-check and infer, or ``QVL_EMULATE_NPU=1``. ``activate()`` refuses (InputError) when a real ``rebel`` is
 importable. Tests: ``tests/test_emulator.py``; the negative control sets
-``qwenvl_rbln.emulator.rebel_api.state.share_static_buffers = False``.
+``qwenvl_rbln.backends.emulator.rebel_api.state.share_static_buffers = False``.
 
 What it proves and what it does not: optimum-rbln's own host logic (config resolution, wrapping, chunked
 prefill, page tables, decoder-batch graphs, the ViT bucket loop, save/load) and qvl's glue run for real.
@@ -64,7 +64,7 @@ def activate(flag_name: str = "--emulate") -> None:
             f"drop {flag_name} and unset {ENV} to use the NPU, or run the emulator in a virtualenv without "
             "rebel-compiler",
         )
-    from qwenvl_rbln.emulator import ops, rebel_api
+    from qwenvl_rbln.backends.emulator import ops, rebel_api
 
     sys.modules["rebel"] = rebel_api  # type: ignore[assignment]
     sys.modules["rebel.compile_context"] = rebel_api.compile_context

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from qwenvl_rbln.devices import OPTIMUM_SIZE_SPELLINGS, NpuSpec, optimum_size_text, parse_optimum_byte_size
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.modelinfo import ModelGeometry
+from qwenvl_rbln.planning.devices import OPTIMUM_SIZE_SPELLINGS, NpuSpec, optimum_size_text, parse_optimum_byte_size
+from qwenvl_rbln.planning.modelinfo import ModelGeometry
 
 # optimum-rbln 0.12 modeling_attention_utils.AttentionLimits
 ATTENTION_LIMITS = {

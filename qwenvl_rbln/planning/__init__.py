@@ -1,0 +1,1 @@
+"""Planning: presets, the validated plan, the resolved LM, model geometry and the NPU catalogue."""

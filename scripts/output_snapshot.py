@@ -1,0 +1,429 @@
+"""Capture every command's human and --json output, to prove a refactor changes no byte a user sees.
+
+    python scripts/output_snapshot.py capture /tmp/snap-before      # on the old code
+    python scripts/output_snapshot.py capture /tmp/snap-after       # on the new code
+    python scripts/output_snapshot.py diff /tmp/snap-before /tmp/snap-after
+
+Each run records stdout, stderr and the exit code. Both captures use one fixed workspace path, so the paths
+printed are the same; what legitimately changes from run to run (seconds, dates, hashes, pids, RSS, token
+rates) is masked before writing. Fake 2B artifacts (the real optimum-rbln 0.12 layout, no NPU) come from
+``tests/fakes_rbln.py``; the tiny model, the reference compile and the emulated compile are made by the code
+under test itself, so their output is compared too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKSPACE = Path("/tmp/qvl-output-snapshot")
+IMAGE = str(ROOT / "assets" / "demo.jpg")
+REBEL_PRESETS = ["rebel100-1npu", "rebel100-1npu-batch4", "rebel100-1npu-vit-buckets", "rebel100-2npu-batch4"]
+ALL_PRESETS = ["cpu-tiny", "cpu-tiny-rbln", *REBEL_PRESETS]
+
+MASKS = [
+    (re.compile(r"\b[0-9a-f]{64}\b"), "<sha256>"),
+    (re.compile(r"\b[0-9a-f]{12,40}\b"), "<hex>"),
+    (re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+"), "<logtime>"),
+    (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:?\d\d)?"), "<date>"),
+    (
+        re.compile(
+            r"(\"(?:[a-z_]*_s|seconds|[a-z_]*_ms|[a-z_]*per_s[a-z_]*|peak_rss[a-z_]*|pid|rss[a-z_]*)\": )"
+            r"-?[0-9.e+-]+"
+        ),
+        r"\1<n>",
+    ),
+    (re.compile(r"-?\d+(\.\d+)?\s?(ms|s|tok/s|tokens/s|it/s)\b"), "<t>"),
+    (re.compile(r"\bpid \d+"), "pid <n>"),
+    (re.compile(r"\[\d\d:\d\d(<[\d:?]+)?"), "[<clock>"),
+    (re.compile(r"\d+(\.\d+)? ?(MiB|GiB|MB|GB) (peak )?RSS"), "<rss>"),
+    (re.compile(r"(peak RSS|RSS)[: ]+\d+(\.\d+)? ?(MiB|GiB|MB|GB)"), r"\1 <rss>"),
+    (re.compile(r"/tmp/tmp[\w-]+"), "/tmp/<tmp>"),
+    (re.compile(r"\.qvl-tmp-[\w.-]+"), ".qvl-tmp-<x>"),
+]
+
+
+def mask(text: str) -> str:
+    for pattern, repl in MASKS:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def _first_module(*names: str):
+    """The first importable module of ``names`` (the harness runs on the old layout and the new one)."""
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError(f"none of {names}")
+
+
+def write_fixtures(ws: Path) -> None:
+    """Fake 2B artifacts per rebel100 preset, a short video, workloads and batch files."""
+    sys.path.insert(0, str(ROOT))
+    fakes = importlib.import_module("tests.fakes_rbln")
+    plan_mod = _first_module("qwenvl_rbln.planning.plan", "qwenvl_rbln.plan")
+    manifest = _first_module("qwenvl_rbln.artifacts.manifest", "qwenvl_rbln.artifacts")
+    for preset in REBEL_PRESETS:
+        plan = plan_mod.build_plan(preset)
+        root = fakes.write_artifact(ws / "fake" / preset, plan)
+        data = {"format": 1, "npu": plan.npu, "placement": plan.placement, "rbln_config": plan.rbln_config}
+        manifest.write_manifest(root, data)
+    fakes.write_sweep_video(ws / "clip.mp4", frames=20, fps=8)
+    (ws / "sizes.jsonl").write_text(
+        "\n".join(
+            json.dumps(x)
+            for x in (
+                {"width": 1920, "height": 1080, "count": 40},
+                {"width": 640, "height": 480, "count": 100},
+                {"width": 3840, "height": 2160, "count": 3},
+                {"width": 320, "height": 240, "images": 8},
+                {"width": 1280, "height": 720, "frames": 9000, "fps": 30},
+            )
+        )
+        + "\n"
+    )
+    (ws / "sizes.csv").write_text("width,height,count\n1920,1080,10\n800,600,30\n224,224,5\n")
+    (ws / "trace.txt").write_text("1\n3\n4\n2\n4\n1\n")
+    (ws / "bad.jsonl").write_text('{"width": 10}\nnot json\n')
+    (ws / "batch.jsonl").write_text(
+        json.dumps({"prompt": "one", "images": [IMAGE]}) + "\n" + json.dumps({"prompt": "two"}) + "\n"
+    )
+
+
+def runs(ws: Path) -> list[tuple[str, list[str]]]:
+    """(name, argv) for every run, in order; the first ones build the artifacts the later ones read."""
+    ref, emu, fake = str(ws / "ref"), str(ws / "emu"), ws / "fake"
+    out: list[tuple[str, list[str]]] = [
+        ("tiny-model", ["tiny-model", str(ws / "tiny")]),
+        ("tiny-model-reuse", ["tiny-model", str(ws / "tiny"), "--json"]),
+        ("compile-ref", ["compile", "--preset", "cpu-tiny", "--model", str(ws / "tiny"), "-o", ref]),
+        ("compile-ref-exists", ["compile", "--preset", "cpu-tiny", "--model", str(ws / "tiny"), "-o", ref, "--json"]),
+        ("compile-emu", ["compile", "--preset", "cpu-tiny-rbln", "--emulate", "--model", str(ws / "tiny"), "-o", emu]),
+        ("help", ["--help"]),
+        ("presets-list", ["presets", "list"]),
+        ("presets-list-json", ["presets", "list", "--json"]),
+        ("presets-show-missing", ["presets", "show", "nope"]),
+    ]
+    for cmd in ("compile", "load-check", "infer", "bucket-plan", "serve", "bench-serve", "compare", "tiny-model"):
+        out.append((f"help-{cmd}", [cmd, "--help"]))
+    for preset in ALL_PRESETS:
+        out += [
+            (f"show-{preset}", ["presets", "show", preset]),
+            (f"show-{preset}-json", ["presets", "show", preset, "--json"]),
+            (f"dry-{preset}", ["compile", "--preset", preset, "--dry-run"]),
+            (f"dry-{preset}-json", ["compile", "--preset", preset, "--dry-run", "--json"]),
+            (f"dry-{preset}-64g", ["compile", "--preset", preset, "--dry-run", "--device-memory", "64GiB"]),
+            (f"bp-{preset}-size", ["bucket-plan", "--preset", preset, "--size", "1920x1080", "--size", "640x480"]),
+            (f"bp-{preset}-size-json", ["bucket-plan", "--preset", preset, "--size", "1920x1080", "--json"]),
+            (f"bp-{preset}-workload", ["bucket-plan", "--preset", preset, "--workload", str(ws / "sizes.jsonl")]),
+        ]
+    out += [
+        ("dry-b4-262k", ["compile", "--preset", "rebel100-1npu-batch4", "--set", "max_seq_len=262144", "--dry-run"]),
+        (
+            "dry-b4-262k-json",
+            ["compile", "--preset", "rebel100-1npu-batch4", "--set", "max_seq_len=262144", "--dry-run", "--json"],
+        ),
+        ("dry-b4-180k", ["compile", "--preset", "rebel100-1npu-batch4", "--set", "max_seq_len=180224", "--dry-run"]),
+        (
+            "dry-b4-180k-ok",
+            [
+                "compile",
+                "--preset",
+                "rebel100-1npu-batch4",
+                "--set",
+                "max_seq_len=180224",
+                "--dry-run",
+                "--uncertain-ok",
+                "--json",
+            ],
+        ),
+        (
+            "dry-vit-set",
+            ["compile", "--preset", "rebel100-1npu", "--set", "visual.max_seq_len=[1024,16384]", "--dry-run", "--json"],
+        ),
+        ("dry-bad-key", ["compile", "--preset", "rebel100-1npu", "--set", "nope=1", "--dry-run"]),
+        ("dry-bad-key-json", ["compile", "--preset", "rebel100-1npu", "--set", "nope=1", "--dry-run", "--json"]),
+        ("dry-bad-value", ["compile", "--preset", "rebel100-1npu", "--set", "batch_size=-3", "--dry-run"]),
+        ("dry-bad-preset", ["compile", "--preset", "nope", "--dry-run"]),
+        (
+            "dry-8b-refused",
+            ["compile", "--preset", "rebel100-1npu", "--model", "Qwen/Qwen3-VL-8B-Instruct", "--dry-run"],
+        ),
+        ("dry-tiny-model", ["compile", "--preset", "cpu-tiny-rbln", "--model", str(ws / "tiny"), "--dry-run"]),
+        ("bp-image", ["bucket-plan", "--preset", "rebel100-1npu-vit-buckets", IMAGE, "--size", "1920x1080"]),
+        ("bp-video", ["bucket-plan", "--preset", "rebel100-1npu-vit-buckets", str(ws / "clip.mp4")]),
+        ("bp-video-json", ["bucket-plan", "--preset", "rebel100-1npu", str(ws / "clip.mp4"), IMAGE, "--json"]),
+        ("bp-csv", ["bucket-plan", "--preset", "rebel100-1npu", "--workload", str(ws / "sizes.csv")]),
+        (
+            "bp-optimize",
+            ["bucket-plan", "--preset", "rebel100-1npu", "--workload", str(ws / "sizes.jsonl"), "--optimize", "3"],
+        ),
+        (
+            "bp-optimize-json",
+            [
+                "bucket-plan",
+                "--preset",
+                "rebel100-1npu",
+                "--workload",
+                str(ws / "sizes.jsonl"),
+                "--optimize",
+                "2",
+                "--json",
+            ],
+        ),
+        (
+            "bp-optimize-nopack",
+            [
+                "bucket-plan",
+                "--preset",
+                "rebel100-1npu",
+                "--workload",
+                str(ws / "sizes.jsonl"),
+                "--optimize",
+                "3",
+                "--no-vit-packing",
+            ],
+        ),
+        (
+            "bp-max-bucket",
+            [
+                "bucket-plan",
+                "--preset",
+                "rebel100-1npu",
+                "--workload",
+                str(ws / "sizes.jsonl"),
+                "--optimize",
+                "3",
+                "--max-bucket",
+                "8192",
+            ],
+        ),
+        (
+            "bp-decoder",
+            [
+                "bucket-plan",
+                "--preset",
+                "rebel100-1npu-batch4",
+                "--batch-trace",
+                str(ws / "trace.txt"),
+                "--optimize-decoder",
+                "2",
+            ],
+        ),
+        (
+            "bp-decoder-json",
+            [
+                "bucket-plan",
+                "--preset",
+                "rebel100-1npu-batch4",
+                "--batch-trace",
+                str(ws / "trace.txt"),
+                "--optimize-decoder",
+                "2",
+                "--json",
+            ],
+        ),
+        (
+            "bp-decoder-over",
+            ["bucket-plan", "--preset", "rebel100-1npu", "--batch-trace", str(ws / "trace.txt"), "--json"],
+        ),
+        ("bp-rows", ["bucket-plan", "--preset", "rebel100-1npu", "--workload", str(ws / "sizes.jsonl"), "--rows", "2"]),
+        (
+            "bp-nopack-json",
+            [
+                "bucket-plan",
+                "--preset",
+                "rebel100-1npu",
+                "--workload",
+                str(ws / "sizes.jsonl"),
+                "--no-vit-packing",
+                "--json",
+            ],
+        ),
+        ("bp-missing-file", ["bucket-plan", "--preset", "rebel100-1npu", str(ws / "missing.jpg")]),
+        ("bp-missing-file-json", ["bucket-plan", "--preset", "rebel100-1npu", str(ws / "missing.jpg"), "--json"]),
+        ("bp-bad-workload", ["bucket-plan", "--preset", "rebel100-1npu", "--workload", str(ws / "bad.jsonl")]),
+        ("bp-bad-size", ["bucket-plan", "--preset", "rebel100-1npu", "--size", "19x"]),
+        (
+            "bp-nofit",
+            [
+                "bucket-plan",
+                "--preset",
+                "rebel100-1npu-batch4",
+                "--set",
+                "max_seq_len=262144",
+                "--size",
+                "1920x1080",
+                "--json",
+            ],
+        ),
+        ("bp-dry-run", ["bucket-plan", "--preset", "rebel100-1npu", "--size", "1920x1080", "--dry-run"]),
+        ("lc-ref", ["load-check", ref]),
+        ("lc-ref-json", ["load-check", ref, "--json"]),
+        ("lc-ref-noruntime", ["load-check", ref, "--no-runtime", "--device-memory", "1MiB"]),
+        ("lc-emu", ["load-check", emu, "--emulate"]),
+        ("lc-emu-json", ["load-check", emu, "--emulate", "--json"]),
+        ("lc-emu-noemulate", ["load-check", emu, "--no-runtime"]),
+        ("lc-default", ["load-check", "--no-runtime"]),
+        ("lc-missing", ["load-check", str(ws / "missing-dir")]),
+        ("serve-ref", ["serve", ref, "--dry-run"]),
+        ("serve-emu", ["serve", emu, "--dry-run", "--json"]),
+        (
+            "infer-ref-2img",
+            ["infer", ref, "--image", IMAGE, "--image", IMAGE, "--prompt", "Compare.", "--max-new-tokens", "6"],
+        ),
+        (
+            "infer-ref-json",
+            ["infer", ref, "--image", IMAGE, "--prompt", "Describe.", "--max-new-tokens", "6", "--json"],
+        ),
+        (
+            "infer-ref-video",
+            ["infer", ref, "--video", str(ws / "clip.mp4"), "--prompt", "What?", "--max-new-tokens", "4", "--json"],
+        ),
+        ("infer-ref-text", ["infer", ref, "--prompt", "Hello", "--max-new-tokens", "4"]),
+        ("infer-ref-batch", ["infer", ref, "--batch-file", str(ws / "batch.jsonl"), "--max-new-tokens", "3"]),
+        ("infer-ref-disagree", ["infer", ref, "--set", "batch_size=4", "--prompt", "x", "--max-new-tokens", "2"]),
+        ("infer-ref-missing-image", ["infer", ref, "--image", str(ws / "missing.jpg"), "--prompt", "x"]),
+        (
+            "infer-emu",
+            [
+                "infer",
+                emu,
+                "--emulate",
+                "--image",
+                IMAGE,
+                "--image",
+                IMAGE,
+                "--prompt",
+                "Compare.",
+                "--max-new-tokens",
+                "6",
+            ],
+        ),
+        (
+            "infer-emu-json",
+            ["infer", emu, "--emulate", "--image", IMAGE, "--prompt", "Describe.", "--max-new-tokens", "6", "--json"],
+        ),
+        (
+            "infer-emu-nopack",
+            [
+                "infer",
+                emu,
+                "--emulate",
+                "--no-vit-packing",
+                "--image",
+                IMAGE,
+                "--image",
+                IMAGE,
+                "--prompt",
+                "Compare.",
+                "--max-new-tokens",
+                "4",
+            ],
+        ),
+        ("infer-emu-no-emulate", ["infer", emu, "--image", IMAGE, "--prompt", "x", "--max-new-tokens", "2"]),
+    ]
+    for preset in REBEL_PRESETS:
+        d = str(fake / preset)
+        out += [
+            (f"lc-fake-{preset}", ["load-check", d, "--no-runtime"]),
+            (f"lc-fake-{preset}-json", ["load-check", d, "--no-runtime", "--json"]),
+            (f"lc-fake-{preset}-runtime", ["load-check", d]),
+            (f"lc-fake-{preset}-dev", ["load-check", d, "--no-runtime", "--device", "1", "--device-memory", "32GiB"]),
+            (f"serve-fake-{preset}", ["serve", d, "--dry-run"]),
+            (f"serve-fake-{preset}-json", ["serve", d, "--dry-run", "--json", "--device", "2"]),
+            (f"bench-fake-{preset}", ["bench-serve", d, "--dry-run", "--num-prompts", "10"]),
+            (f"infer-fake-{preset}", ["infer", d, "--image", IMAGE, "--prompt", "x", "--max-new-tokens", "2"]),
+        ]
+    return out
+
+
+def _env(ws: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QVL_", "HF_", "COLUMNS", "LINES"))}
+    env.update(
+        HOME=str(ws / "home"),
+        QVL_HOME=str(ws / "qvl-home"),
+        HF_HOME=str(ws / "hf"),
+        HF_HUB_OFFLINE="1",
+        COLUMNS="120",
+        TERM="dumb",
+        PYTHONHASHSEED="0",
+    )
+    env.pop("NO_COLOR", None)
+    return env
+
+
+def capture(dest: Path) -> None:
+    if WORKSPACE.exists():
+        shutil.rmtree(WORKSPACE)
+    (WORKSPACE / "home").mkdir(parents=True)
+    write_fixtures(WORKSPACE)
+    dest.mkdir(parents=True, exist_ok=True)
+    qvl = str(Path(sys.executable).with_name("qvl"))
+    env = _env(WORKSPACE)
+    all_runs = runs(WORKSPACE)
+    for name, argv in all_runs:
+        proc = subprocess.run([qvl, *argv], cwd=WORKSPACE, env=env, capture_output=True, text=True, timeout=600)
+        text = f"$ qvl {' '.join(argv)}\nexit {proc.returncode}\n--- stdout\n{proc.stdout}--- stderr\n{proc.stderr}"
+        (dest / f"{name}.txt").write_text(mask(text))
+        if name in ("infer-ref-json", "infer-emu-json"):
+            (WORKSPACE / f"{name}.json").write_text(proc.stdout)  # compared below, unmasked
+    compare_runs = [
+        ("compare", ["compare", str(WORKSPACE / "infer-emu-json.json"), str(WORKSPACE / "infer-ref-json.json")]),
+        (
+            "compare-json",
+            ["compare", str(WORKSPACE / "infer-emu-json.json"), str(WORKSPACE / "infer-ref-json.json"), "--json"],
+        ),
+    ]
+    for name, argv in compare_runs:
+        proc = subprocess.run([qvl, *argv], cwd=WORKSPACE, env=env, capture_output=True, text=True, timeout=600)
+        text = f"$ qvl {' '.join(argv)}\nexit {proc.returncode}\n--- stdout\n{proc.stdout}--- stderr\n{proc.stderr}"
+        (dest / f"{name}.txt").write_text(mask(text))
+    print(f"{len(all_runs) + len(compare_runs)} runs captured in {dest}")
+
+
+def _normalised(text: str) -> str:
+    """Whitespace runs as one space: masking a number of another width moves where rich wraps a line."""
+    return " ".join(text.split())
+
+
+def diff(a: Path, b: Path) -> int:
+    names = sorted({p.name for p in a.glob("*.txt")} | {p.name for p in b.glob("*.txt")})
+    missing = [n for n in names if not (a / n).is_file() or not (b / n).is_file()]
+    exact = [n for n in names if n not in missing and (a / n).read_bytes() != (b / n).read_bytes()]
+    differ = [n for n in exact if _normalised((a / n).read_text()) != _normalised((b / n).read_text())]
+    for name in missing:
+        print(f"missing on one side: {name}")
+    for name in differ:
+        print(f"differs: {name}")
+    wrapped = len(exact) - len(differ)
+    print(f"{len(missing) + len(differ)} of {len(names)} differ ({wrapped} more differ only in where whitespace falls)")
+    return 1 if missing or differ else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("capture").add_argument("dest", type=Path)
+    d = sub.add_parser("diff")
+    d.add_argument("a", type=Path)
+    d.add_argument("b", type=Path)
+    args = parser.parse_args()
+    if args.cmd == "capture":
+        capture(args.dest)
+        return 0
+    return diff(args.a, args.b)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
