@@ -1,10 +1,13 @@
 """The layering rules a reader relies on, checked from the source (no import runs).
 
+- The package is grouped by concern: at most 8 modules at its root, every other module in a subpackage, and
+  the subpackages in one declared order (``LAYERS``): a module imports only from its own layer or one declared
+  before it, never up the list.
+- No file over 600 lines, no function over 120: each can be read in one sitting.
 - No import cycle inside ``qwenvl_rbln``; an import inside a function counts, because it binds the two
   modules just the same and makes the order they can be changed in a puzzle.
 - Command modules hold options, one core call and rendering: at most 300 lines, and no core module
-  imports one.
-- No function over 120 lines.
+  imports one; only views, commands and the CLI wiring touch a terminal.
 """
 
 from __future__ import annotations
@@ -17,6 +20,25 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "qwenvl_rbln"
 MAX_FUNCTION_LINES = 120
 MAX_COMMAND_FILE_LINES = 300
+MAX_FILE_LINES = 600
+MAX_ROOT_MODULES = 8  # besides __init__ and __main__
+
+# The one declared order, lowest first: a module may import from its own layer or an earlier one, never a later.
+# The README's "Where things live" lists the packages in this order.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("qwenvl_rbln", "qwenvl_rbln.errors", "qwenvl_rbln.paths", "qwenvl_rbln.units"),
+    ("qwenvl_rbln.planning",),
+    ("qwenvl_rbln.artifacts",),
+    ("qwenvl_rbln.memory",),
+    ("qwenvl_rbln.vision",),
+    ("qwenvl_rbln.backends",),
+    ("qwenvl_rbln.inference",),
+    ("qwenvl_rbln.jobs",),
+    ("qwenvl_rbln.serving",),
+    ("qwenvl_rbln.views",),
+    ("qwenvl_rbln.commands",),
+    ("qwenvl_rbln.cli", "qwenvl_rbln.entry", "qwenvl_rbln.__main__"),
+)
 
 
 def module_files(package: Path) -> dict[str, Path]:
@@ -148,6 +170,63 @@ def test_the_cycle_scan_sees_function_level_and_relative_imports(tmp_path):
     ]
 
 
+def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = LAYERS) -> int | None:
+    """The index of the declared layer holding ``module`` (a layer entry names a module or a whole package)."""
+    root = layers[0][0]
+    for index, members in enumerate(layers):
+        for member in members:
+            if module == member or (member != root and module.startswith(member + ".")):
+                return index
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...] = LAYERS) -> list[str]:
+    """Every import that runs up the declared order, as 'importer (layer) -> imported (layer)'."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            here, there = layer_of(module, layers), layer_of(target, layers)
+            if here is not None and there is not None and there > here:
+                found.append(f"{module} ({layers[here][0]}) -> {target} ({layers[there][0]})")
+    return found
+
+
+def test_every_module_sits_in_a_declared_layer():
+    unplaced = sorted(m for m in import_graph(PACKAGE) if layer_of(m) is None)
+    assert not unplaced, f"add these to LAYERS (or move them into a package that is there): {unplaced}"
+
+
+def test_no_import_runs_up_the_declared_layers():
+    found = upward_imports(import_graph(PACKAGE))
+    assert not found, "imports up the layer order: " + "; ".join(found)
+
+
+def test_the_layer_check_finds_an_upward_import():
+    layers = (("pkg", "pkg.base"), ("pkg.low",), ("pkg.high",))
+    graph = {
+        "pkg.base": set(),
+        "pkg.low.a": {"pkg.base", "pkg.low.b"},  # down and sideways: fine
+        "pkg.low.b": {"pkg.high.c"},  # up: found
+        "pkg.high.c": {"pkg.low.a", "pkg"},
+    }
+    assert upward_imports(graph, layers) == ["pkg.low.b (pkg.low) -> pkg.high.c (pkg.high)"]
+    assert layer_of("pkg.lower.x", layers) is None  # a prefix match needs the dot
+
+
+def test_the_package_root_stays_small():
+    root = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in {"__init__.py", "__main__.py"})
+    assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules at the package root: {root}; move some into a package"
+
+
+def test_no_file_is_too_long_to_read_in_one_sitting():
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > MAX_FILE_LINES:
+            too_long.append(f"{path.relative_to(PACKAGE.parent)} ({lines} lines)")
+    assert not too_long, f"split by concern (<= {MAX_FILE_LINES} lines): " + ", ".join(too_long)
+
+
 def test_core_modules_never_import_a_command_module():
     graph = import_graph(PACKAGE)
     offenders = {
@@ -179,7 +258,7 @@ def _external_imports(path: Path) -> set[str]:
 
 
 def test_the_core_never_imports_a_terminal():
-    """Only commands, views (*_view.py), render and the CLI wiring may touch rich/typer or the renderer:
+    """Only commands, views (render and every rich view) and the CLI wiring may touch rich/typer or the renderer:
     a core function returns data, so a script, a test or vLLM's plugin can call it without a console."""
     graph = import_graph(PACKAGE)
     files = module_files(PACKAGE)
@@ -211,18 +290,28 @@ def test_no_function_is_too_long_to_hold_in_one_head():
     assert not too_long, "split into named steps: " + ", ".join(too_long)
 
 
-def test_the_readme_layout_names_every_top_level_module():
-    """The developer section's map of the package must not fall behind the package (views go by *_view.py)."""
+def _readme_layout() -> str:
     readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
     layout = readme[readme.index("Where things live") :]
-    layout = layout[: layout.index("```", layout.index("```") + 3)]
+    return layout[: layout.index("```", layout.index("```") + 3)]
+
+
+def test_the_readme_layout_names_every_root_module_and_package():
+    """The developer section's map of the package must not fall behind the package."""
+    layout = _readme_layout()
     unnamed = [
         path.name
         for path in sorted(PACKAGE.glob("*.py"))
-        if path.name not in {"__init__.py", "__main__.py"}
-        and not path.name.endswith("_view.py")
-        and path.name not in layout
+        if path.name not in {"__init__.py", "__main__.py"} and path.name not in layout
     ]
     subpackages = [p.name for p in sorted(PACKAGE.iterdir()) if (p / "__init__.py").is_file()]
     unnamed += [f"{name}/" for name in subpackages if f"{name}/" not in layout]
     assert not unnamed, f"README 'Where things live' does not name: {unnamed}"
+
+
+def test_the_readme_layout_lists_the_packages_in_the_declared_order():
+    layout = _readme_layout()
+    names = [member.partition(".")[2] for members in LAYERS for member in members]
+    packages = [f"{name}/" for name in names if name and (PACKAGE / name).is_dir()]
+    positions = [layout.index("\n" + name) for name in packages]
+    assert positions == sorted(positions), f"README lists the packages out of LAYERS order: {packages}"
