@@ -1,7 +1,10 @@
-"""Wall time of `qvl --help` and `qvl compile --dry-run` next to `python -c "import torch"`.
+"""Wall time of `qvl --help` and `qvl compile --dry-run` next to a bare `python -c "import typer, rich, yaml"`
+and `python -c "import torch"`.
 
 Why: qvl's planning commands must answer in well under a second, which only holds while they never
-import torch/transformers/optimum. Median of N runs, each a fresh process.
+import torch/transformers/optimum, and a dry run imports only the modules it uses. The ratio to the bare
+import of the CLI's own libraries (measured in the same run, so a slower machine moves both) is what a change
+inside qvl can move. Median of N runs, each a fresh process.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import sys
 import time
 
 RUNS = 7
+BARE = 'python -c "import typer, rich, yaml"'
 CASES = {
+    BARE: [sys.executable, "-c", "import typer, rich, yaml"],
     "qvl --help": [sys.executable, "-m", "qwenvl_rbln", "--help"],
     "qvl compile --dry-run --json": [sys.executable, "-m", "qwenvl_rbln", "compile", "--dry-run", "--json"],
     "qvl bucket-plan --size 1920x1080": [sys.executable, "-m", "qwenvl_rbln", "bucket-plan", "--size", "1920x1080"],
@@ -33,7 +38,8 @@ def median_wall(cmd: list[str]) -> float:
 
 def main() -> None:
     results = {name: round(median_wall(cmd), 3) for name, cmd in CASES.items()}
-    print(json.dumps({"runs_each": RUNS, "median_wall_s": results}, indent=2))
+    ratios = {name: round(wall / results[BARE], 2) for name, wall in results.items() if name != BARE}
+    print(json.dumps({"runs_each": RUNS, "median_wall_s": results, "ratio_to_bare_cli_imports": ratios}, indent=2))
 
 
 if __name__ == "__main__":

@@ -51,7 +51,15 @@ MASKS = [
 ]
 
 
+def _code_roots() -> list[str]:
+    """The checkout under test (first PYTHONPATH entry, e.g. a worktree of the old commit) and this one."""
+    first = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0]
+    return sorted({str(ROOT), *([str(Path(first).resolve())] if first else [])}, key=len, reverse=True)
+
+
 def mask(text: str) -> str:
+    for root in _code_roots():
+        text = text.replace(root, "<repo>")
     for pattern, repl in MASKS:
         text = pattern.sub(repl, text)
     return text
