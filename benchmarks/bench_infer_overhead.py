@@ -124,7 +124,7 @@ def main() -> None:
     from qwenvl_rbln.inference.requests import from_flags, validate_requests
     from qwenvl_rbln.inference.runner import InferOptions, run_infer
     from qwenvl_rbln.jobs.compile_job import run_compile
-    from qwenvl_rbln.memory import estimate_plan
+    from qwenvl_rbln.memory.planner import estimate_plan
     from qwenvl_rbln.planning.plan import build_plan
 
     tmp = Path(tempfile.mkdtemp(prefix="qvl-bench-"))

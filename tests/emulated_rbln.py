@@ -51,7 +51,7 @@ def compile_emulated(
 ) -> Path:
     """``qvl compile --preset PRESET --set ... -o OUT --emulate`` in-process, through the default compile cache."""
     from qwenvl_rbln.jobs.compile_job import run_compile
-    from qwenvl_rbln.memory import estimate_plan
+    from qwenvl_rbln.memory.planner import estimate_plan
     from qwenvl_rbln.planning.plan import build_plan
 
     with emulator_on():

@@ -67,7 +67,7 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _compile(out: Path, sets: list[str]) -> Path:
     from qwenvl_rbln.backends.rbln import use_emulator
     from qwenvl_rbln.jobs.compile_job import run_compile
-    from qwenvl_rbln.memory import estimate_plan
+    from qwenvl_rbln.memory.planner import estimate_plan
     from qwenvl_rbln.planning.plan import build_plan
 
     assert use_emulator(True)

@@ -719,7 +719,7 @@ def test_load_check_on_hostile_artifact_json_is_a_report_or_a_clean_error(pristi
 def pristine(tmp_path_factory):
     """A torch artifact and an rbln one (the fake's real layout) for the test above; each example restores."""
     from qwenvl_rbln.jobs.compile_job import run_compile
-    from qwenvl_rbln.memory import estimate_plan
+    from qwenvl_rbln.memory.planner import estimate_plan
     from tests.fakes_rbln import write_artifact
 
     root = tmp_path_factory.mktemp("pristine")

@@ -53,7 +53,7 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def artifact(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`qvl compile --preset cpu-tiny` (batch_size 2, decoder graphs [2, 1], buckets 256/1024/4096)."""
     from qwenvl_rbln.jobs.compile_job import run_compile
-    from qwenvl_rbln.memory import estimate_plan
+    from qwenvl_rbln.memory.planner import estimate_plan
     from qwenvl_rbln.planning.plan import build_plan
 
     out = tmp_path_factory.mktemp("art") / "cpu-tiny"

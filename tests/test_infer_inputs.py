@@ -39,7 +39,7 @@ def tiny() -> Path:
 def artifact(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`qvl compile --preset cpu-tiny` (max_seq_len 4096)."""
     from qwenvl_rbln.jobs.compile_job import run_compile
-    from qwenvl_rbln.memory import estimate_plan
+    from qwenvl_rbln.memory.planner import estimate_plan
     from qwenvl_rbln.planning.plan import build_plan
 
     plan = build_plan("cpu-tiny", output_dir=str(tmp_path_factory.mktemp("art") / "cpu-tiny"))

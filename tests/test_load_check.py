@@ -206,7 +206,8 @@ def test_not_an_artifact_and_default_dir_from_preset(tmp_path, capsys, monkeypat
 
 def test_calibrate_records_exact_workspaces_that_later_estimates_use(tmp_path, monkeypatch, capsys):
     # fakes: only a real rebel's allocation figures are recorded; the emulator's sizes never are (test_emulator.py)
-    from qwenvl_rbln.memory import calibration, estimate_plan
+    from qwenvl_rbln.memory import calibration
+    from qwenvl_rbln.memory.planner import estimate_plan
 
     monkeypatch.setenv("QVL_HOME", str(tmp_path / "home"))
     plan, root = _artifact(tmp_path, "rebel100-2npu-batch4")

@@ -10,9 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from qwenvl_rbln import memory as m
 from qwenvl_rbln.errors import DoesNotFit, InputError
 from qwenvl_rbln.memory import calibration as cal
+from qwenvl_rbln.memory.kv import kv_block_bytes_per_tensor, kv_bytes, kv_tensor_bytes, kv_tensor_count
+from qwenvl_rbln.memory.params import lm_params, vision_params
+from qwenvl_rbln.memory.planner import estimate, estimate_plan
+from qwenvl_rbln.memory.report import SOURCE_OVERRIDE, SOURCE_SPEC
+from qwenvl_rbln.memory.verdicts import ensure_fits, fit_hint
+from qwenvl_rbln.memory.workspaces import estimate_for_bucket
 from qwenvl_rbln.planning.devices import GiB, MiB, npu_spec
 from qwenvl_rbln.planning.modelinfo import QWEN3_VL_2B, QWEN3_VL_8B, QWEN3_VL_TINY
 from qwenvl_rbln.planning.plan import build_plan
@@ -23,7 +28,7 @@ NO_CAL: dict = {}
 def est(preset: str, sets: list[str] | None = None, **kw):
     plan = build_plan(preset, sets or [])
     kw.setdefault("calibration", NO_CAL)
-    return plan, m.estimate_plan(plan, **kw)
+    return plan, estimate_plan(plan, **kw)
 
 
 def item(report, device: int, name: str):
@@ -34,7 +39,7 @@ def item(report, device: int, name: str):
 
 
 def test_lm_params_qwen3_vl_2b():
-    p = m.lm_params(QWEN3_VL_2B.text)
+    p = lm_params(QWEN3_VL_2B.text)
     assert p["layers"] + p["norm"] == 1_409_410_048
     assert p["lm_head"] == 311_164_928
     assert p["device"] == 1_720_574_976
@@ -42,7 +47,7 @@ def test_lm_params_qwen3_vl_2b():
 
 
 def test_vision_params_qwen3_vl_2b():
-    p = m.vision_params(QWEN3_VL_2B.vision)
+    p = vision_params(QWEN3_VL_2B.vision)
     assert p["blocks"] == 302_309_376
     assert p["merger"] == 25_174_016
     assert p["deepstack_mergers"] == 75_540_480
@@ -100,7 +105,7 @@ def test_param_formulas_match_transformers_modules(geometry):
         return sum(p.numel() for p in mod.parameters())
 
     vis, lm = model.model.visual, model.model.language_model
-    vp, lp = m.vision_params(v), m.lm_params(t)
+    vp, lp = vision_params(v), lm_params(t)
     assert count(vis.blocks) == vp["blocks"]
     assert count(vis.merger) == vp["merger"]
     assert count(vis.deepstack_merger_list) == vp["deepstack_mergers"]
@@ -121,16 +126,16 @@ def test_param_formulas_match_transformers_modules(geometry):
 )
 def test_kv_bytes_full_blocks(max_seq_len, batch, blocks, gib):
     assert (max_seq_len // 8192) * batch == blocks
-    assert m.kv_bytes(QWEN3_VL_2B, 8192, blocks) == gib * GiB
-    assert m.kv_block_bytes_per_tensor(QWEN3_VL_2B, 8192) == 16 * MiB
-    assert m.kv_tensor_count(QWEN3_VL_2B) == 56
+    assert kv_bytes(QWEN3_VL_2B, 8192, blocks) == gib * GiB
+    assert kv_block_bytes_per_tensor(QWEN3_VL_2B, 8192) == 16 * MiB
+    assert kv_tensor_count(QWEN3_VL_2B) == 56
 
 
 def test_kv_tensors_aligned_to_2mib():
     # tiny model: 2 kv heads x 1024 x 16 x 2 B = 64 KiB per block -> each tensor rounds up to 2 MiB
-    assert m.kv_tensor_bytes(QWEN3_VL_TINY, 1024, 3, 2) == 2 * MiB
-    assert m.kv_tensor_bytes(QWEN3_VL_TINY, 1024, 33, 2) == 4 * MiB
-    assert m.kv_bytes(QWEN3_VL_TINY, 1024, 3, 2) == 6 * 2 * MiB
+    assert kv_tensor_bytes(QWEN3_VL_TINY, 1024, 3, 2) == 2 * MiB
+    assert kv_tensor_bytes(QWEN3_VL_TINY, 1024, 33, 2) == 4 * MiB
+    assert kv_bytes(QWEN3_VL_TINY, 1024, 3, 2) == 6 * 2 * MiB
 
 
 def test_kv_item_in_plan():
@@ -301,10 +306,10 @@ def test_eager_blocks_equal_batch():
 
 def test_device_memory_override_flips_verdict():
     _, r = est("rebel100-1npu-batch4")
-    assert r.fits and r.usable_source == m.SOURCE_SPEC
+    assert r.fits and r.usable_source == SOURCE_SPEC
     _, r = est("rebel100-1npu-batch4", device_memory="40GiB")
     assert not r.fits
-    assert r.usable_bytes == 40 * GiB and r.usable_source == m.SOURCE_OVERRIDE
+    assert r.usable_bytes == 40 * GiB and r.usable_source == SOURCE_OVERRIDE
     assert r.to_dict()["usable_source"] == "--device-memory"
 
 
@@ -321,7 +326,7 @@ def test_device_memory_override_lm_alone_auto_kv_note():
 def test_device_memory_invalid(bad):
     plan = build_plan("rebel100-1npu")
     with pytest.raises(InputError) as exc:
-        m.estimate_plan(plan, device_memory=bad, calibration=NO_CAL)
+        estimate_plan(plan, device_memory=bad, calibration=NO_CAL)
     assert "--device-memory" in exc.value.one_line()
 
 
@@ -330,7 +335,7 @@ def test_device_memory_invalid(bad):
 
 @pytest.mark.parametrize(("bucket", "lo", "hi"), [(16384, 25.0, 25.6), (3136, 0.9, 1.0), (1024, 0.09, 0.13)])
 def test_visual_workspace_per_bucket(bucket, lo, hi):
-    r = m.estimate_for_bucket(QWEN3_VL_2B, bucket)
+    r = estimate_for_bucket(QWEN3_VL_2B, bucket)
     assert r["attention_bytes"] == 100 * bucket * bucket  # 16 heads x (4 + 2) + 2 x 2
     assert lo * GiB <= r["workspace_bytes"] <= hi * GiB
     assert r["exact"] is False and r["calibrated"] is False
@@ -373,17 +378,17 @@ def test_calibration_overrides_modelled_numbers(tmp_path):
         path=path,
     )
     data = cal.load_calibration(path)
-    r = m.estimate_plan(plan, calibration=data)
+    r = estimate_plan(plan, calibration=data)
     vws = item(r, 0, "visual.workspace")
     assert vws.bytes == 3 * GiB and vws.calibrated
     lws = item(r, 0, "lm.workspace")
     assert lws.bytes == 210 * MiB and lws.calibrated
     assert r.to_dict()["devices"][0]["items"][4]["calibrated"] is True
     # bucket-plan sees the same number
-    assert m.estimate_for_bucket(plan.geometry, 16384, calibration=data, npu="RBLN-CR13")["workspace_bytes"] == 3 * GiB
+    assert estimate_for_bucket(plan.geometry, 16384, calibration=data, npu="RBLN-CR13")["workspace_bytes"] == 3 * GiB
     # another NPU is not calibrated
     assert not item(
-        m.estimate_plan(build_plan("rebel100-1npu", ["npu=RBLN-CA25"]), calibration=data), 0, "visual.workspace"
+        estimate_plan(build_plan("rebel100-1npu", ["npu=RBLN-CA25"]), calibration=data), 0, "visual.workspace"
     ).calibrated
     assert not list(tmp_path.glob(".calibration-*"))  # atomic write left no temp file
 
@@ -393,8 +398,8 @@ def test_calibration_default_path_and_estimate_reads_it(tmp_path, monkeypatch):
     assert cal.default_calibration_path() == tmp_path / "calibration.json"
     assert cal.load_calibration() == cal.empty_calibration()
     plan = build_plan("rebel100-1npu")
-    cal.record({"visual/bucket16384": 1 * GiB}, model=m.model_key(plan.geometry), npu="RBLN-CR13")
-    r = m.estimate_plan(plan)  # calibration None -> the default file
+    cal.record({"visual/bucket16384": 1 * GiB}, model=cal.model_key(plan.geometry), npu="RBLN-CR13")
+    r = estimate_plan(plan)  # calibration None -> the default file
     assert item(r, 0, "visual.workspace").bytes == 1 * GiB
 
 
@@ -447,7 +452,7 @@ def test_json_shape():
 def test_estimate_without_plan():
     """load-check path: geometry + ResolvedLM + spec + placement from a compiled artifact, no preset."""
     plan = build_plan("rebel100-1npu-batch4", ["max_seq_len=262144"])
-    r = m.estimate(
+    r = estimate(
         plan.geometry,
         plan.resolved,
         npu_spec("RBLN-CR13"),
@@ -456,7 +461,7 @@ def test_estimate_without_plan():
         dtype_bytes=2,
     )
     assert r.fits and [d.device for d in r.devices] == [0, 1]
-    r = m.estimate(
+    r = estimate(
         plan.geometry,
         replace(plan.resolved),
         npu_spec("RBLN-CR13"),
@@ -469,14 +474,14 @@ def test_estimate_without_plan():
 def test_ensure_fits_gate():
     _, bad = est("rebel100-1npu-batch4", ["max_seq_len=262144"])
     with pytest.raises(DoesNotFit) as exc:
-        m.ensure_fits(bad)
+        ensure_fits(bad)
     assert exc.value.exit_code == 4
     assert "--set max_seq_len=163840" in exc.value.one_line() and "--force" in exc.value.one_line()
-    m.ensure_fits(bad, force=True)
-    m.ensure_fits(bad.to_dict(), force=True)
+    ensure_fits(bad, force=True)
+    ensure_fits(bad.to_dict(), force=True)
     _, good = est("rebel100-1npu")
-    m.ensure_fits(good)
-    m.ensure_fits(good.to_dict())
+    ensure_fits(good)
+    ensure_fits(good.to_dict())
 
 
 def test_memory_modules_stay_pure_python():
@@ -580,16 +585,16 @@ def test_when_no_single_change_fits_a_combined_one_is_offered_and_fits():
     assert [x.split("=")[0] for x in sug["set"]] == ["max_seq_len", "visual.max_seq_len"]
     _, applied = est("rebel100-1npu", sets + sug["set"])
     assert applied.fits
-    assert m.fit_hint(r.to_dict()).startswith("try --set max_seq_len=")
+    assert fit_hint(r.to_dict()).startswith("try --set max_seq_len=")
 
 
 def test_the_hint_says_so_when_nothing_the_planner_tries_fits():
     _, r = est("rebel100-1npu", device_memory="2GiB")  # not even the weights
     assert not r.fits and r.suggestions == []
-    hint = m.fit_hint(r.to_dict())
+    hint = fit_hint(r.to_dict())
     assert "no single change" in hint and "suggestions printed above" not in hint
-    with pytest.raises(m.DoesNotFit) as info:
-        m.ensure_fits(r)
+    with pytest.raises(DoesNotFit) as info:
+        ensure_fits(r)
     assert "no single change" in info.value.one_line()
 
 

@@ -264,7 +264,7 @@ def test_device_map_is_refused_even_with_valid_ids():
 
 
 def test_int_device_with_num_devices_expands_to_consecutive_ids():
-    from qwenvl_rbln.memory import estimate_plan
+    from qwenvl_rbln.memory.planner import estimate_plan
 
     plan = build_plan("rebel100-1npu", ["num_devices=2", "placement.device=2", "placement.visual_device=null"])
     assert plan.placement == {"device": [2, 3], "visual_device": 2}

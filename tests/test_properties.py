@@ -538,7 +538,7 @@ _BASE = {name: load_preset(name).data for name in list_preset_files()}
 @_props(250)
 @given(base=st.sampled_from(sorted(_BASE)), muts=mutations)
 def test_rbln_config_mutations_give_a_plan_or_an_input_error(base, muts):
-    from qwenvl_rbln.memory import estimate_plan
+    from qwenvl_rbln.memory.planner import estimate_plan
 
     data = _mutated(_BASE[base], muts)
     loaded = LoadedPreset(name="fuzz", path=Path("fuzz.yaml"), data=data, sources={})

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from qwenvl_rbln import memory as m
 from qwenvl_rbln.cli import app
 from qwenvl_rbln.errors import DoesNotFit, InputError
+from qwenvl_rbln.memory.kv import align_up, kv_tensor_bytes
+from qwenvl_rbln.memory.params import lm_params
+from qwenvl_rbln.memory.planner import estimate_plan
 from qwenvl_rbln.planning.devices import GiB, MiB, parse_optimum_byte_size
 from qwenvl_rbln.planning.plan import build_plan
 from qwenvl_rbln.views import render
@@ -47,7 +49,7 @@ CFG_32B = {
 
 def est(preset: str, sets: list[str] | None = None, **kw):
     plan = build_plan(preset, sets or [], model=kw.pop("model", None))
-    return m.estimate_plan(plan, calibration=NO_CAL, **kw)
+    return estimate_plan(plan, calibration=NO_CAL, **kw)
 
 
 def item(report, name: str, device: int = 0):
@@ -92,7 +94,7 @@ def test_a_preset_model_key_without_config_names_the_key(tmp_path: Path):
 def test_dense_32b_from_its_config_json_is_planned_with_its_own_numbers(tmp_path: Path):
     (tmp_path / "config.json").write_text(json.dumps(CFG_32B))
     r = est("rebel100-1npu", model=str(tmp_path))
-    lp = m.lm_params(build_plan("rebel100-1npu", model=str(tmp_path)).geometry.text)
+    lp = lm_params(build_plan("rebel100-1npu", model=str(tmp_path)).geometry.text)
     weights = item(r, "lm.weights")
     assert weights.bytes == lp["device"] * 2 and weights.exact and weights.bytes > 55 * GiB
     assert item(r, "lm.kv_cache").bytes == 64 * GiB  # 2 x 64 layers x 8 kv heads x 128 x 2 B x 262144
@@ -160,11 +162,11 @@ def test_fp8_kv_block_count_follows_optimum_rbln_search():
     per_chiplet = 35 * GiB - -(-nonkv // 4)
 
     def fits(n: int) -> bool:
-        return 14 * m.align_up(n * 8 * MiB) <= per_chiplet
+        return 14 * align_up(n * 8 * MiB) <= per_chiplet
 
     n = r.kv["num_blocks"]
     assert r.kv["outcome"] == "partial" and fits(n) and not fits(n + 1)
-    assert item(r, "lm.kv_cache").bytes == 56 * m.align_up(n * 8 * MiB)
+    assert item(r, "lm.kv_cache").bytes == 56 * align_up(n * 8 * MiB)
 
 
 # --- 3. memory_budget ------------------------------------------------------------------------------
@@ -220,7 +222,7 @@ def test_use_attention_mask_counts_the_prefill_mask_input():
 def test_the_vit_score_buffer_is_placed_whole_on_one_chiplet():
     r = est("rebel100-1npu")
     chip = r.device(0).chiplets
-    kv_share = 14 * m.kv_tensor_bytes(build_plan("rebel100-1npu").geometry, 8192, 32)
+    kv_share = 14 * kv_tensor_bytes(build_plan("rebel100-1npu").geometry, 8192, 32)
     assert chip["fullest_bytes"] >= kv_share + 16 * GiB  # the 16 x 16384^2 fp32 scores are one tensor
     even = (r.device(0).total_bytes + 3) // 4
     assert chip["fullest_bytes"] > even
@@ -348,7 +350,7 @@ def test_every_shipped_preset_description_is_true_under_the_planner():
 
     for name in sorted(list_preset_files()):  # every shipped preset loads in the planner's eyes
         plan = build_plan(name)
-        assert m.estimate_plan(plan, calibration=NO_CAL).verdict == "fits", name
+        assert estimate_plan(plan, calibration=NO_CAL).verdict == "fits", name
     desc = build_plan("rebel100-1npu-batch4").description
     assert "32768" in desc and "262144 does not fit" in desc and "so ViT + LM + KV cache fit" not in desc
     assert est("rebel100-1npu-batch4", ["max_seq_len=262144"]).verdict == "does_not_fit"
@@ -371,5 +373,5 @@ def test_every_shipped_preset_description_is_true_under_the_planner():
 )
 def test_automatic_kv_block_counts_stay_exact(preset, sets, blocks):
     """optimum-rbln's _search_num_kvcache_blocks, reproduced in the estimate scenario (kept through issue 12)."""
-    r = m.estimate_plan(build_plan(preset, sets), calibration=NO_CAL, suggest=False)
+    r = estimate_plan(build_plan(preset, sets), calibration=NO_CAL, suggest=False)
     assert r.kv["mode"] == "auto" and r.kv["num_blocks"] == blocks

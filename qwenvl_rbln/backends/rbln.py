@@ -298,7 +298,7 @@ def _kv_fix(plan: Any) -> str:
     context, batch or memory_budget changes can, each a ready --set."""
     generic = "lower max_seq_len or batch_size, or raise memory_budget; `qvl compile --dry-run` shows the estimate"
     try:
-        from qwenvl_rbln.memory import estimate_plan
+        from qwenvl_rbln.memory.planner import estimate_plan
 
         suggestions = estimate_plan(plan).suggestions
     except Exception:  # the hint must never hide the real error
@@ -488,7 +488,7 @@ def read_allocations(
 def suggestion_texts(report: dict[str, Any] | None) -> tuple[list[str], list[str]]:
     """(human lines, CLI override strings) from a planner report's ``suggestions``.
 
-    memory.py gives ``{"kind", "text", "set": ["rbln_config.max_seq_len=32768", ...], "cli": "--set ..."}``;
+    memory/suggestions.py gives ``{"kind", "text", "set": ["rbln_config.max_seq_len=32768", ...], "cli": "--set ..."}``;
     the ``set`` entries of one suggestion belong together, so each suggestion yields one CLI string.
     """
     texts: list[str] = []

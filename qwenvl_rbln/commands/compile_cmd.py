@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
         """Compile Qwen3-VL with a preset (optimum-rbln on an RBLN host, transformers for backend torch)."""
         from qwenvl_rbln.commands.common import print_warnings
         from qwenvl_rbln.jobs.compile_request import compile_for_real, dry_run_gate, plan_for_compile
-        from qwenvl_rbln.memory import estimate_plan
+        from qwenvl_rbln.memory.planner import estimate_plan
         from qwenvl_rbln.views import render
         from qwenvl_rbln.views.memory import print_memory
 

@@ -440,7 +440,7 @@ def _decoder_info(real: int, resolved: Any) -> dict[str, Any]:
 def _memory(backend: Any, target: Target, placement: dict[str, Any] | None) -> dict[str, Any]:
     if target.backend == "torch":
         return backend.memory()
-    from qwenvl_rbln import memory as planner
+    from qwenvl_rbln.memory import planner
 
     try:
         report = planner.estimate(

@@ -82,11 +82,11 @@ def _stderr_warning(message: str) -> None:
 
 
 def refuse_if_not_fit(plan: Any, memory: Any, force: bool, warn: Callable[[str], None] = _stderr_warning) -> None:
-    """DoesNotFit (exit 4) when the planner says no and --force was not given (memory.ensure_fits: the hint
+    """DoesNotFit (exit 4) when the planner says no and --force was not given (memory.verdicts.ensure_fits: the hint
     carries the planner's --set fixes); with --force a warning says we compile anyway."""
     if _fits(memory) is not False:
         return
-    from qwenvl_rbln import memory as planner
+    from qwenvl_rbln.memory.verdicts import ensure_fits
 
     if force:
         from qwenvl_rbln.backends.rbln import over_devices_text
@@ -98,7 +98,7 @@ def refuse_if_not_fit(plan: Any, memory: Any, force: bool, warn: Callable[[str],
             + "; compiling anyway (--force)"
         )
         return
-    planner.ensure_fits(_memory_dict(memory), force=False)
+    ensure_fits(_memory_dict(memory), force=False)
     raise DoesNotFit(  # ensure_fits always raises for fits=False; this is a guard for a changed planner
         f"the memory planner says preset {plan.preset} does not fit on {plan.npu}; nothing was compiled",
         "see `qvl compile --dry-run` for the breakdown, or pass --force to compile anyway",

@@ -22,7 +22,7 @@ def plan_for_compile(preset: str, sets: list[str] | None, model: str | None, out
 def dry_run_gate(memory: dict[str, Any], uncertain_ok: bool, as_json: bool) -> DoesNotFit | None:
     """A dry run is also a CI gate: exit 4 when it would not fit, and when the planner cannot tell (verdict
     uncertain) unless --uncertain-ok accepts that. None when the plan may load."""
-    from qwenvl_rbln.memory import fit_hint, gate_message, gate_stops
+    from qwenvl_rbln.memory.verdicts import fit_hint, gate_message, gate_stops
 
     if not gate_stops(memory.get("verdict"), uncertain_ok):
         return None
@@ -53,7 +53,7 @@ def compile_for_real(
     from qwenvl_rbln.jobs.compile_job import run_compile
 
     if memory.verdict == "uncertain" and not (uncertain_ok or force):
-        from qwenvl_rbln.memory import ensure_fits
+        from qwenvl_rbln.memory.verdicts import ensure_fits
 
         ensure_fits(memory)
     if emulate and plan.backend != "rbln":

@@ -134,7 +134,7 @@ def _target(
     target = artifacts.compile_target(cfg, manifest)
     target["problems"].extend(_unknown_npus(target))
     if device_memory is not None and not target["problems"] and target.get("npu"):
-        from qwenvl_rbln.memory import parse_device_memory
+        from qwenvl_rbln.memory.report import parse_device_memory
         from qwenvl_rbln.planning.devices import npu_spec
 
         parse_device_memory(device_memory, npu_spec(target["npu"]))  # above this card's DRAM: exit 2, as a dry run
@@ -150,8 +150,8 @@ def _target(
 def _planner_estimate(
     root: Path, kind: str, cfg: dict[str, Any], npu: str | None, placement: dict[str, Any], device_memory: str | None
 ) -> dict[str, Any]:
-    from qwenvl_rbln import memory as planner
     from qwenvl_rbln.artifacts import read_json, resolved_from_rbln_config
+    from qwenvl_rbln.memory import planner
     from qwenvl_rbln.planning.devices import npu_spec
     from qwenvl_rbln.planning.modelinfo import geometry_from_config
 
@@ -226,7 +226,7 @@ def calibration_from_exact(root: Path, cfg: dict[str, Any], exact: dict[str, Any
     """
     from qwenvl_rbln.artifacts import read_json, resolved_from_rbln_config
     from qwenvl_rbln.memory import calibration as cal
-    from qwenvl_rbln.memory import lm_params, vision_params
+    from qwenvl_rbln.memory.params import lm_params, vision_params
     from qwenvl_rbln.planning.modelinfo import geometry_from_config
 
     geometry = geometry_from_config(read_json(root / "config.json"), name=root.name, source=str(root))
@@ -410,7 +410,7 @@ def _run_and_judge(
 def _check_device_memory(device_memory: str | None) -> None:
     """A typo in --device-memory is bad input, not a footnote under "ok" or an artifact problem."""
     if device_memory is not None:
-        from qwenvl_rbln.memory import parse_device_memory
+        from qwenvl_rbln.memory.report import parse_device_memory
 
         parse_device_memory(device_memory)
 

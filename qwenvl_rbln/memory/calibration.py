@@ -2,7 +2,7 @@
 
 ``qvl load-check`` on an RBLN host can read what each compiled graph really allocates (from the
 compiled artifacts, ``get_alloc_per_chiplet_by_key()`` without the KV ``DramTensor``s, or from
-``rbln-smi``) and record it here; ``memory.estimate`` then uses the measured number instead of its
+``rbln-smi``) and record it here; ``memory.planner.estimate`` then uses the measured number instead of its
 formula and marks the item ``calibrated``.
 
 File: ``$QVL_HOME/calibration.json`` (``QVL_HOME`` defaults to ``~/.cache/qvl``)::

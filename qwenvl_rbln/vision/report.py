@@ -25,10 +25,10 @@ from qwenvl_rbln.vision.workload import read_batch_trace, read_workload
 def _workspace_fn() -> Callable[[Any, int], int | None] | None:
     """Visual workspace bytes per bucket from the memory planner, when it provides it."""
     try:
-        from qwenvl_rbln import memory
+        from qwenvl_rbln.memory import workspaces
     except ImportError:
         return None
-    fn = getattr(memory, "estimate_for_bucket", None)
+    fn = getattr(workspaces, "estimate_for_bucket", None)
     if fn is None:
         return None
 
@@ -51,7 +51,7 @@ def _workspace_fn() -> Callable[[Any, int], int | None] | None:
 def _bucket_verdicts(plan: Any, buckets: list[int]) -> dict[int, bool | str | None]:
     """Per bucket: would the whole plan (LM, KV, ViT) fit on its devices if that bucket were the largest?
     True / False, "uncertain" (the margin lies inside the modelled range), None (no estimate)."""
-    from qwenvl_rbln.memory import estimate_plan
+    from qwenvl_rbln.memory.planner import estimate_plan
 
     out: dict[int, bool | str | None] = {}
     for b in buckets:
@@ -65,7 +65,8 @@ def _bucket_verdicts(plan: Any, buckets: list[int]) -> dict[int, bool | str | No
 
 def _memory_summary(plan: Any) -> dict[str, Any]:
     """The plan's memory verdict, as `compile --dry-run` gives it, in short."""
-    from qwenvl_rbln.memory import estimate_plan, fit_hint, gate_message
+    from qwenvl_rbln.memory.planner import estimate_plan
+    from qwenvl_rbln.memory.verdicts import fit_hint, gate_message
 
     report = estimate_plan(plan).to_dict()
     keys = ("device", "verdict", "total_bytes", "total_low_bytes", "total_high_bytes", "usable_bytes", "fits")
@@ -82,7 +83,7 @@ def _memory_summary(plan: Any) -> dict[str, Any]:
 def own_dry_run(preset: str, sets: list[str] | None, model: str | None, extra: str) -> dict[str, Any]:
     """The memory verdict of a recommended configuration, by its own dry run (the preset, the user's --sets and
     the recommended ``--set ...`` string applied), so nothing is recommended that `compile --dry-run` refuses."""
-    from qwenvl_rbln.memory import estimate_plan
+    from qwenvl_rbln.memory.planner import estimate_plan
     from qwenvl_rbln.planning.plan import build_plan
 
     added = [part.strip() for part in extra.split("--set") if part.strip()]
@@ -388,7 +389,7 @@ def final_error(data: dict[str, Any], as_json: bool) -> str | None:
 def memory_gate(summary: dict[str, Any], uncertain_ok: bool) -> Exception | None:
     """The same CI gate as `compile --dry-run` (exit 4): the plan does not fit, or is uncertain without
     ``--uncertain-ok``. None when the plan may load."""
-    from qwenvl_rbln.memory import gate_stops
+    from qwenvl_rbln.memory.verdicts import gate_stops
 
     mem = summary.get("memory") or {}
     if not gate_stops(mem.get("verdict"), uncertain_ok):
