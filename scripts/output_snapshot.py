@@ -100,6 +100,9 @@ def write_fixtures(ws: Path) -> None:
         )
         + "\n"
     )
+    from PIL import Image
+
+    Image.new("RGB", (4000, 3000), (90, 120, 150)).save(ws / "big.jpg", quality=80)
     (ws / "sizes.csv").write_text("width,height,count\n1920,1080,10\n800,600,30\n224,224,5\n")
     (ws / "trace.txt").write_text("1\n3\n4\n2\n4\n1\n")
     (ws / "bad.jsonl").write_text('{"width": 10}\nnot json\n')
@@ -340,6 +343,143 @@ def runs(ws: Path) -> list[tuple[str, list[str]]]:
             ],
         ),
         ("infer-emu-no-emulate", ["infer", emu, "--image", IMAGE, "--prompt", "x", "--max-new-tokens", "2"]),
+        (
+            "infer-ref-big-resize",
+            ["infer", ref, "--image", str(ws / "big.jpg"), "--prompt", "x", "--max-new-tokens", "2"],
+        ),
+        (
+            "infer-ref-big-error",
+            [
+                "infer",
+                ref,
+                "--image",
+                str(ws / "big.jpg"),
+                "--on-oversize",
+                "error",
+                "--prompt",
+                "x",
+                "--max-new-tokens",
+                "2",
+            ],
+        ),
+        (
+            "infer-ref-sampling",
+            [
+                "infer",
+                ref,
+                "--image",
+                IMAGE,
+                "--system",
+                "Be brief.",
+                "--prompt",
+                "Say.",
+                "--temperature",
+                "0.7",
+                "--top-p",
+                "0.9",
+                "--seed",
+                "3",
+                "--max-new-tokens",
+                "4",
+            ],
+        ),
+        ("infer-ref-too-long", ["infer", ref, "--prompt", "x", "--max-new-tokens", "300000"]),
+        ("infer-ref-preset", ["infer", "--preset", "cpu-tiny", "--prompt", "x", "--max-new-tokens", "2", "--json"]),
+        (
+            "infer-emu-device",
+            [
+                "infer",
+                emu,
+                "--emulate",
+                "--device",
+                "0",
+                "--visual-device",
+                "0",
+                "--video",
+                str(ws / "clip.mp4"),
+                "--prompt",
+                "What?",
+                "--max-new-tokens",
+                "3",
+            ],
+        ),
+        (
+            "infer-emu-set-disagree",
+            [
+                "infer",
+                emu,
+                "--emulate",
+                "--set",
+                "visual.max_seq_len=[256,4096]",
+                "--prompt",
+                "x",
+                "--max-new-tokens",
+                "2",
+            ],
+        ),
+        ("bp-big-image", ["bucket-plan", "--preset", "cpu-tiny", str(ws / "big.jpg"), "--json"]),
+        (
+            "bp-tiny-model",
+            ["bucket-plan", "--preset", "cpu-tiny-rbln", "--model", str(ws / "tiny"), "--size", "1280x720"],
+        ),
+        (
+            "bp-set-buckets",
+            [
+                "bucket-plan",
+                "--preset",
+                "rebel100-1npu",
+                "--set",
+                "visual.max_seq_len=[256,1024]",
+                "--workload",
+                str(ws / "sizes.jsonl"),
+            ],
+        ),
+        ("show-set", ["presets", "show", "rebel100-1npu", "--set", "batch_size=2", "--json"]),
+        ("show-set-bad", ["presets", "show", "rebel100-1npu", "--set", "batch_size"]),
+        ("lc-emu-device-memory", ["load-check", emu, "--emulate", "--device-memory", "1MiB"]),
+        (
+            "lc-2npu-visual",
+            ["load-check", str(fake / "rebel100-2npu-batch4"), "--no-runtime", "--visual-device", "3", "--json"],
+        ),
+        ("serve-pass-refused", ["serve", str(fake / "rebel100-1npu"), "--dry-run", "--", "--max-model-len", "999"]),
+        (
+            "serve-pass-ok",
+            [
+                "serve",
+                str(fake / "rebel100-1npu"),
+                "--dry-run",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                "9000",
+                "--served-model-name",
+                "x",
+                "--",
+                "--enforce-eager",
+            ],
+        ),
+        ("serve-nopack", ["serve", str(fake / "rebel100-1npu-batch4"), "--dry-run", "--no-vit-packing", "--json"]),
+        ("serve-missing", ["serve", str(ws / "missing-dir"), "--dry-run"]),
+        (
+            "bench-json",
+            [
+                "bench-serve",
+                str(fake / "rebel100-1npu"),
+                "--dry-run",
+                "--input-len",
+                "100",
+                "--output-len",
+                "10",
+                "--seed",
+                "3",
+                "--json",
+            ],
+        ),
+        ("dry-json-bad-preset", ["compile", "--preset", "nope", "--dry-run", "--json"]),
+        (
+            "compile-no-emulate",
+            ["compile", "--preset", "cpu-tiny-rbln", "--model", str(ws / "tiny"), "-o", str(ws / "nothing")],
+        ),
     ]
     for preset in REBEL_PRESETS:
         d = str(fake / preset)
