@@ -47,7 +47,8 @@ def fixed_costs(opts: object, art: Path, plan: object, reps: int = 50) -> dict[s
 
     from qwenvl_rbln.inference.generation import TimingStreamer
     from qwenvl_rbln.inference.reference import ReferenceBackend
-    from qwenvl_rbln.inference.runner import collect_requests, resolve_target
+    from qwenvl_rbln.inference.runner import collect_requests
+    from qwenvl_rbln.inference.target import resolve_target
     from qwenvl_rbln.inference.vision_report import plan_vision
 
     def med(fn: object) -> float:

@@ -410,7 +410,7 @@ def test_video_errors_name_the_batch_line_and_an_image_given_as_a_video(
 def test_prompt_tokens_counted_before_the_load_equal_the_processors(artifact, media):
     """inputs.prompt_tokens (no pixels decoded) == build_inputs' count: text, images, videos with their timestamps."""
     from qwenvl_rbln.inference.inputs import build_inputs, load_processor, prompt_tokens
-    from qwenvl_rbln.inference.runner import resolve_target
+    from qwenvl_rbln.inference.target import resolve_target
     from qwenvl_rbln.inference.vision_report import plan_vision
 
     target = resolve_target(artifact, None, [])

@@ -3,7 +3,7 @@
 Streams the text as it is generated (stdout; stderr with --json, so stdout stays one JSON document),
 then shows what the static-shape hardware does with each request: per image/video the resized size,
 ViT patches, bucket and padding; per batch the decoder graph and the rows padded to reach it; timings
-and memory. See ``qwenvl_rbln/inference/runner.py`` for how DIR, the preset and the backend are chosen.
+and memory. See ``qwenvl_rbln/inference/target.py`` for how DIR, the preset and the backend are chosen.
 """
 
 from __future__ import annotations

@@ -38,10 +38,10 @@ def resolve_request(
     directory: Path | None, preset: str | None, notify: Callable[[str], None]
 ) -> tuple[Path, dict[str, Any] | None]:
     """The directory to check and the placement fallback: with no DIR, exactly the rule `qvl infer` follows
-    (``inference.runner.default_directory``; its notes go to ``notify``); the preset's placement is the
+    (``inference.target.default_directory``; its notes go to ``notify``); the preset's placement is the
     fallback when the artifact records none."""
     if directory is None:
-        from qwenvl_rbln.inference.runner import default_directory
+        from qwenvl_rbln.inference.target import default_directory
 
         directory, used, notes = default_directory(preset, [], command="load-check")
         for line in notes:

@@ -455,7 +455,7 @@ def resolve_directory(directory: Path | None, preset: str | None, command: str) 
     """DIR as ``qvl infer`` picks it: the argument, else the last compile's directory, else the preset's."""
     if directory is not None:
         return user_path(directory, "artifact directory"), []
-    from qwenvl_rbln.inference.runner import default_directory
+    from qwenvl_rbln.inference.target import default_directory
 
     try:
         found, _, warnings = default_directory(preset, [])
