@@ -5,7 +5,8 @@ optimum-rbln 0.12.0 that can be checked without the compiler (each failure names
 ``ResolvedLM.from_rbln_config`` reads back what a compile saved (each failure names the artifact file). Both hand
 their values to ``_derive``, which applies the rules optimum-rbln applies after validation (the partition only
 with flash attention, the KV block counts, the order it sorts graphs and buckets in), so a plan and the artifact
-compiled from it resolve to equal values. The defaults both sources fill in are the ``default_*`` functions.
+compiled from it resolve to equal values. The defaults both sources fill in are the ``default_*`` functions of
+``lm_rules``; the preset's checks are ``lm_checks``, the reading of a compiled config is ``lm_saved``.
 
 Plain Python (no torch): ``compile --dry-run`` and ``load-check --no-runtime`` build these.
 """
@@ -13,36 +14,13 @@ Plain Python (no torch): ``compile --dry-run`` and ``load-check --no-runtime`` b
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.planning.devices import OPTIMUM_SIZE_SPELLINGS, NpuSpec, optimum_size_text, parse_optimum_byte_size
+from qwenvl_rbln.planning import lm_checks, lm_saved
+from qwenvl_rbln.planning.devices import NpuSpec
+from qwenvl_rbln.planning.lm_rules import default_prefill_chunk, kv_block_counts
 from qwenvl_rbln.planning.modelinfo import ModelGeometry
-
-# optimum-rbln 0.12 modeling_attention_utils.AttentionLimits
-ATTENTION_LIMITS = {
-    "REBEL": {"max_eager": 16384, "partition_min": 1024, "partition_max": 16384, "default_partition": 8192},
-    "ATOM": {"max_eager": 32768, "partition_min": 1024, "partition_max": 32768, "default_partition": 16384},
-}
-MIN_FLASH_MAX_SEQ_LEN = 2048
-
-# optimum-rbln 0.12 transformers/utils/rbln_quantization.py::RBLNQuantizationConfig
-QUANT_SUPPORTED = {
-    "format": ["rbln"],
-    "weights": ["int4", "int8", "fp8", "fp16"],
-    "activations": ["int8", "fp8", "fp16"],
-    "kv_caches": ["fp8", "fp16"],
-}
-QUANT_KEYS = ("format", "weights", "activations", "kv_caches", "dynamic", "precision")
-QUANT_DEFAULTS = {"format": "rbln", "weights": "fp16", "activations": "fp16", "kv_caches": "fp16"}
-
-
-class Checker(Protocol):
-    """What ``from_preset`` needs of plan's checker: fail naming the preset file that gave the key."""
-
-    def fail(self, key: str, message: str, hint: str) -> None: ...
-
-    def int_(self, key: str, value: Any, *, minimum: int | None = None, allowed: str = "") -> int: ...
 
 
 @dataclass(frozen=True)
@@ -77,7 +55,7 @@ class ResolvedLM:
     @classmethod
     def from_preset(
         cls,
-        chk: Checker,
+        chk: lm_checks.Checker,
         rbln: dict[str, Any],
         visual: dict[str, Any],
         spec: NpuSpec,
@@ -86,13 +64,13 @@ class ResolvedLM:
     ) -> ResolvedLM:
         """A preset's rbln_config (keys already type-checked), validated in optimum-rbln's order; notes go to
         ``warnings``."""
-        buckets, visual_num_devices = _vit_buckets(chk, rbln, visual, warnings)
-        batch, num_devices, max_seq_len = _lm_sizes(chk, rbln, spec, geometry, visual_num_devices, warnings)
-        _lm_switches(chk, rbln)
-        attn, partition, block = _attention(chk, rbln, spec, max_seq_len)
-        chunk = _prefill_chunk(chk, rbln, spec)
-        dbs = _decoder_batch_sizes(chk, rbln, batch, warnings)
-        num_blocks, budget = _kv_blocks(chk, rbln, spec, (max_seq_len, block, batch, attn), warnings)
+        buckets, visual_num_devices = lm_checks.vit_buckets(chk, rbln, visual, warnings)
+        batch, num_devices, max_seq_len = lm_checks.lm_sizes(chk, rbln, spec, geometry, visual_num_devices, warnings)
+        lm_checks.lm_switches(chk, rbln)
+        attn, partition, block = lm_checks.attention(chk, rbln, spec, max_seq_len)
+        chunk = lm_checks.prefill_chunk(chk, rbln, spec)
+        dbs = lm_checks.decoder_batch_sizes(chk, rbln, batch, warnings)
+        num_blocks, budget = lm_checks.kv_blocks(chk, rbln, spec, (max_seq_len, block, batch, attn), warnings)
         return _derive(
             batch_size=batch,
             max_seq_len=max_seq_len,
@@ -106,7 +84,7 @@ class ResolvedLM:
             vit_buckets=buckets,
             num_devices=num_devices,
             visual_num_devices=visual_num_devices,
-            quantization=_quantization(chk, rbln.get("quantization")),
+            quantization=lm_checks.quantization(chk, rbln.get("quantization")),
             use_attention_mask=bool(rbln.get("use_attention_mask")),
             use_position_ids=bool(rbln.get("use_position_ids")),
         )
@@ -118,8 +96,8 @@ class ResolvedLM:
         batch = cfg.get("batch_size", 1)  # absent means optimum-rbln's default; 0 is not a batch
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise InputError(f"{source}: batch_size={batch!r} is not a positive integer", "recompile the artifact")
-        max_seq_len = _need(cfg, "max_seq_len", source)
-        attn, partition, block = _saved_attention(cfg, max_seq_len, source)
+        max_seq_len = lm_saved.need(cfg, "max_seq_len", source)
+        attn, partition, block = lm_saved.saved_attention(cfg, max_seq_len, source)
         chunk = cfg.get("prefill_chunk_size") or default_prefill_chunk(target["npu"] or "")
         num_blocks = cfg.get("kvcache_num_blocks") or 0
         if type(num_blocks) is not int or num_blocks < 0:
@@ -139,44 +117,13 @@ class ResolvedLM:
             num_blocks=num_blocks,
             memory_budget=None,  # never saved (subclass_non_save_attributes)
             decoder_batch_sizes=dbs,
-            vit_buckets=_saved_vit_buckets(cfg, source),
+            vit_buckets=lm_saved.saved_vit_buckets(cfg, source),
             num_devices=target["num_devices"],
             visual_num_devices=target["visual_num_devices"],
-            quantization=_saved_quantization(cfg, source),
+            quantization=lm_saved.saved_quantization(cfg, source),
             use_attention_mask=bool(cfg.get("use_attention_mask")),
             use_position_ids=bool(cfg.get("use_position_ids")),
         )
-
-
-def kv_block_counts(max_seq_len: int, block: int, batch_size: int, attn_impl: str) -> tuple[int, int]:
-    """(num_full_blocks, num_min_blocks) exactly as optimum-rbln's RBLNDecoderOnlyModelConfig computes them."""
-    full = (max_seq_len // block) * batch_size
-    if attn_impl == "flash_attn":
-        return full, min(max(max_seq_len // block, batch_size) + 1, full)
-    return full, batch_size
-
-
-# --------------------------------------------------------------------------------------- shared rules
-
-
-def default_attn_impl(partition: Any) -> str:
-    """optimum-rbln picks flash attention when a partition length is given, eager otherwise."""
-    return "flash_attn" if partition is not None else "eager"
-
-
-def default_block_size(attn_impl: str, partition: Any, max_seq_len: Any) -> Any:
-    """The KV block is the partition with flash attention, the whole sequence with eager."""
-    return partition if attn_impl == "flash_attn" else max_seq_len
-
-
-def default_prefill_chunk(npu: str) -> int:
-    """optimum-rbln's prefill chunk: 512 on REBEL (RBLN-CR*) NPUs, 128 on ATOM or an unrecorded target."""
-    return 512 if npu.startswith("RBLN-CR") else 128
-
-
-def _quant_with_defaults(values: dict[str, Any]) -> dict[str, Any]:
-    """RBLNQuantizationConfig's fields with unset ones filled in (format rbln, everything else fp16)."""
-    return {name: values.get(name) or default for name, default in QUANT_DEFAULTS.items()}
 
 
 def _derive(
@@ -218,463 +165,3 @@ def _derive(
         use_attention_mask=use_attention_mask,
         use_position_ids=use_position_ids,
     )
-
-
-# ------------------------------------------------------------------------------ from a preset: the steps
-
-
-def _vit_buckets(
-    chk: Checker, rbln: dict[str, Any], visual: dict[str, Any], warnings: list[str]
-) -> tuple[list[int], int]:
-    """visual.max_seq_len (the ViT buckets), visual.batch_size and the ViT's num_devices."""
-    key = "rbln_config.visual.max_seq_len"
-    buckets = visual.get("max_seq_len")
-    if buckets is None:
-        chk.fail(key, "'max_seq_len' must be specified for visual", "e.g. 16384 or [1024, 3136, 16384]")
-    bucket_list = buckets if isinstance(buckets, list) else [buckets]
-    if not bucket_list:
-        chk.fail(key, "visual.max_seq_len is an empty list", "give at least one bucket")
-    for b in bucket_list:
-        chk.int_(key, b, minimum=4, allowed=" (ViT patches per image)")
-        if b % 4:
-            chk.fail(
-                key,
-                f"visual.max_seq_len bucket {b} is not a multiple of 4 (spatial_merge_size**2)",
-                f"use {b - b % 4} or {b - b % 4 + 4}",
-            )
-    if len(set(bucket_list)) != len(bucket_list):
-        chk.fail(key, f"visual.max_seq_len={bucket_list} has duplicates", "list each bucket once")
-    small = [b for b in bucket_list if b < 256]
-    if small:
-        warnings.append(
-            f"visual.max_seq_len buckets {small} are below 256 patches, the smallest image the processor makes"
-        )
-    vbatch = visual.get("batch_size", 1)
-    if vbatch != 1:
-        chk.fail(
-            "rbln_config.visual.batch_size",
-            f"visual.batch_size={vbatch!r}: the Qwen3-VL vision encoder only supports batch_size=1",
-            "remove visual.batch_size",
-        )
-    visual_num_devices = chk.int_(
-        "rbln_config.visual.num_devices", visual.get("num_devices", rbln.get("num_devices", 1)), minimum=1
-    )
-    return bucket_list, visual_num_devices
-
-
-def _lm_sizes(
-    chk: Checker,
-    rbln: dict[str, Any],
-    spec: NpuSpec,
-    geometry: ModelGeometry,
-    visual_num_devices: int,
-    warnings: list[str],
-) -> tuple[int, int, int]:
-    """batch_size, num_devices and max_seq_len (the model's max_position_embeddings when unset, never above)."""
-    batch = chk.int_("rbln_config.batch_size", rbln.get("batch_size", 1), minimum=1)
-    num_devices = chk.int_("rbln_config.num_devices", rbln.get("num_devices", 1), minimum=1)
-    if spec.family == "REBEL" and (num_devices > 1 or visual_num_devices > 1):
-        warnings.append(
-            "num_devices > 1 on a REBEL NPU: optimum-rbln 0.12 accepts it, but its v0.12 support matrix lists RSD "
-            "(one submodule over several NPUs) as not supported on Rebel100 and its Rebel100 Qwen3-VL tutorial uses "
-            "num_devices 1 for both submodules (docs.rbln.ai/v0.12.0/supports/version_matrix.html); whether the "
-            "compiler accepts it is unverified"
-        )
-    max_pos = geometry.text.max_position_embeddings
-    max_seq_len = rbln.get("max_seq_len")
-    if max_seq_len is None:
-        max_seq_len = max_pos
-        warnings.append(f"rbln_config.max_seq_len not set: optimum-rbln uses max_position_embeddings ({max_pos})")
-    chk.int_("rbln_config.max_seq_len", max_seq_len, minimum=1)
-    if max_seq_len > max_pos:
-        chk.fail(
-            "rbln_config.max_seq_len",
-            f"max_seq_len={max_seq_len} exceeds the model's max_position_embeddings ({max_pos})",
-            f"use max_seq_len <= {max_pos}",
-        )
-    return batch, num_devices, max_seq_len
-
-
-def _lm_switches(chk: Checker, rbln: dict[str, Any]) -> None:
-    """Settings Qwen3-VL allows one value of (or one combination): inputs embeds, position ids, logits,
-    cache_impl, phases."""
-    if rbln.get("use_inputs_embeds") is False:
-        chk.fail(
-            "rbln_config.use_inputs_embeds",
-            "RBLNQwen3VLForConditionalGenerationConfig requires use_inputs_embeds=True",
-            "remove use_inputs_embeds",
-        )
-    if rbln.get("use_position_ids") and not rbln.get("use_attention_mask"):
-        chk.fail(
-            "rbln_config.use_position_ids",
-            "Position IDs should be used with attention mask",
-            "also set use_attention_mask: true",
-        )
-    if rbln.get("logits_to_keep", 1) not in (None, 0, 1):
-        chk.fail(
-            "rbln_config.logits_to_keep",
-            f"logits_to_keep={rbln['logits_to_keep']} > 1 is not supported by RBLN models",
-            "remove it",
-        )
-    cache_impl = rbln.get("cache_impl", "static")
-    if cache_impl != "static":
-        chk.fail(
-            "rbln_config.cache_impl",
-            f"cache_impl={cache_impl!r}: Qwen3-VL text has no sliding window",
-            "use cache_impl: static",
-        )
-    phases = rbln.get("phases")
-    if phases is not None:
-        bad = [p for p in phases if p not in ("prefill", "decode")]
-        if bad:
-            chk.fail(
-                "rbln_config.phases",
-                f"phases={phases} contains {bad} (Qwen3-VL uses prefill and decode)",
-                "remove phases",
-            )
-
-
-def _attention(chk: Checker, rbln: dict[str, Any], spec: NpuSpec, max_seq_len: int) -> tuple[str, Any, Any]:
-    """(attn_impl, kvcache_partition_len, kvcache_block_size) as optimum-rbln's validate_attention_method
-    resolves and checks them."""
-    partition = rbln.get("kvcache_partition_len")
-    attn = rbln.get("attn_impl")
-    if attn is None:
-        attn = default_attn_impl(partition)
-    if attn not in ("eager", "flash_attn"):
-        chk.fail(
-            "rbln_config.attn_impl", f"Unknown attn_impl: {attn!r} (Available: 'eager', 'flash_attn')", "use flash_attn"
-        )
-    limits = ATTENTION_LIMITS[spec.family]
-    if attn == "flash_attn":
-        if partition is None:
-            partition = limits["default_partition"]
-        _flash_limits(chk, spec.family, limits, partition, max_seq_len)
-    else:
-        _eager_limits(chk, spec.family, limits, partition, max_seq_len)
-    block = rbln.get("kvcache_block_size", default_block_size(attn, partition, max_seq_len))
-    if block != default_block_size(attn, partition, max_seq_len):
-        if attn == "flash_attn":
-            message = f"kvcache_block_size={block} must equal kvcache_partition_len ({partition}) with flash attention"
-        else:
-            message = f"kvcache_block_size={block} must equal max_seq_len ({max_seq_len}) with eager attention"
-        chk.fail("rbln_config.kvcache_block_size", message, "remove kvcache_block_size")
-    return attn, partition, block
-
-
-def _flash_limits(chk: Checker, fam: str, limits: dict[str, int], partition: Any, max_seq_len: int) -> None:
-    """Flash attention: the partition in the family's range, max_seq_len a multiple of it, at least twice."""
-    chk.int_("rbln_config.kvcache_partition_len", partition)
-    lo, hi = limits["partition_min"], limits["partition_max"]
-    if not lo <= partition <= hi:
-        chk.fail(
-            "rbln_config.kvcache_partition_len",
-            f"kvcache_partition_len={partition} is out of the {fam} supported range for flash_attn ({lo} <= P <= {hi})",
-            f"use a partition between {lo} and {hi}, e.g. {limits['default_partition']}",
-        )
-    if max_seq_len < MIN_FLASH_MAX_SEQ_LEN:
-        chk.fail(
-            "rbln_config.max_seq_len",
-            f"max_seq_len={max_seq_len} is too small for flash_attn (minimum {MIN_FLASH_MAX_SEQ_LEN})",
-            f"use max_seq_len >= {MIN_FLASH_MAX_SEQ_LEN}",
-        )
-    if max_seq_len % partition or max_seq_len // partition < 2:
-        fix = max(2, round(max_seq_len / partition)) * partition
-        chk.fail(
-            "rbln_config.max_seq_len",
-            f"max_seq_len={max_seq_len} must be a multiple of kvcache_partition_len ({partition}) and at least 2x it",
-            f"use max_seq_len={fix}",
-        )
-
-
-def _eager_limits(chk: Checker, fam: str, limits: dict[str, int], partition: Any, max_seq_len: int) -> None:
-    """Eager attention: no partition, max_seq_len within the family's eager limit."""
-    if partition is not None:
-        chk.fail(
-            "rbln_config.kvcache_partition_len",
-            "kvcache_partition_len is only used with flash_attn",
-            "remove it or use flash_attn",
-        )
-    if max_seq_len > limits["max_eager"]:
-        chk.fail(
-            "rbln_config.max_seq_len",
-            f"max_seq_len={max_seq_len} exceeds the {fam} limit of {limits['max_eager']} for eager attention",
-            f"reduce max_seq_len to {limits['max_eager']} or set kvcache_partition_len (flash_attn)",
-        )
-
-
-def _prefill_chunk(chk: Checker, rbln: dict[str, Any], spec: NpuSpec) -> int:
-    """prefill_chunk_size: at least 64 and a multiple of 64."""
-    chunk = rbln.get("prefill_chunk_size", default_prefill_chunk(spec.sku))
-    chk.int_("rbln_config.prefill_chunk_size", chunk, minimum=64)
-    if chunk % 64:
-        chk.fail(
-            "rbln_config.prefill_chunk_size",
-            f"prefill_chunk_size={chunk} must be divisible by 64",
-            f"use {chunk - chunk % 64 or 64}",
-        )
-    return chunk
-
-
-def _decoder_batch_sizes(chk: Checker, rbln: dict[str, Any], batch: int, warnings: list[str]) -> list[int]:
-    """decoder_batch_sizes (one decoder graph each), with the batch size appended when optimum-rbln appends it;
-    unsorted (``_derive`` sorts)."""
-    dbs = rbln.get("decoder_batch_sizes")
-    if dbs is None:
-        return [batch]
-    key = "rbln_config.decoder_batch_sizes"
-    if not dbs:
-        chk.fail(key, "decoder_batch_sizes is empty", f"remove it, or include the batch size {batch}")
-    for b in dbs:
-        chk.int_(key, b, minimum=1)
-    if len(set(dbs)) != len(dbs):
-        chk.fail(
-            key,
-            f"decoder_batch_sizes={dbs} has duplicates (they would compile duplicate graph names)",
-            "list each size once",
-        )
-    if max(dbs) > batch:
-        chk.fail(
-            key,
-            f"decoder batch size {max(dbs)} must be <= batch_size ({batch}); decoder_batch_sizes={dbs}",
-            f"drop entries above {batch} or raise batch_size",
-        )
-    if len(dbs) == 1 and dbs[0] != batch:
-        chk.fail(
-            key,
-            f"decoder_batch_sizes={dbs} has a single entry different from batch_size ({batch}); "
-            "load would fail with KeyError",
-            f"use decoder_batch_sizes: [{batch}] or [{dbs[0]}, {batch}]",
-        )
-    if max(dbs) < batch:
-        warnings.append(
-            f"Maximum decoder batch size ({max(dbs)}) is less than the model's batch size ({batch}); "
-            f"optimum-rbln appends {batch}"
-        )
-        dbs = [*dbs, batch]
-    return dbs
-
-
-def _kv_blocks(
-    chk: Checker,
-    rbln: dict[str, Any],
-    spec: NpuSpec,
-    shape: tuple[int, Any, int, str],
-    warnings: list[str],
-) -> tuple[int, float | int | None]:
-    """kvcache_num_blocks (0: automatic) against optimum-rbln's minimum, and memory_budget; ``shape`` is
-    (max_seq_len, block, batch, attn_impl)."""
-    max_seq_len, block, batch, attn = shape
-    num_full, num_min = kv_block_counts(max_seq_len, block, batch, attn)
-    num_blocks = rbln.get("kvcache_num_blocks") or 0
-    chk.int_("rbln_config.kvcache_num_blocks", num_blocks, minimum=0)
-    budget = rbln.get("memory_budget")
-    if budget is not None and num_blocks:
-        chk.fail(
-            "rbln_config.memory_budget",
-            "memory_budget and an explicit kvcache_num_blocks are mutually exclusive",
-            "keep one of them",
-        )
-    if num_blocks and attn == "flash_attn":
-        if num_blocks < num_min:
-            chk.fail(
-                "rbln_config.kvcache_num_blocks",
-                f"kvcache_num_blocks={num_blocks} is less than the minimum number of blocks ({num_min})",
-                f"use kvcache_num_blocks >= {num_min} or leave it automatic",
-            )
-        if num_blocks > num_full:
-            warnings.append(
-                f"kvcache_num_blocks ({num_blocks}) is greater than the required number of blocks ({num_full}); "
-                "this can cause a failure during model compilation"
-            )
-    budget_value = _memory_budget(chk, budget, spec)
-    if budget_value is not None and attn != "flash_attn":
-        warnings.append("memory_budget only applies to flash attention; it is ignored with eager")
-    return num_blocks, budget_value
-
-
-def _quantization(chk: Checker, quant: Any) -> dict[str, Any] | None:
-    """RBLNQuantizationConfig(**quantization) as optimum-rbln 0.12 runs it at config time (same rules, same
-    order), plus the compile-time refusal of fp16 weights in QuantizedLayerFactory.create_linear. None: no
-    quantization (an empty mapping is what optimum-rbln treats as none, too)."""
-    key = "rbln_config.quantization"
-    if not quant:
-        return None
-    spell = "; ".join(f"{k}: {' | '.join(v)}" for k, v in QUANT_SUPPORTED.items())
-    for name in quant:
-        if name not in QUANT_KEYS:
-            chk.fail(
-                f"{key}.{name}",
-                f"{key}.{name} is not a quantization setting (RBLNQuantizationConfig refuses it)",
-                f"use only {', '.join(QUANT_KEYS[:5])} ({spell}; dynamic: true | false)",
-            )
-    weights, activations = _quant_precision(chk, quant)
-    resolved = _quant_with_defaults(
-        {
-            "format": quant.get("format"),
-            "weights": weights,
-            "activations": activations,
-            "kv_caches": quant.get("kv_caches"),
-        }
-    )
-    for name, value in resolved.items():
-        if value not in QUANT_SUPPORTED[name]:
-            chk.fail(
-                f"{key}.{name}",
-                f"{key}.{name}={value!r}: invalid {name}, supported are {', '.join(QUANT_SUPPORTED[name])}",
-                f"set {key}.{name} to one of {', '.join(QUANT_SUPPORTED[name])}",
-            )
-    dynamic = quant.get("dynamic")
-    if dynamic is not None and not isinstance(dynamic, bool):
-        chk.fail(f"{key}.dynamic", f"{key}.dynamic={dynamic!r} must be true or false", "set dynamic: true or false")
-    _refuse_fp16_weights(chk, quant, resolved)
-    return {**resolved, "dynamic": bool(dynamic)}
-
-
-def _quant_precision(chk: Checker, quant: dict[str, Any]) -> tuple[Any, Any]:
-    """(weights, activations), with the deprecated ``precision: w4a16`` spelled out (never beside them)."""
-    key = "rbln_config.quantization"
-    weights, activations = quant.get("weights"), quant.get("activations")
-    precision = quant.get("precision")
-    if precision is None:
-        return weights, activations
-    if weights is not None or activations is not None:
-        chk.fail(
-            f"{key}.precision",
-            "quantization.precision and weights or activations cannot be set at the same time",
-            "drop precision (deprecated) and keep weights/activations",
-        )
-    if precision != "w4a16":
-        chk.fail(
-            f"{key}.precision",
-            f"{key}.precision={precision!r} is not a precision optimum-rbln knows (only 'w4a16', deprecated)",
-            "write weights: int4 and activations: fp16 instead",
-        )
-    return "int4", "fp16"
-
-
-def _refuse_fp16_weights(chk: Checker, quant: dict[str, Any], resolved: dict[str, Any]) -> None:
-    """fp16 weights: with fp16 activations RBLNQuantizationConfig refuses it; otherwise the compile does."""
-    key = "rbln_config.quantization"
-    if resolved["weights"] == "fp16" and resolved["activations"] == "fp16":
-        chk.fail(
-            key,
-            f"{key}={quant!r}: weights and activations of QuantizationConfig cannot be both fp16 (optimum-rbln: "
-            "'It is meaningless')",
-            "set weights to int4, int8 or fp8 (e.g. {weights: int8, kv_caches: fp8}), or remove quantization",
-        )
-    if resolved["weights"] == "fp16":
-        chk.fail(
-            f"{key}.weights",
-            f"{key}.weights=fp16 with activations={resolved['activations']}: optimum-rbln's compile replaces every "
-            "q/k/v/o/gate/up/down projection with a quantized linear and stops with 'Invalid quantization weights: "
-            "fp16'",
-            "set weights to int4, int8 or fp8",
-        )
-
-
-def _memory_budget(chk: Checker, budget: Any, spec: NpuSpec) -> float | int | None:
-    """optimum-rbln 0.12 _resolve_memory_budget: a float fraction in (0, 1], an 'N%' string, or bytes through its
-    parse_byte_size (an int, or a whole number with B/KB/MB/GB/TB, binary). Anything else is refused here, before
-    the compile: optimum-rbln reads it only after every LM graph has compiled. The budget is per device (it is
-    resolved against one device's DRAM even with num_devices > 1)."""
-    key = "rbln_config.memory_budget"
-    accepted = f"a fraction such as 0.8, a percent such as '80%', or {OPTIMUM_SIZE_SPELLINGS}"
-    if budget is None:
-        return None
-    if isinstance(budget, bool):
-        chk.fail(key, f"memory_budget={budget!r} is not a fraction or size", f"write {accepted}")
-    if isinstance(budget, str) and budget.strip().endswith("%"):
-        try:
-            budget = float(budget.strip()[:-1]) / 100
-        except ValueError:
-            chk.fail(key, f"memory_budget={budget!r} is not a percentage", f"write {accepted}")
-    if isinstance(budget, float):
-        if not 0 < budget <= 1:
-            chk.fail(
-                key, f"memory_budget fraction must be in (0, 1] (or (0%, 100%]), got {budget}", f"write {accepted}"
-            )
-        return budget
-    nbytes = parse_optimum_byte_size(budget)
-    if nbytes is None:
-        chk.fail(
-            key,
-            f"memory_budget={budget!r} is not a size optimum-rbln's parse_byte_size reads (it would stop after every "
-            "LM graph compiled)",
-            f"write {accepted}",
-        )
-    if nbytes < 1 << 20:  # `memory_budget: 1` means 1 byte to optimum-rbln: never what was meant
-        if nbytes == 1:
-            meant = "write 1.0 for all of it, a fraction such as 0.8, or a size such as '100GB'"
-        elif nbytes <= 100:
-            meant = f"write '{nbytes}%' (or {nbytes / 100:g}) for a share, or a size such as '100GB'"
-        else:
-            meant = "write a size with its unit, such as '100GB' (binary), or a fraction such as 0.8"
-        what = f"memory_budget={budget!r} is {nbytes} byte(s): optimum-rbln reads a whole number as bytes"
-        chk.fail(key, what, meant)
-    if nbytes > spec.usable_bytes:
-        chk.fail(
-            key,
-            f"memory_budget ({nbytes} bytes) exceeds the target NPU's available DRAM ({spec.usable_bytes} bytes, "
-            "per device)",
-            f"use at most '{optimum_size_text(spec.usable_bytes)}', or a fraction such as 0.9",
-        )
-    return nbytes
-
-
-# ------------------------------------------------------------------ from a compiled rbln_config.json
-
-
-_KIND_WORDS: dict[Any, str] = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
-
-
-def _need(cfg: dict[str, Any], key: str, source: str, kind: type | tuple[type, ...] = int) -> Any:
-    value = cfg.get(key)
-    if value is None or isinstance(value, bool) or not isinstance(value, kind):
-        raise InputError(
-            f"{source}: {key}={value!r} is missing or not {_KIND_WORDS.get(kind, 'a value')}",
-            "the artifact config is damaged: recompile it (`qvl compile --force`)",
-        )
-    return value
-
-
-def _positive_or_none(cfg: dict[str, Any], key: str, source: str) -> None:
-    value = cfg.get(key)
-    if value is not None and (type(value) is not int or value < 1):
-        raise InputError(f"{source}: {key}={value!r} is not a positive integer", "recompile the artifact")
-
-
-def _saved_attention(cfg: dict[str, Any], max_seq_len: int, source: str) -> tuple[str, Any, Any]:
-    """(attn_impl, kvcache_partition_len, kvcache_block_size) as saved, with optimum-rbln's defaults."""
-    partition = cfg.get("kvcache_partition_len")
-    attn = cfg.get("attn_impl") or default_attn_impl(partition)
-    if attn not in ("eager", "flash_attn"):
-        raise InputError(f"{source}: attn_impl={attn!r} is not eager or flash_attn", "recompile the artifact")
-    for key in ("max_seq_len", "kvcache_partition_len", "kvcache_block_size", "prefill_chunk_size"):
-        _positive_or_none(cfg, key, source)
-    if attn == "flash_attn" and not partition:
-        raise InputError(f"{source}: attn_impl=flash_attn without kvcache_partition_len", "recompile the artifact")
-    block = cfg.get("kvcache_block_size") or default_block_size(attn, partition, max_seq_len)
-    return attn, partition, block
-
-
-def _saved_vit_buckets(cfg: dict[str, Any], source: str) -> list[int]:
-    """visual.max_seq_len as saved (one int or a list)."""
-    visual = cfg.get("visual")
-    if not isinstance(visual, dict):
-        raise InputError(f"{source}: no 'visual' section", "recompile the artifact with optimum-rbln 0.12.0")
-    buckets = visual.get("max_seq_len")
-    buckets = [buckets] if isinstance(buckets, int) and not isinstance(buckets, bool) else buckets
-    if not isinstance(buckets, list) or not buckets or not all(type(b) is int and b > 0 for b in buckets):
-        raise InputError(f"{source}: visual.max_seq_len={buckets!r} is not a list of integers", "recompile")
-    return buckets
-
-
-def _saved_quantization(cfg: dict[str, Any], source: str) -> dict[str, Any] | None:
-    """quantization as RBLNQuantizationConfig._prepare_for_serialization saved it; unset fields mean fp16."""
-    quant = cfg.get("quantization")
-    if quant is not None and not isinstance(quant, dict):
-        raise InputError(f"{source}: quantization={quant!r} is not a mapping", "recompile the artifact")
-    if not quant:
-        return None
-    return {**_quant_with_defaults(quant), "dynamic": bool(quant.get("dynamic"))}
