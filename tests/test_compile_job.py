@@ -18,7 +18,16 @@ import time
 
 import pytest
 
-from qwenvl_rbln import artifacts
+from qwenvl_rbln.artifacts.layout import check_layout, compile_target, read_artifact_config, resolved_from_rbln_config
+from qwenvl_rbln.artifacts.locks import lock_path
+from qwenvl_rbln.artifacts.manifest import (
+    MANIFEST_NAME,
+    TORCH_CONFIG_NAME,
+    model_fingerprint,
+    read_manifest,
+    verify_manifest,
+    write_manifest,
+)
 from qwenvl_rbln.errors import DoesNotFit
 from qwenvl_rbln.jobs.compile_job import run_compile
 from qwenvl_rbln.planning.plan import build_plan
@@ -75,9 +84,9 @@ def test_cache_miss_then_hit_and_the_manifest(tmp_path, rbln_calls, capsys, tiny
     assert result["cache"] == "miss" and result["output_dir"] == str(out)
     assert len(auto.calls) == 1 and auto.calls[0]["rbln_config"] == plan.rbln_config
     assert "ViT buckets" in stderr and "prefill graph" in stderr and "saving" in stderr
-    m = json.loads((out / artifacts.MANIFEST_NAME).read_text())
+    m = json.loads((out / MANIFEST_NAME).read_text())
     assert m["preset"]["name"] == TINY and m["preset"]["sha256"] == plan.preset_hash
-    assert m["model"]["sha256"] == artifacts.model_fingerprint(str(tiny_model))["sha256"]
+    assert m["model"]["sha256"] == model_fingerprint(str(tiny_model))["sha256"]
     assert m["rbln_config"] == plan.rbln_config and m["npu"] == "RBLN-CR13"
     assert set(m["versions"]) == {"qvl", "optimum-rbln", "rebel-compiler", "transformers", "torch"}
     assert m["emulated"] is True and "emulated" in m["versions"]["rebel-compiler"]
@@ -88,7 +97,7 @@ def test_cache_miss_then_hit_and_the_manifest(tmp_path, rbln_calls, capsys, tiny
     assert m["compiled"]["source"] == "rbln_config.json"
     assert m["compiled"]["kvcache_num_blocks"] == plan.resolved.num_full_blocks
     assert sorted(m["compiled"]["visual.max_seq_len"]) == plan.rbln_config["visual"]["max_seq_len"]
-    assert artifacts.verify_manifest(out, m)["ok"]
+    assert verify_manifest(out, m)["ok"]
     assert (cache / result["cache_key"] / "prefill.rbln").exists()
     assert temp_entries(tmp_path) == []
 
@@ -96,9 +105,9 @@ def test_cache_miss_then_hit_and_the_manifest(tmp_path, rbln_calls, capsys, tiny
     assert code == 0, stderr
     assert len(auto.calls) == 1  # the hit did not call from_pretrained
     assert "cache hit" in stderr
-    m2 = json.loads((out / artifacts.MANIFEST_NAME).read_text())
+    m2 = json.loads((out / MANIFEST_NAME).read_text())
     assert m2["cache"]["status"] == "hit" and m2["files"] == m["files"]
-    assert artifacts.verify_manifest(out, m2)["ok"]
+    assert verify_manifest(out, m2)["ok"]
 
     # a runtime-only change (placement/device) is still a hit; a compile key change is a miss
     code, _, stderr = run_main(
@@ -122,7 +131,7 @@ def test_hub_id_turns_the_cache_off_and_says_why(tmp_path, monkeypatch, capsys):
     result = json.loads(stdout)["result"]
     assert result["cache"] == "off" and "hub id" in result["cache_note"]
     assert auto.calls[0]["model_id"] == "Qwen/Qwen3-VL-2B-Instruct"  # passed through; qvl itself never downloads
-    assert json.loads((tmp_path / "o" / artifacts.MANIFEST_NAME).read_text())["model"]["note"] == "hub id, not hashed"
+    assert json.loads((tmp_path / "o" / MANIFEST_NAME).read_text())["model"]["note"] == "hub id, not hashed"
 
 
 def test_existing_target_without_force_exit_2_untouched(tmp_path, rbln_calls, capsys, tiny_model):
@@ -145,10 +154,10 @@ def test_failure_or_interrupt_mid_write_leaves_old_artifact(
     out = tmp_path / "out"
     out.mkdir()
     (out / "prefill.rbln").write_text("old artifact")
-    artifacts.write_manifest(out, {"format": 1})
+    write_manifest(out, {"format": 1})
     code, _, stderr = run_main(_compile_argv("rebel100-1npu", model_dir, out, tmp_path / "c", "--force"), capsys)
     assert code == exit_code, stderr
-    assert sorted(p.name for p in out.iterdir()) == ["prefill.rbln", artifacts.MANIFEST_NAME]
+    assert sorted(p.name for p in out.iterdir()) == ["prefill.rbln", MANIFEST_NAME]
     assert (out / "prefill.rbln").read_text() == "old artifact"
     assert temp_entries(tmp_path) == []
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
@@ -194,14 +203,14 @@ def test_torch_backend_compile_writes_the_same_manifest_and_config(tmp_path, cap
     assert code == 0, stderr
     result = json.loads(stdout)["result"]
     assert result["backend"] == "torch" and result["cache"] == "miss"
-    cfg = json.loads((out / artifacts.TORCH_CONFIG_NAME).read_text())
+    cfg = json.loads((out / TORCH_CONFIG_NAME).read_text())
     assert cfg["decoder_batch_sizes"] == [2, 1] and cfg["visual"]["max_seq_len"] == [4096, 1024, 256]
     assert [c["compiled_model_name"] for c in cfg["_compile_cfgs"]] == ["prefill", "decoder_batch_2", "decoder_batch_1"]
-    assert artifacts.compile_target(cfg)["npu"] == "RBLN-CR13"
-    kind, read = artifacts.read_artifact_config(out)
-    assert kind == "torch" and artifacts.check_layout(out, kind, read, artifacts.read_manifest(out))["ok"]
+    assert compile_target(cfg)["npu"] == "RBLN-CR13"
+    kind, read = read_artifact_config(out)
+    assert kind == "torch" and check_layout(out, kind, read, read_manifest(out))["ok"]
     plan = build_plan("cpu-tiny", model=str(model))
-    assert artifacts.resolved_from_rbln_config(cfg) == plan.resolved
+    assert resolved_from_rbln_config(cfg) == plan.resolved
     code, _, stderr = run_main(_compile_argv("cpu-tiny", model, out, cache, "--force"), capsys)
     assert code == 0 and "cache hit" in stderr
 
@@ -262,7 +271,7 @@ def test_concurrent_compiles_busy_then_sigterm_cleans_up(tmp_path, tiny_model, e
     inside = tmp_path / "inside-compile"
     first = _spawn(tmp_path, tiny_model, out, inside)  # holds inside optimum-rbln's first graph compile
     try:
-        owner = artifacts.lock_path(out).with_name(artifacts.lock_path(out).name + ".owner")
+        owner = lock_path(out).with_name(lock_path(out).name + ".owner")
         deadline = time.monotonic() + 180  # a fresh interpreter imports torch, transformers and optimum-rbln
         while time.monotonic() < deadline and not inside.exists() and first.poll() is None:
             time.sleep(0.05)
@@ -302,7 +311,7 @@ def test_a_hub_id_in_the_local_hf_cache_is_hashed_and_cached(tmp_path, monkeypat
     assert code == 0, stderr
     assert json.loads(stdout)["result"]["cache"] == "miss"
     assert auto.calls[0]["model_id"] == str(snapshot)
-    model = json.loads((tmp_path / "o" / artifacts.MANIFEST_NAME).read_text())["model"]
+    model = json.loads((tmp_path / "o" / MANIFEST_NAME).read_text())["model"]
     assert model["id"] == "Qwen/Qwen3-VL-2B-Instruct" and len(model["sha256"]) == 64
     code, stdout, stderr = run_main([*argv, "--force", "--json"], capsys)
     assert code == 0 and json.loads(stdout)["result"]["cache"] == "hit" and len(auto.calls) == 1

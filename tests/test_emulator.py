@@ -124,17 +124,18 @@ def _infer(capsys: Any, *args: str) -> tuple[int, dict | None, str]:
 
 
 def test_compile_layout_and_marks(art: Path):
-    from qwenvl_rbln import artifacts
-    from qwenvl_rbln.backends.emulator import graph
+    from qwenvl_rbln.artifacts.emulated import read_metadata
+    from qwenvl_rbln.artifacts.layout import check_layout, read_artifact_config
+    from qwenvl_rbln.artifacts.manifest import read_manifest
 
-    manifest = artifacts.read_manifest(art)
+    manifest = read_manifest(art)
     assert manifest["emulated"] is True and "emulated by qvl" in manifest["versions"]["rebel-compiler"]
-    kind, cfg = artifacts.read_artifact_config(art)
-    layout = artifacts.check_layout(art, kind, cfg, manifest)
+    kind, cfg = read_artifact_config(art)
+    layout = check_layout(art, kind, cfg, manifest)
     assert layout["ok"], layout
     assert set(layout["graphs"]) == {"prefill", "decoder_batch_2", "decoder_batch_1", "visual/compiled_model"}
     for info in layout["graphs"].values():
-        meta = graph.read_metadata(art / info["file"])
+        meta = read_metadata(art / info["file"])
         assert meta["emulated"] == "true" and "EMULATED" in meta["marker"]
     assert cfg["kvcache_num_blocks"] == 8  # sized automatically: 2 rows x 4096 / 1024
     assert sorted(cfg["visual"]["max_seq_len"]) == BUCKETS

@@ -10,7 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from qwenvl_rbln.backends.emulator import graph, ops, rebel_api  # noqa: E402
+from qwenvl_rbln.artifacts.emulated import is_emulated_file  # noqa: E402
+from qwenvl_rbln.backends.emulator import ops, rebel_api  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -157,4 +158,4 @@ def test_kv_buffers_grow_with_exp_multiply_buffer_size(tmp_path):
     assert sum(cm.exp_get_dram_tensor_sizes()["past_key_values_0"][0]) == 5 * sum(before) == 5 * 3 * 4 * 4
     cm.save(tmp_path / "k.rbln")
     assert rebel_api.RBLNCompiledModel(tmp_path / "k.rbln").static_specs()["past_key_values_0"][0] == [15, 4]
-    assert graph.is_emulated_file(tmp_path / "k.rbln")
+    assert is_emulated_file(tmp_path / "k.rbln")

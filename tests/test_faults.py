@@ -24,7 +24,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qwenvl_rbln import artifacts
+from qwenvl_rbln.artifacts import cache as artifact_cache
+from qwenvl_rbln.artifacts import layout as artifact_layout
+from qwenvl_rbln.artifacts import manifest as artifact_manifest
+from qwenvl_rbln.artifacts import staging as artifact_staging
+from qwenvl_rbln.artifacts.manifest import (
+    MANIFEST_NAME,
+    RBLN_CONFIG_NAME,
+    TORCH_CONFIG_NAME,
+    manifest_for_plan,
+    read_manifest,
+    sha256_file,
+    verify_manifest,
+    write_manifest,
+)
 from qwenvl_rbln.planning.plan import build_plan
 from tests.fakes_rbln import TINY_CONFIG, install, make_auto, run_main, temp_entries, write_hf_model
 from tests.helpers_cli import REPO, run_qvl
@@ -42,7 +55,7 @@ def tree(root: Path) -> dict[str, str]:
     out = {}
     for path in sorted(Path(root).rglob("*")):
         if path.is_file():
-            out[path.relative_to(root).as_posix()] = artifacts.sha256_file(path)
+            out[path.relative_to(root).as_posix()] = sha256_file(path)
     return out
 
 
@@ -93,7 +106,7 @@ _KILL_SCRIPT = textwrap.dedent(
     import sys, time
     sys.path.insert(0, {repo!r})
     from pathlib import Path
-    from qwenvl_rbln import artifacts
+    from qwenvl_rbln.artifacts import manifest as artifact_manifest
     from qwenvl_rbln.planning.plan import build_plan
     from tests import fakes_rbln
 
@@ -116,13 +129,13 @@ _KILL_SCRIPT = textwrap.dedent(
     elif phase == "manifest":  # the manifest's temp file is written, the rename never happens
         plan = build_plan("rebel100-1npu", model={model!r})
         fakes_rbln.install_plain(fakes_rbln.make_auto(plan))
-        real_write = artifacts._write_json_atomic
+        real_write = artifact_manifest.write_json_atomic
         def write_json(path, data):
-            if Path(path).name != artifacts.MANIFEST_NAME:
+            if Path(path).name != artifact_manifest.MANIFEST_NAME:
                 return real_write(path, data)
             Path(path).with_name("." + Path(path).name + ".qvl-tmp-half").write_text("{{\\"files\\": ")
             stall("manifest")
-        artifacts._write_json_atomic = write_json
+        artifact_manifest.write_json_atomic = write_json
     elif phase == "copy":  # torch backend: the model copy stops after one file
         import shutil
         from qwenvl_rbln.backends import torch_ref_compile
@@ -198,22 +211,22 @@ def test_sigkill_mid_write_keeps_the_old_artifact_and_the_next_run_cleans_up(
     code, _, err = run_main(compile_argv(preset, model, out, tmp_path / "cache", "--force", "--no-cache"), capsys)
     assert code == 0, err
     assert temp_entries(tmp_path) == []
-    assert artifacts.verify_manifest(out, artifacts.read_manifest(out))["ok"]
+    assert verify_manifest(out, read_manifest(out))["ok"]
 
 
 # ------------------------------------------------------------------- KeyboardInterrupt (Ctrl-C) and SIGTERM
 
 
 def _interrupt_manifest(monkeypatch):
-    real = artifacts._write_json_atomic
+    real = artifact_manifest.write_json_atomic
 
     def write_json(path, data):
-        if Path(path).name == artifacts.MANIFEST_NAME:
+        if Path(path).name == MANIFEST_NAME:
             Path(path).write_text('{"files": {', encoding="utf-8")  # half a manifest in the staging dir
             raise KeyboardInterrupt
         return real(path, data)
 
-    monkeypatch.setattr(artifacts, "_write_json_atomic", write_json)
+    monkeypatch.setattr(artifact_manifest, "write_json_atomic", write_json)
 
 
 def _interrupt_torch_copy(monkeypatch):
@@ -240,7 +253,7 @@ def _interrupt_the_final_rename(monkeypatch):
             raise KeyboardInterrupt
         return real(src, dst)
 
-    monkeypatch.setattr(artifacts.os, "rename", rename)
+    monkeypatch.setattr(artifact_staging.os, "rename", rename)
 
 
 @pytest.mark.parametrize(
@@ -299,7 +312,7 @@ def test_ctrl_c_in_read_only_commands_exit_130_one_line(tmp_path, monkeypatch, c
     monkeypatch.setattr(media, "probe_image", interrupt)
     code, _, err = run_main(["bucket-plan", str(png)], capsys)
     assert code == 130 and "interrupted" in one_error_line(err)
-    monkeypatch.setattr(artifacts, "verify_manifest", interrupt)
+    monkeypatch.setattr(artifact_layout, "verify_manifest", interrupt)
     code, _, err = run_main(["load-check", str(out), "--no-runtime"], capsys)
     assert code == 130 and "interrupted" in one_error_line(err)
     assert tree(out) == torch_good[1]
@@ -326,14 +339,14 @@ def _full_disk_in_copy(monkeypatch):
 
 
 def _full_disk_in_manifest(monkeypatch):
-    real = artifacts._write_json_atomic
+    real = artifact_manifest.write_json_atomic
 
     def write_json(path, data):
-        if Path(path).name == artifacts.MANIFEST_NAME:
+        if Path(path).name == MANIFEST_NAME:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         return real(path, data)
 
-    monkeypatch.setattr(artifacts, "_write_json_atomic", write_json)
+    monkeypatch.setattr(artifact_manifest, "write_json_atomic", write_json)
 
 
 @pytest.mark.parametrize(
@@ -371,12 +384,12 @@ def test_full_disk_in_the_cache_is_a_warning_not_a_failure(tmp_path, monkeypatch
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
         return real(src, dst, *a, **k)
 
-    monkeypatch.setattr(artifacts.shutil, "copy2", copy2)
+    monkeypatch.setattr(artifact_cache.shutil, "copy2", copy2)
     out = tmp_path / "out"
     code, _, err = run_main(compile_argv("cpu-tiny", tiny_model, out, tmp_path / "cache"), capsys)
     assert code == 0, err
     assert "could not store the artifact in the compile cache" in err and "No space left on device" in err
-    assert artifacts.verify_manifest(out, artifacts.read_manifest(out))["ok"]
+    assert verify_manifest(out, read_manifest(out))["ok"]
     assert temp_entries(tmp_path) == [] and not [
         p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")
     ]
@@ -506,7 +519,7 @@ def test_two_compiles_racing_one_wins_the_other_exits_6_naming_the_holder(tmp_pa
     (loser,) = [r for r in results if r[3] == 6]
     line = one_error_line(loser[2])
     assert f"pid {winner[0]}" in line and str(out) in line and "fix:" in line, line
-    assert artifacts.verify_manifest(out, artifacts.read_manifest(out))["ok"]
+    assert verify_manifest(out, read_manifest(out))["ok"]
     assert temp_entries(tmp_path) == []
     assert not [p.name for p in tmp_path.iterdir() if "lock" in p.name]  # the lock lives under $QVL_HOME
     code, _, err = run_main(["load-check", str(out), "--no-runtime"], capsys)
@@ -553,11 +566,11 @@ def test_files_changed_after_compile_are_named_by_load_check(damage, backend, vi
 
 def test_manifest_itself_truncated_or_deleted(rbln_good, capsys):
     out = rbln_good[0]
-    manifest = out / artifacts.MANIFEST_NAME
+    manifest = out / MANIFEST_NAME
     text = manifest.read_text()
     manifest.write_text(text[: len(text) // 2])
     code, _, err = run_main(["load-check", str(out), "--no-runtime"], capsys)
-    assert code == 2 and artifacts.MANIFEST_NAME in one_error_line(err)
+    assert code == 2 and MANIFEST_NAME in one_error_line(err)
     manifest.unlink()  # an rbln artifact without a manifest still loads: load-check says edits are undetectable
     code, stdout, err = run_main(["load-check", str(out), "--no-runtime", "--json"], capsys)
     assert code == 0, err
@@ -675,9 +688,9 @@ def _apply(doc, edits):
     kind=st.sampled_from(["torch", "rbln"]),
     name=st.sampled_from(
         [
-            artifacts.MANIFEST_NAME,
-            artifacts.TORCH_CONFIG_NAME,
-            artifacts.RBLN_CONFIG_NAME,
+            MANIFEST_NAME,
+            TORCH_CONFIG_NAME,
+            RBLN_CONFIG_NAME,
             "config.json",
             "model.safetensors.index.json",
         ]
@@ -728,8 +741,8 @@ def pristine(tmp_path_factory):
     run_compile(plan, estimate_plan(plan), use_cache=False, heartbeat_s=0)
     rplan = build_plan("rebel100-1npu-batch4")
     write_artifact(root / "rbln", rplan)
-    manifest = artifacts.manifest_for_plan(rplan, model={"id": "x"}, versions={}, cache_key=None)
-    artifacts.write_manifest(root / "rbln", manifest)
+    manifest = manifest_for_plan(rplan, model={"id": "x"}, versions={}, cache_key=None)
+    write_manifest(root / "rbln", manifest)
     return {"torch": root / "torch", "rbln": root / "rbln"}
 
 
@@ -742,7 +755,7 @@ def test_force_never_replaces_a_directory_that_is_not_an_artifact(where, tmp_pat
     (precious / "thesis.txt").write_text("keep me")
     (precious / "sub").mkdir()
     if where != "user-files":  # looks like an artifact, but it is where the user stands / lives
-        (precious / artifacts.MANIFEST_NAME).write_text("{}")
+        (precious / MANIFEST_NAME).write_text("{}")
     monkeypatch.chdir(precious if where == "cwd" else tmp_path)
     if where == "home":
         monkeypatch.setenv("HOME", str(precious))

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from qwenvl_rbln import artifacts
+from qwenvl_rbln.artifacts.manifest import RBLN_CONFIG_NAME, write_manifest
 from qwenvl_rbln.planning.plan import build_plan
 from tests.emulated_rbln import compile_emulated
 from tests.fakes_rbln import (
@@ -30,7 +30,7 @@ def _artifact(tmp_path, preset="rebel100-1npu", *, manifest=True, placement=None
     root = write_artifact(tmp_path / "art", plan, alloc=alloc)
     if manifest:
         data = {"format": 1, "npu": plan.npu, "placement": placement or plan.placement, "rbln_config": plan.rbln_config}
-        artifacts.write_manifest(root, data)
+        write_manifest(root, data)
     return plan, root
 
 
@@ -238,7 +238,7 @@ def test_calibrate_without_rebel_says_why(tmp_path, monkeypatch, capsys):
 
 
 def _edit_rbln_config(root, edit):
-    path = root / artifacts.RBLN_CONFIG_NAME
+    path = root / RBLN_CONFIG_NAME
     cfg = json.loads(path.read_text())
     edit(cfg)
     path.write_text(json.dumps(cfg))
@@ -271,7 +271,7 @@ def test_bad_device_memory_and_a_file_instead_of_a_directory_are_one_line_errors
         code, out, err = run_main(["load-check", str(root), "--no-runtime", "--device-memory", value], capsys)
         assert code == 2 and out == "" and err.strip().startswith(f"qvl: error: --device-memory={value!r} {says}")
         assert "recompile" not in err  # a flag typo, not a damaged artifact
-    code, _, err = run_main(["load-check", str(root / artifacts.RBLN_CONFIG_NAME)], capsys)
+    code, _, err = run_main(["load-check", str(root / RBLN_CONFIG_NAME)], capsys)
     assert code == 2 and "is a file, not a directory" in err
 
 

@@ -228,12 +228,12 @@ def test_compile_errors_map_to_exit_codes(tmp_path, monkeypatch):
 
 def test_exact_allocations_count_the_shared_kv_cache_once(tiny_rbln, emulated):
     """The emulated graphs' own allocations: every LM graph holds the same KV cache, counted once per device."""
-    from qwenvl_rbln import artifacts
+    from qwenvl_rbln.artifacts.layout import graph_files
     from qwenvl_rbln.backends.emulator import rebel_api
 
     plan = build_plan(TINY)
     cfg = json.loads((tiny_rbln / "rbln_config.json").read_text())
-    graphs = artifacts.graph_files(cfg)
+    graphs = graph_files(cfg)
     mem = backend.read_allocations(tiny_rbln, graphs, {"device": 0, "visual_device": 1}, npu_spec("RBLN-CR13"))
     assert mem["source"] == "exact"
     dev0, dev1 = mem["devices"]
@@ -266,9 +266,9 @@ def test_exact_allocations_over_the_card_do_not_fit(tmp_path, monkeypatch):
     plan = build_plan("rebel100-1npu-batch4")
     install(monkeypatch, None, rebel=make_rebel(), with_optimum=False)
     root = write_artifact(tmp_path / "art", plan)
-    from qwenvl_rbln import artifacts
+    from qwenvl_rbln.artifacts.layout import graph_files
 
-    graphs = artifacts.graph_files(json.loads((root / "rbln_config.json").read_text()))
+    graphs = graph_files(json.loads((root / "rbln_config.json").read_text()))
     mem = backend.read_allocations(root, graphs, {"device": 0, "visual_device": 1}, npu_spec("RBLN-CR13"))
     assert mem["source"] == "exact"
     dev0, dev1 = mem["devices"]

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from qwenvl_rbln import artifacts  # noqa: E402
+from qwenvl_rbln.artifacts.manifest import manifest_for_plan, write_manifest
 from qwenvl_rbln.planning.plan import build_plan  # noqa: E402
 from tests.emulated_rbln import compile_emulated  # noqa: E402
 from tests.fakes_rbln import run_main, write_artifact  # noqa: E402
@@ -74,10 +74,8 @@ def npu_layout(preset: Path, tiny: Path, tmp_path_factory: pytest.TempPathFactor
     )
     for name in PROCESSOR_FILES:
         shutil.copy2(tiny / name, art / name)
-    manifest = artifacts.manifest_for_plan(
-        plan, model={"id": "qvl:tiny", "local_path": str(tiny)}, versions={}, cache_key=None
-    )
-    artifacts.write_manifest(art, manifest)
+    manifest = manifest_for_plan(plan, model={"id": "qvl:tiny", "local_path": str(tiny)}, versions={}, cache_key=None)
+    write_manifest(art, manifest)
     return art
 
 

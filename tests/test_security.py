@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qwenvl_rbln import artifacts
+from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME, manifest_for_plan, sha256_file, unsafe_relpath, write_manifest
 from qwenvl_rbln.errors import InputError, QvlError
 from qwenvl_rbln.planning.plan import build_plan
 from qwenvl_rbln.planning.presets import load_preset
@@ -404,7 +404,7 @@ def test_a_malicious_pth_in_an_artifact_is_hashed_never_unpickled(tmp_path, monk
     out = write_artifact(tmp_path / "art", plan)
     for rel in ("torch_artifacts.pth", "visual/torch_artifacts.pth"):
         (out / rel).write_bytes(blob)
-    artifacts.write_manifest(out, artifacts.manifest_for_plan(plan, model={"id": "x"}, versions={}, cache_key=None))
+    write_manifest(out, manifest_for_plan(plan, model={"id": "x"}, versions={}, cache_key=None))
     code, _, err = run_main(["load-check", str(out), "--no-runtime"], capsys)
     assert code == 0, err  # hashed and verified against the manifest ...
     (out / "torch_artifacts.pth").write_bytes(blob + b".")
@@ -450,8 +450,8 @@ def test_compile_writes_only_the_output_dir_its_siblings_and_the_cache(tmp_path,
         p for p in created if not p.startswith(allowed)
     )
     assert not (tmp_path / "escape-out").exists() and not (tmp_path.parent / "escape.safetensors").exists()
-    names = json.loads((out / artifacts.MANIFEST_NAME).read_text())["files"]
-    assert names and all(not artifacts.unsafe_relpath(n) for n in names)  # manifest names are plain relative
+    names = json.loads((out / MANIFEST_NAME).read_text())["files"]
+    assert names and all(not unsafe_relpath(n) for n in names)  # manifest names are plain relative
 
 
 @pytest.mark.parametrize("value", ["../../escape", "/tmp/qvl-escape-abs", "ok/../../escape", "~/qvl-escape"])
@@ -470,6 +470,8 @@ def test_a_preset_file_cannot_send_output_outside_the_working_directory(tmp_path
 
 @pytest.mark.parametrize("entry", ["../../outside.bin", "/etc/hostname", "a/../../outside.bin", "~/x"])
 def test_a_manifest_naming_paths_outside_the_artifact_is_refused_not_read(tmp_path, capsys, monkeypatch, entry):
+    from qwenvl_rbln.artifacts import manifest as manifest_module
+
     model = write_hf_model(tmp_path / "tiny", TINY_CONFIG)
     out = tmp_path / "art" / "out"
     code, _, err = run_main(
@@ -478,12 +480,13 @@ def test_a_manifest_naming_paths_outside_the_artifact_is_refused_not_read(tmp_pa
     assert code == 0, err
     outside = tmp_path / "art" / "outside.bin"
     outside.write_bytes(b"secret")
-    manifest = json.loads((out / artifacts.MANIFEST_NAME).read_text())
-    manifest["files"][entry] = {"sha256": artifacts.sha256_file(outside), "size": 6}
-    (out / artifacts.MANIFEST_NAME).write_text(json.dumps(manifest))
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    manifest["files"][entry] = {"sha256": sha256_file(outside), "size": 6}
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest))
     opened: list[str] = []
-    real = artifacts.sha256_file
-    monkeypatch.setattr(artifacts, "sha256_file", lambda p, *a: opened.append(str(p)) or real(p, *a))
+    real = sha256_file
+    # verify_manifest looks sha256_file up in its own module
+    monkeypatch.setattr(manifest_module, "sha256_file", lambda p, *a: opened.append(str(p)) or real(p, *a))
     code, _, err = run_main(["load-check", str(out), "--no-runtime"], capsys)
     assert code == 2, err
     line = [ln for ln in err.splitlines() if ln.startswith("qvl: error")][0]

@@ -21,8 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from qwenvl_rbln import artifacts, serving
+from qwenvl_rbln.artifacts.last_compile import record_last_compile
+from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME, TORCH_CONFIG_NAME, write_manifest
 from qwenvl_rbln.planning.plan import build_plan
+from qwenvl_rbln.serving.bench import bench_command
+from qwenvl_rbln.serving.command import serve_command
+from qwenvl_rbln.serving.flags import parse_count, parse_flags
+from qwenvl_rbln.serving.options import PACKING_ENV, PLUGIN_GROUP, PLUGIN_NAME, BenchOptions, ServeOptions
 from tests.fakes_rbln import rbln_config_json, run_main, write_artifact
 from tests.helpers_cli import REPO, run_qvl
 from tests.stand_in_vllm import RECORD_ENV, install_stand_in, read_record
@@ -46,7 +51,7 @@ def make_artifact(path: Path, plan, *, manifest: bool = True, cfg: dict | None =
             "model": {"id": "Qwen/Qwen3-VL-2B-Instruct"},
             **extra,
         }
-        artifacts.write_manifest(root, data)
+        write_manifest(root, data)
     return root
 
 
@@ -119,7 +124,7 @@ def test_serve_dry_run_builds_the_command_from_the_artifact(art, capsys, no_exec
     assert flag_value(argv, "--host") == "127.0.0.1" and flag_value(argv, "--port") == "8000"
     assert flag_value(argv, "--served-model-name") == "Qwen/Qwen3-VL-2B-Instruct"
     assert data["env"]["RBLN_VISIBLE_DEVICES"] == "0"
-    assert data["env"][serving.PACKING_ENV] == "1"
+    assert data["env"][PACKING_ENV] == "1"
     names = [c["check"] for c in data["checks"]]
     for name in ("rbln_config", "not emulated", "cls_name", "optimum_rbln_version", "graph files", "processor files"):
         assert name in names
@@ -145,7 +150,7 @@ def test_serve_execs_exactly_what_dry_run_printed(tmp_path, plans, stand_in):
     data = json.loads(shown.stdout)
     assert not stand_in.record.exists()  # --dry-run starts nothing
     assert data["env"]["RBLN_DEVICES"] is None  # the deprecated alias is unset, never left to pick other NPUs
-    assert data["env"]["VLLM_PLUGINS"] == f"rbln,{serving.PLUGIN_NAME}"  # an allowlist gets the plugin added
+    assert data["env"]["VLLM_PLUGINS"] == f"rbln,{PLUGIN_NAME}"  # an allowlist gets the plugin added
     ran = run_qvl(*args, env=env)
     assert ran.exit_code == 0, ran.stderr
     rec = read_record(stand_in.record)
@@ -159,7 +164,7 @@ def test_serve_execs_exactly_what_dry_run_printed(tmp_path, plans, stand_in):
 
 def test_default_dir_is_the_last_compile_as_for_infer(art, capsys, monkeypatch, tmp_path, no_exec):
     monkeypatch.setenv("QVL_HOME", str(tmp_path / "home"))
-    artifacts.record_last_compile(art, "rebel100-1npu")
+    record_last_compile(art, "rebel100-1npu")
     assert dry(["serve"], capsys)["argv"][2] == str(art.absolute())
     assert dry(["serve", "--", "--enforce-eager"], capsys)["argv"][-1] == "--enforce-eager"
     assert flag_value(dry(["bench-serve"], capsys)["argv"], "--tokenizer") == str(art.absolute())
@@ -209,7 +214,7 @@ def _bad_json(root: Path, cfg: dict) -> None:
 
 
 def _torch_artifact(root: Path, cfg: dict) -> None:
-    (root / "rbln_config.json").rename(root / artifacts.TORCH_CONFIG_NAME)
+    (root / "rbln_config.json").rename(root / TORCH_CONFIG_NAME)
 
 
 PREFLIGHT = {
@@ -269,7 +274,7 @@ def test_emulated_artifact_is_refused(tmp_path, plans, capsys, no_exec):
 
 
 def test_emulated_graph_without_a_manifest_is_refused(tmp_path, plans, capsys, no_exec):
-    from qwenvl_rbln.backends.emulator.graph import FORMAT
+    from qwenvl_rbln.artifacts.emulated import FORMAT
 
     root = make_artifact(tmp_path / "emu", plans["rebel100-1npu"], manifest=False)
     header = json.dumps({"__metadata__": {"format": FORMAT, "emulated": "true"}}).encode()
@@ -365,10 +370,10 @@ def test_users_processor_kwargs_and_limits_replace_qvls(art, capsys, no_exec):
 
 
 def test_parse_flags_reads_both_spellings():
-    got = serving.parse_flags(["--a", "1", "--b=2", "--c", "--d", "-5", "x", "-tp", "2"])
+    got = parse_flags(["--a", "1", "--b=2", "--c", "--d", "-5", "x", "-tp", "2"])
     assert [(f, v) for f, v, _, _ in got] == [("--a", "1"), ("--b", "2"), ("--c", None), ("--d", "-5"), ("-tp", "2")]
-    assert serving.parse_count("32k") == 32000 and serving.parse_count("32K") == 32768
-    assert serving.parse_count("1.5k") == 1500 and serving.parse_count("auto") is None
+    assert parse_count("32k") == 32000 and parse_count("32K") == 32768
+    assert parse_count("1.5k") == 1500 and parse_count("auto") is None
 
 
 # -------------------------------------------------------------------------------------------- placement
@@ -407,9 +412,9 @@ def test_inherited_visible_devices_are_replaced_and_said_so(art, capsys, monkeyp
 
 def test_a_damaged_recorded_placement_is_one_line(tmp_path, plans, capsys, no_exec):
     root = make_artifact(tmp_path / "art", plans["rebel100-1npu"])
-    manifest = json.loads((root / artifacts.MANIFEST_NAME).read_text())
+    manifest = json.loads((root / MANIFEST_NAME).read_text())
     manifest["placement"] = {"device": "zero", "visual_device": 0}
-    (root / artifacts.MANIFEST_NAME).write_text(json.dumps(manifest))
+    (root / MANIFEST_NAME).write_text(json.dumps(manifest))
     assert "'zero'" in refused(["serve", str(root)], capsys)
     assert dry(["serve", str(root), "--device", "0"], capsys)["env"]["RBLN_VISIBLE_DEVICES"] == "0"
 
@@ -521,9 +526,9 @@ def test_no_vllm_import_anywhere(art):
 
 def test_plugin_entry_point_is_declared_and_installed():
     data = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
-    group = data["project"]["entry-points"][serving.PLUGIN_GROUP]
-    assert group == {serving.PLUGIN_NAME: "qwenvl_rbln.serving.vllm_plugin:register"}
-    found = [ep for ep in metadata.entry_points(group=serving.PLUGIN_GROUP) if ep.name == serving.PLUGIN_NAME]
+    group = data["project"]["entry-points"][PLUGIN_GROUP]
+    assert group == {PLUGIN_NAME: "qwenvl_rbln.serving.vllm_plugin:register"}
+    found = [ep for ep in metadata.entry_points(group=PLUGIN_GROUP) if ep.name == PLUGIN_NAME]
     assert len(found) == 1, "reinstall qvl (`make install`) so the installed metadata carries the entry point"
     from qwenvl_rbln.serving import vllm_plugin
 
@@ -576,16 +581,16 @@ def packing_module(monkeypatch, fake_optimum):
 
 
 def test_plugin_does_nothing_unless_serve_enabled_packing(plugin, packing_module, fake_optimum, monkeypatch, capsys):
-    monkeypatch.delenv(serving.PACKING_ENV, raising=False)
+    monkeypatch.delenv(PACKING_ENV, raising=False)
     plugin.register()
-    monkeypatch.setenv(serving.PACKING_ENV, "0")
+    monkeypatch.setenv(PACKING_ENV, "0")
     plugin.register()
     assert packing_module == [] and fake_optimum().forward(None) == "unpacked"
     assert capsys.readouterr().err == ""
 
 
 def test_plugin_installs_the_packed_forward_once(plugin, packing_module, fake_optimum, monkeypatch, capsys):
-    monkeypatch.setenv(serving.PACKING_ENV, "1")
+    monkeypatch.setenv(PACKING_ENV, "1")
     plugin.register()
     plugin.register()  # vLLM may load plugins more than once per process
     assert packing_module == [1]
@@ -594,7 +599,7 @@ def test_plugin_installs_the_packed_forward_once(plugin, packing_module, fake_op
 
 
 def test_plugin_without_packing_module_warns_in_one_line(plugin, monkeypatch, capsys):
-    monkeypatch.setenv(serving.PACKING_ENV, "1")
+    monkeypatch.setenv(PACKING_ENV, "1")
     monkeypatch.setitem(sys.modules, "qwenvl_rbln.backends.vit_packing", None)
     plugin.register()
     err = capsys.readouterr().err.strip().splitlines()
@@ -602,7 +607,7 @@ def test_plugin_without_packing_module_warns_in_one_line(plugin, monkeypatch, ca
 
 
 def test_plugin_without_optimum_warns_in_one_line(plugin, monkeypatch, capsys):
-    monkeypatch.setenv(serving.PACKING_ENV, "1")
+    monkeypatch.setenv(PACKING_ENV, "1")
     mod = types.ModuleType("qwenvl_rbln.backends.vit_packing")
 
     def install_on_class():
@@ -618,7 +623,7 @@ def test_plugin_without_optimum_warns_in_one_line(plugin, monkeypatch, capsys):
 def test_real_packing_module_patches_the_optimum_class(plugin, fake_optimum, monkeypatch):
     """With issue 11's packed forward present: register() reaches optimum-rbln's class through it."""
     vit_packing = pytest.importorskip("qwenvl_rbln.backends.vit_packing")
-    monkeypatch.setenv(serving.PACKING_ENV, "1")
+    monkeypatch.setenv(PACKING_ENV, "1")
     before = fake_optimum.forward
     try:
         plugin.register()
@@ -632,15 +637,15 @@ def test_real_packing_module_patches_the_optimum_class(plugin, fake_optimum, mon
 def test_serve_packing_switches(art, tmp_path, capsys, monkeypatch, no_exec):
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
     on = dry(["serve", str(art)], capsys)
-    assert on["env"][serving.PACKING_ENV] == "1" and "VLLM_PLUGINS" not in on["env"]
+    assert on["env"][PACKING_ENV] == "1" and "VLLM_PLUGINS" not in on["env"]
     off = dry(["serve", str(art), "--no-vit-packing"], capsys)
-    assert off["env"][serving.PACKING_ENV] == "0"
+    assert off["env"][PACKING_ENV] == "0"
     assert any(c["check"] == "vit packing" and c["detail"].startswith("off") for c in off["checks"])
     preset = tmp_path / "no-packing.yaml"
     preset.write_text("extends: rebel100-1npu\nruntime:\n  vit_packing: false\n")
-    assert dry(["serve", str(art), "--preset", str(preset)], capsys)["env"][serving.PACKING_ENV] == "0"
-    assert dry(["serve", str(art), "--preset", str(preset), "--vit-packing"], capsys)["env"][serving.PACKING_ENV] == "1"
-    monkeypatch.setenv("VLLM_PLUGINS", f"rbln,{serving.PLUGIN_NAME}")
+    assert dry(["serve", str(art), "--preset", str(preset)], capsys)["env"][PACKING_ENV] == "0"
+    assert dry(["serve", str(art), "--preset", str(preset), "--vit-packing"], capsys)["env"][PACKING_ENV] == "1"
+    monkeypatch.setenv("VLLM_PLUGINS", f"rbln,{PLUGIN_NAME}")
     assert "VLLM_PLUGINS" not in dry(["serve", str(art)], capsys)["env"]  # already allowed: left alone
 
 
@@ -662,7 +667,7 @@ def test_a_real_emulated_compile_is_refused_with_or_without_its_manifest(tmp_pat
     r = run_qvl("compile", "--preset", "cpu-tiny-rbln", "-o", str(out), env=env, timeout=600)
     assert r.exit_code == 0, r.stderr[-2000:]
     assert "emulated: true" in refused(["serve", str(out), "--dry-run"], capsys)
-    (out / artifacts.MANIFEST_NAME).unlink()
+    (out / MANIFEST_NAME).unlink()
     assert "written by qvl's CPU emulator" in refused(["serve", str(out), "--dry-run"], capsys)
 
 
@@ -683,8 +688,8 @@ def test_hostile_rbln_config_values_are_input_errors_never_tracebacks(tmp_path, 
             (cfg[section] if section else cfg)[name] = value
             (root / "rbln_config.json").write_text(json.dumps(cfg))
             for build in (
-                lambda: serving.serve_command(serving.ServeOptions(directory=root), {}),
-                lambda: serving.bench_command(serving.BenchOptions(directory=root)),
+                lambda: serve_command(ServeOptions(directory=root), {}),
+                lambda: bench_command(BenchOptions(directory=root)),
             ):
                 with contextlib.suppress(QvlError):  # anything else (TypeError, KeyError...) fails the test
                     build()
@@ -711,13 +716,13 @@ def test_a_bad_limit_mm_per_prompt_in_the_preset_is_one_line(art, tmp_path, caps
 def test_an_artifact_without_a_preset_serves_the_limit_recorded_at_compile(art, tmp_path, capsys, no_exec):
     preset = tmp_path / "limits.yaml"
     preset.write_text("extends: rebel100-1npu\nruntime:\n  limit_mm_per_prompt: {image: 2}\n")
-    from qwenvl_rbln import artifacts as _artifacts
+    from qwenvl_rbln.artifacts.manifest import manifest_for_plan, read_manifest, write_manifest
     from qwenvl_rbln.planning.plan import build_plan
 
-    manifest = _artifacts.manifest_for_plan(build_plan(str(preset)), model={}, versions={}, cache_key=None)
+    manifest = manifest_for_plan(build_plan(str(preset)), model={}, versions={}, cache_key=None)
     assert manifest["runtime"] == {"vit_packing": True, "limit_mm_per_prompt": {"image": 2}}
-    on_disk = _artifacts.read_manifest(art)  # the fixture's own manifest, given the runtime section a compile records
+    on_disk = read_manifest(art)  # the fixture's own manifest, given the runtime section a compile records
     on_disk["runtime"] = manifest["runtime"]
-    _artifacts.write_manifest(art, on_disk)
+    write_manifest(art, on_disk)
     argv = dry(["serve", str(art)], capsys)["argv"]
     assert json.loads(flag_value(argv, "--limit-mm-per-prompt")) == {"image": 2}

@@ -139,15 +139,14 @@ def artifact_problem(root: Path, cfg: dict[str, Any], manifest: dict[str, Any] |
     """
     from importlib import metadata
 
+    from qwenvl_rbln.artifacts.emulated import is_emulated_artifact
     from qwenvl_rbln.backends import emulator
     from qwenvl_rbln.backends.emulator import graph as emulated_graph
     from qwenvl_rbln.errors import InputError
 
     root = Path(root)
     files = [root / info["file"] for info in graphs.values() if (root / info["file"]).is_file()]
-    marked = bool(manifest and manifest.get("emulated") is True) or any(
-        emulated_graph.is_emulated_file(f) for f in files
-    )
+    marked = is_emulated_artifact(root, manifest, [info["file"] for info in graphs.values()])
     if emulator.is_active():
         if not marked:
             return InputError(

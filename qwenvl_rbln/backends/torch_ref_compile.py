@@ -21,7 +21,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln.artifacts import MANIFEST_NAME, QWEN3_VL_CONFIG_CLS, TORCH_CONFIG_NAME, list_files
+from qwenvl_rbln.artifacts.layout import QWEN3_VL_CONFIG_CLS
+from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME, TORCH_CONFIG_NAME, list_files
 from qwenvl_rbln.errors import BackendError, DependencyMissing, InputError
 
 TORCH_INSTALL_HINT = "pip install torch torchvision transformers==5.15.1 (or `pip install 'qwenvl-rbln[torch]'`)"

@@ -1,6 +1,6 @@
 """`qvl serve` and `qvl bench-serve`: hand a compiled artifact to vllm-rbln, checked before anything starts.
 
-Both commands build their command line in ``qwenvl_rbln/serving.py`` (preflight, argv, environment, as data) and
+Both commands build their command line in ``qwenvl_rbln/serving/`` (preflight, argv, environment, as data) and
 then either print it (``--dry-run``; ``--json``: ``{"argv": [...], "env": {...}, "checks": [...]}``) or exec
 ``vllm`` with exactly that argv and environment. The human ``--dry-run`` output is a shell script: the checks as
 comments, the environment as ``export``/``unset`` lines, then the command.
@@ -65,7 +65,7 @@ def _run(launch: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> N
     import shlex
     import sys
 
-    from qwenvl_rbln import serving
+    from qwenvl_rbln.serving.launch import VLLM_INSTALL_HINT, find_vllm
     from qwenvl_rbln.views import render
 
     for line in warnings:
@@ -74,7 +74,7 @@ def _run(launch: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> N
         render.emit(launch.to_dict(), as_json=as_json, human=human)
         return
     env = launch.exec_env(os.environ)
-    found = serving.find_vllm(env)
+    found = find_vllm(env)
     render.info(f"qvl: exec {shlex.join(launch.argv)}")
     sys.stdout.flush()
     sys.stderr.flush()
@@ -83,7 +83,7 @@ def _run(launch: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> N
     except OSError as exc:  # found but not runnable (bad interpreter line, no permission)
         from qwenvl_rbln.errors import DependencyMissing
 
-        raise DependencyMissing(f"`vllm` ({found}) could not be started: {exc}", serving.VLLM_INSTALL_HINT) from None
+        raise DependencyMissing(f"`vllm` ({found}) could not be started: {exc}", VLLM_INSTALL_HINT) from None
 
 
 def register(app: typer.Typer) -> None:
@@ -113,11 +113,12 @@ def register(app: typer.Typer) -> None:
         """Serve a compiled artifact with vllm-rbln (OpenAI API), after checking it: `vllm serve DIR ...`."""
         import os
 
-        from qwenvl_rbln import serving
         from qwenvl_rbln.memory.placement import parse_device
+        from qwenvl_rbln.serving.command import serve_command
+        from qwenvl_rbln.serving.options import ServeOptions
 
         directory, extra = _split(directory, vllm_args)
-        opts = serving.ServeOptions(
+        opts = ServeOptions(
             directory=directory,
             preset=preset,
             device=parse_device(device, "--device"),
@@ -128,7 +129,7 @@ def register(app: typer.Typer) -> None:
             vit_packing=vit_packing,
             extra=extra,
         )
-        launch, warnings = serving.serve_command(opts, os.environ)
+        launch, warnings = serve_command(opts, os.environ)
         _run(launch, warnings, dry_run=dry_run, as_json=as_json)
 
     @app.command("bench-serve")
@@ -147,10 +148,11 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JsonOpt,
     ) -> None:
         """Load-test a running `qvl serve` with vLLM's own `vllm bench serve` (random images sized to the buckets)."""
-        from qwenvl_rbln import serving
+        from qwenvl_rbln.serving.bench import bench_command
+        from qwenvl_rbln.serving.options import BenchOptions
 
         directory, extra = _split(directory, vllm_args)
-        opts = serving.BenchOptions(
+        opts = BenchOptions(
             directory=directory,
             preset=preset,
             host=host,
@@ -162,5 +164,5 @@ def register(app: typer.Typer) -> None:
             seed=seed,
             extra=extra,
         )
-        launch, warnings = serving.bench_command(opts)
+        launch, warnings = bench_command(opts)
         _run(launch, warnings, dry_run=dry_run, as_json=as_json)

@@ -209,9 +209,9 @@ def _emulation(opts: InferOptions, target: Target) -> bool:
 
 
 def artifacts_graphs(target: Target) -> dict[str, dict[str, str]]:
-    from qwenvl_rbln import artifacts
+    from qwenvl_rbln.artifacts.layout import graph_files
 
-    return artifacts.graph_files(target.config or {})
+    return graph_files(target.config or {})
 
 
 @dataclass

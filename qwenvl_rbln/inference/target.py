@@ -195,9 +195,9 @@ def recompile_command(target: Target, extra_sets: list[str]) -> str:
 
 def _last_compile_record() -> dict[str, str] | None:
     """The last compile's {output_dir, preset}, even when that directory has been deleted since."""
-    from qwenvl_rbln import artifacts
+    from qwenvl_rbln.artifacts.last_compile import last_compile
 
-    return artifacts.last_compile(require_dir=False)
+    return last_compile(require_dir=False)
 
 
 def _preset_output_dir(preset: str, sets: list[str]) -> Path:
@@ -260,13 +260,13 @@ def check_model_files(directory: Path) -> None:
 
 
 def _hf_target(directory: Path, preset: str | None, sets: list[str]) -> Target:
-    from qwenvl_rbln import artifacts
+    from qwenvl_rbln.artifacts.manifest import RBLN_CONFIG_NAME, TORCH_CONFIG_NAME
     from qwenvl_rbln.planning.plan import build_plan
 
     if not (directory / "config.json").is_file():
         raise InputError(
             f"{directory} is neither a qvl artifact nor a Hugging Face model directory "
-            f"(no {artifacts.TORCH_CONFIG_NAME}, {artifacts.RBLN_CONFIG_NAME} or config.json)",
+            f"(no {TORCH_CONFIG_NAME}, {RBLN_CONFIG_NAME} or config.json)",
             "pass the directory `qvl compile` wrote, or a Qwen3-VL model directory",
         )
     _qwen3_vl_config(directory)  # not qwen3_vl -> one clear line
@@ -317,13 +317,19 @@ def _conflict(directory: Path, resolved: Any, plan: Any, explicit_preset: bool, 
 
 
 def _artifact_target(directory: Path, kind: str, preset: str | None, sets: list[str], fallback: str | None) -> Target:
-    from qwenvl_rbln import artifacts
+    from qwenvl_rbln.artifacts.layout import (
+        check_layout,
+        describe_layout_problem,
+        read_artifact_config,
+        resolved_from_rbln_config,
+    )
+    from qwenvl_rbln.artifacts.manifest import RBLN_CONFIG_NAME, TORCH_CONFIG_NAME, read_manifest
 
-    _, cfg = artifacts.read_artifact_config(directory)
-    manifest = artifacts.read_manifest(directory)
+    _, cfg = read_artifact_config(directory)
+    manifest = read_manifest(directory)
     _qwen3_vl_config(directory)  # the artifact's config.json must be a Qwen3-VL config
-    source = directory / (artifacts.RBLN_CONFIG_NAME if kind == "rbln" else artifacts.TORCH_CONFIG_NAME)
-    resolved = artifacts.resolved_from_rbln_config(cfg, source=str(source))
+    source = directory / (RBLN_CONFIG_NAME if kind == "rbln" else TORCH_CONFIG_NAME)
+    resolved = resolved_from_rbln_config(cfg, source=str(source))
     preset_ref = preset or _manifest_preset(manifest) or fallback or DEFAULT_PRESET
     try:
         base = artifact_sets(directory, preset_ref, resolved, manifest)
@@ -341,10 +347,10 @@ def _artifact_target(directory: Path, kind: str, preset: str | None, sets: list[
             f"{directory} was compiled with ViT buckets {resolved.vit_buckets}, preset {plan.preset} says "
             f"{pr.vit_buckets}: using the compiled ones"
         )
-    layout = artifacts.check_layout(directory, kind, cfg, None)  # files present; hashes are load-check's job
+    layout = check_layout(directory, kind, cfg, None)  # files present; hashes are load-check's job
     if layout["missing"] or layout["problems"]:
         raise InputError(
-            f"{directory}: {artifacts.describe_layout_problem({**layout, 'unexpected': [], 'modified': []})}",
+            f"{directory}: {describe_layout_problem({**layout, 'unexpected': [], 'modified': []})}",
             "`qvl load-check DIR` lists every problem; recompile with `qvl compile --force`",
         )
     check_model_files(directory)
@@ -354,7 +360,7 @@ def _artifact_target(directory: Path, kind: str, preset: str | None, sets: list[
 
 def resolve_target(directory: Path | None, preset: str | None, sets: list[str] | None = None) -> Target:
     """The directory to run, its backend and the plan; InputError for anything that cannot run."""
-    from qwenvl_rbln import artifacts
+    from qwenvl_rbln.artifacts.layout import artifact_kind
 
     sets = list(sets or [])
     fallback, notes = None, []
@@ -366,7 +372,7 @@ def resolve_target(directory: Path | None, preset: str | None, sets: list[str] |
     if not directory.is_dir():
         what = "does not exist" if not directory.exists() else "is not a directory"
         raise InputError(f"{directory} {what}", "pass the directory `qvl compile` wrote, or a Qwen3-VL model directory")
-    kind = artifacts.artifact_kind(directory)
+    kind = artifact_kind(directory)
     if kind is None:
         target = _hf_target(directory, preset or fallback, sets)
     else:
@@ -377,11 +383,11 @@ def resolve_target(directory: Path | None, preset: str | None, sets: list[str] |
 
 def resolve_placement(target: Target, device: Any, visual_device: Any) -> dict[str, Any]:
     """The load placement for rbln: the flags, else the manifest's, else the preset's (as load-check)."""
-    from qwenvl_rbln import artifacts
+    from qwenvl_rbln.artifacts.layout import compile_target
     from qwenvl_rbln.memory.placement import check_placement
 
     fallback = {"preset": target.plan.preset, "placement": target.plan.placement}
-    compiled = artifacts.compile_target(target.config or {}, target.manifest)
+    compiled = compile_target(target.config or {}, target.manifest)
     placement = check_placement(device, visual_device, target.manifest, compiled, fallback)
     if not placement["ok"]:
         raise InputError(placement["problems"][0], "pass one device id per compiled device (num_devices)")

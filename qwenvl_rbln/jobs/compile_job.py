@@ -28,7 +28,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln import artifacts
+from qwenvl_rbln.artifacts.cache import cache_key, cache_lookup, cache_store, copy_tree, default_cache_dir
+from qwenvl_rbln.artifacts.last_compile import record_last_compile
+from qwenvl_rbln.artifacts.locks import lock_path, output_lock
+from qwenvl_rbln.artifacts.manifest import (
+    MANIFEST_NAME,
+    collect_versions,
+    compiled_values,
+    manifest_for_plan,
+    model_fingerprint,
+    read_manifest,
+    write_manifest,
+)
+from qwenvl_rbln.artifacts.staging import atomic_output_dir, check_target
 from qwenvl_rbln.backends import Progress, backend_module, fmt_elapsed, resolve_source
 from qwenvl_rbln.errors import EXIT_INTERRUPTED, BackendError, DoesNotFit, InputError, QvlError
 from qwenvl_rbln.paths import user_path
@@ -147,7 +159,7 @@ def run_compile(
     refuse_if_not_fit(plan, memory, force, warn)
     backend = backend_module(plan.backend)
     backend.check_dependencies()
-    artifacts.check_target(target, force)
+    check_target(target, force)
 
     progress = Progress(info, heartbeat_s=heartbeat_s, prefix="qvl compile ")
     try:
@@ -233,16 +245,16 @@ def _run(
         progress.stage("resolving model", plan.model_id)
         source, local = resolve_source(plan.model_id, backend=plan.backend)
         progress.stage("hashing model files", str(local) if local else f"{plan.model_id} (hub id, not hashed)")
-        model_fp = artifacts.model_fingerprint(plan.model_id, local)
-        versions = artifacts.collect_versions()
+        model_fp = model_fingerprint(plan.model_id, local)
+        versions = collect_versions()
         emulated = plan.backend == "rbln" and _emulated()
         if emulated:  # part of the cache key and the manifest: never mistaken for a real NPU compile
             versions["rebel-compiler"] = f"emulated by qvl ({sys.modules['rebel'].__version__})"
-        cache_root = user_path(cache_dir, "cache dir").absolute() if cache_dir else artifacts.default_cache_dir()
+        cache_root = user_path(cache_dir, "cache dir").absolute() if cache_dir else default_cache_dir()
         key: str | None = None
         cache_note: str | None
         if use_cache:
-            key, cache_note = artifacts.cache_key(plan, model_fp, versions)
+            key, cache_note = cache_key(plan, model_fp, versions)
         else:
             cache_note = "--no-cache"
         status = "off" if key is None else "miss"
@@ -250,27 +262,27 @@ def _run(
             progress.say(f"compile cache off: {cache_note}")
         entry: Path | None = None
 
-        progress.stage("locking", artifacts.lock_path(target).name)
-        with artifacts.output_lock(target):
-            artifacts.check_target(target, force)
+        progress.stage("locking", lock_path(target).name)
+        with output_lock(target):
+            check_target(target, force)
             if key is not None:
                 progress.stage("cache lookup", f"key {key} in {cache_root}")
-                entry, cache_note = artifacts.cache_lookup(cache_root, key)
+                entry, cache_note = cache_lookup(cache_root, key)
                 status = "hit" if entry is not None else "miss"
-            with artifacts.atomic_output_dir(target, force) as staging:
+            with atomic_output_dir(target, force) as staging:
                 files = None
                 cached: dict[str, Any] = {}
                 if entry is not None:
                     progress.stage("cache hit", f"reusing {entry} instead of recompiling")
-                    artifacts.copy_tree(entry, staging)
-                    cached = artifacts.read_manifest(staging) or {}
+                    copy_tree(entry, staging)
+                    cached = read_manifest(staging) or {}
                     files = cached.get("files")
                     info = cached.get("compile") or {}
                 else:
                     info = backend.compile_model(plan, staging, progress, model_cls=model_cls, source=source)
-                progress.stage("writing manifest", artifacts.MANIFEST_NAME)
+                progress.stage("writing manifest", MANIFEST_NAME)
                 extra: dict[str, Any] = {
-                    "compiled": artifacts.compiled_values(staging),
+                    "compiled": compiled_values(staging),
                     "output_dir": str(target),
                     "compile": info,
                     "cache": {
@@ -286,20 +298,20 @@ def _run(
                 if emulated:
                     extra["emulated"] = True
                     extra["emulation"] = EMULATION_NOTE
-                manifest = artifacts.manifest_for_plan(
+                manifest = manifest_for_plan(
                     plan, model=model_fp, versions=versions, cache_key=key, timings=progress.timings(), extra=extra
                 )
-                manifest = artifacts.write_manifest(staging, manifest, files=files)
+                manifest = write_manifest(staging, manifest, files=files)
                 progress.stage("renaming into place", str(target))
             stored = None
             if status == "miss" and key is not None:
                 progress.stage("storing in cache", str(cache_root / key))
                 try:
-                    stored = artifacts.cache_store(cache_root, key, target)
+                    stored = cache_store(cache_root, key, target)
                 except OSError as exc:
                     warn(f"could not store the artifact in the compile cache {cache_root}: {exc}")
         progress.stage("done")
-    artifacts.record_last_compile(target, plan.preset)
+    record_last_compile(target, plan.preset)
     timings = progress.timings()
     elapsed = fmt_elapsed(time.monotonic() - t0)
     if status == "hit":

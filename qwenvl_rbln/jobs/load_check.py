@@ -66,10 +66,10 @@ def _emulated() -> bool:
 
 def _read_config(root: Path, emulate: bool) -> tuple[str, dict[str, Any]]:
     """The artifact's kind and config; an rbln artifact switches the emulator on or off as asked."""
-    from qwenvl_rbln import artifacts
+    from qwenvl_rbln.artifacts.layout import read_artifact_config
     from qwenvl_rbln.backends import rbln as rbln_backend
 
-    kind, cfg = artifacts.read_artifact_config(root)
+    kind, cfg = read_artifact_config(root)
     if emulate and kind != "rbln":
         raise InputError(
             f"--emulate emulates the NPU backend, but {root} is a {kind}-backend artifact (nothing to emulate)",
@@ -93,10 +93,10 @@ def _layout(
     root: Path, kind: str, cfg: dict[str, Any], manifest: dict[str, Any] | None
 ) -> tuple[dict[str, Any], QvlError | None]:
     """Files and hashes; for rbln also the guard (emulated vs real graphs, tampered graphs, optimum-rbln version)."""
-    from qwenvl_rbln import artifacts
+    from qwenvl_rbln.artifacts.layout import check_layout
     from qwenvl_rbln.backends import rbln as rbln_backend
 
-    layout = artifacts.check_layout(root, kind, cfg, manifest)
+    layout = check_layout(root, kind, cfg, manifest)
     guard = None
     if kind == "rbln" and not layout["missing"]:
         guard = rbln_backend.artifact_problem(root, cfg, manifest, layout["graphs"])
@@ -129,9 +129,9 @@ def _target(
     cfg: dict[str, Any], manifest: dict[str, Any] | None, layout: dict[str, Any], device_memory: str | None
 ) -> dict[str, Any]:
     """NPU and num_devices; its problems are layout problems. A --device-memory above the card: exit 2."""
-    from qwenvl_rbln import artifacts
+    from qwenvl_rbln.artifacts.layout import compile_target
 
-    target = artifacts.compile_target(cfg, manifest)
+    target = compile_target(cfg, manifest)
     target["problems"].extend(_unknown_npus(target))
     if device_memory is not None and not target["problems"] and target.get("npu"):
         from qwenvl_rbln.memory.report import parse_device_memory
@@ -150,7 +150,7 @@ def _target(
 def _planner_estimate(
     root: Path, kind: str, cfg: dict[str, Any], npu: str | None, placement: dict[str, Any], device_memory: str | None
 ) -> dict[str, Any]:
-    from qwenvl_rbln.artifacts import read_json, resolved_from_rbln_config
+    from qwenvl_rbln.artifacts.layout import read_json, resolved_from_rbln_config
     from qwenvl_rbln.memory import planner
     from qwenvl_rbln.planning.devices import npu_spec
     from qwenvl_rbln.planning.modelinfo import geometry_from_config
@@ -224,7 +224,7 @@ def calibration_from_exact(root: Path, cfg: dict[str, Any], exact: dict[str, Any
     ``DramTensor``) less the weights it holds; the LM weights are shared by its graphs (optimum-rbln compiles
     them with weight sharing), so they are taken out once, from the first LM graph big enough to hold them.
     """
-    from qwenvl_rbln.artifacts import read_json, resolved_from_rbln_config
+    from qwenvl_rbln.artifacts.layout import read_json, resolved_from_rbln_config
     from qwenvl_rbln.memory import calibration as cal
     from qwenvl_rbln.memory.params import lm_params, vision_params
     from qwenvl_rbln.planning.modelinfo import geometry_from_config
@@ -345,12 +345,12 @@ def _runtime(root: Path, kind: str, placement: dict[str, Any], no_runtime: bool,
 
 def _blocked(root: Path, layout: dict, placement: dict, guard: QvlError | None) -> tuple[dict[str, Any], QvlError]:
     """Layout or placement problems: no runtime is tried, the first problem is the error."""
-    from qwenvl_rbln import artifacts
+    from qwenvl_rbln.artifacts.layout import describe_layout_problem
 
     if not layout["ok"]:
         runtime: dict[str, Any] = {"attempted": False, "ok": None, "reason": "layout problems (fix them first)"}
         return runtime, guard or InputError(
-            f"{root}: {artifacts.describe_layout_problem(layout)}",
+            f"{root}: {describe_layout_problem(layout)}",
             "recompile with `qvl compile --force` (or restore the files); the report (or --json's layout) lists every "
             "problem",
         )
@@ -445,12 +445,12 @@ def run_load_check(
 
     ``emulate`` (or QVL_EMULATE_NPU=1): an rbln artifact is loaded through qvl's CPU emulator of rebel.
     """
-    from qwenvl_rbln import artifacts
+    from qwenvl_rbln.artifacts.manifest import read_manifest
 
     root = user_path(directory).absolute()
     _check_device_memory(device_memory)
     kind, cfg = _read_config(root, emulate)
-    manifest = artifacts.read_manifest(root)
+    manifest = read_manifest(root)
     _announce(manifest, progress)
     layout, guard = _layout(root, kind, cfg, manifest)
     target = _target(cfg, manifest, layout, device_memory)

@@ -58,7 +58,7 @@ def check_placement(
     cfg: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Requested placement vs. the one recorded at compile (qvl-manifest.json, else the preset)."""
-    from qwenvl_rbln.artifacts import placement_from_artifact
+    from qwenvl_rbln.artifacts.layout import placement_from_artifact
 
     compiled = None
     recorded = placement_from_artifact(cfg or {}, manifest)

@@ -10,7 +10,7 @@ BAD = "[red bold]problem[/red bold]"
 
 def verifying_line(files: int, total_bytes: int) -> str:
     """The progress line printed before the manifest's sha256 check (it reads every file)."""
-    from qwenvl_rbln.artifacts import MANIFEST_NAME
+    from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME
     from qwenvl_rbln.views.render import fmt_bytes
 
     return f"qvl load-check: verifying {files} files ({fmt_bytes(total_bytes)}) against {MANIFEST_NAME}"

@@ -9,6 +9,8 @@ A graph file is a safetensors file: its tensors are the graph's constants (weigh
 the graph as JSON (nodes whose targets are looked up by name in the ``aten``, ``prims`` and
 ``rbln_custom_ops`` namespaces only, plus ``operator.getitem``), the input specs, and a sha256 of both.
 Anything else (another format, another writer, an edit) is refused before a tensor is read.
+The marker (``FORMAT``, ``MARKER``) and the header reader live in ``qwenvl_rbln.artifacts.emulated``: whether
+an artifact is emulated is asked there, by serving and the loaders alike.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ import operator
 from pathlib import Path
 from typing import Any
 
-FORMAT = "qvl-emulated-rbln"
+from qwenvl_rbln.artifacts.emulated import FORMAT, MARKER, read_metadata
+
 FORMAT_VERSION = 1
-MARKER = "EMULATED by qvl's CPU emulator: not an RBLN NPU graph"
 ALLOWED_NAMESPACES = ("aten", "prims", "rbln_custom_ops")
 DTYPES = (
     "float32",
@@ -243,28 +245,6 @@ def save_file(path: Path, header: dict[str, Any], tensors: dict[str, Any]) -> No
     }
     st_save(unique, str(path), metadata=meta)
     Path(path).chmod(0o644)  # safetensors writes 0600; an artifact is shared like the others
-
-
-def read_metadata(path: Path) -> dict[str, str] | None:
-    """The safetensors metadata of ``path``, or None when it is not a safetensors file (read the header only)."""
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(8)
-            if len(raw) < 8:
-                return None
-            n = int.from_bytes(raw, "little")
-            if n <= 0 or n > 100_000_000:
-                return None
-            head = json.loads(fh.read(n))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    meta = head.get("__metadata__") if isinstance(head, dict) else None
-    return meta if isinstance(meta, dict) else None
-
-
-def is_emulated_file(path: Path) -> bool:
-    meta = read_metadata(path)
-    return bool(meta) and meta.get("format") == FORMAT
 
 
 def check_file(path: Path) -> str | None:

@@ -1,0 +1,137 @@
+"""The output-directory lock: one writer per directory, and a second one told which process holds it.
+
+Separate from the staging directory because the lock outlives it: the lock files live under ``$QVL_HOME/locks`` and
+are never deleted, while staging directories come and go beside the output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln.artifacts.manifest import now, write_json_atomic
+from qwenvl_rbln.errors import BusyError, InputError
+from qwenvl_rbln.paths import user_path
+
+# How long a second writer waits for the holder's owner record (the holder writes it right after taking the lock).
+OWNER_RECORD_WAIT_S = 10.0
+
+
+def lock_path(target: Path) -> Path:
+    """The lock for ``target`` lives under ``$QVL_HOME/locks``, never beside the user's output directory.
+
+    Unlinking a lock file is never safe while another process may be waiting on it, so the files are kept
+    where they bother nobody: one small file per output directory ever compiled into.
+    """
+    from qwenvl_rbln.planning.modelinfo import qvl_home
+
+    target = user_path(target).absolute()
+    digest = hashlib.sha256(str(target).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", target.name)[:48] or "root"
+    return qvl_home() / "locks" / f"{name}-{digest}.lock"
+
+
+def _owner_path(target: Path) -> Path:
+    lp = lock_path(target)
+    return lp.with_name(lp.name + ".owner")
+
+
+def lock_owner(target: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(_owner_path(target).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _live_owner(target: Path) -> dict[str, Any] | None:
+    """The owner record, if it names a live process (a killed holder's stale record is not the holder)."""
+    owner = lock_owner(target)
+    if not owner or not isinstance(owner.get("pid"), int):
+        return None
+    if owner.get("host") not in (None, socket.gethostname()):
+        return owner
+    try:
+        os.kill(owner["pid"], 0)
+    except ProcessLookupError:
+        return None
+    except OSError:
+        pass  # alive, owned by another user
+    return owner
+
+
+def _busy(target: Path, lp: Path, owner: dict[str, Any] | None) -> BusyError:
+    owner = owner or {}
+    who = f"pid {owner['pid']}" if owner.get("pid") else "another process"
+    if owner.get("host") and owner.get("host") != socket.gethostname():
+        who += f" on {owner['host']}"
+    since = f" since {owner['started']}" if owner.get("started") else ""
+    return BusyError(
+        f"output directory {target} is being written by {who}{since} (lock {lp})",
+        "wait for that compile to finish, or compile into another directory with -o",
+    )
+
+
+def _acquire(lock: Any, target: Path, lp: Path) -> None:
+    """Take the lock, or raise BusyError naming the holder.
+
+    The holder writes its owner record just after it takes the lock, so a loser that arrives in between
+    waits for that record (or for the lock to come free) instead of reporting "another process".
+    """
+    import time
+
+    import filelock
+
+    deadline = time.monotonic() + OWNER_RECORD_WAIT_S
+    while True:
+        try:
+            lock.acquire(timeout=0)
+            return
+        except filelock.Timeout:
+            owner = _live_owner(target)
+            if owner is not None or time.monotonic() >= deadline:
+                raise _busy(target, lp, owner) from None
+        time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def output_lock(target: Path) -> Iterator[Path]:
+    """Non-blocking exclusive lock for ``target``; a second writer gets BusyError naming the holder."""
+    import filelock
+
+    target = user_path(target).absolute()
+    lp = lock_path(target)
+    try:
+        lp.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(
+            f"cannot create the lock directory {lp.parent}: {exc.strerror or exc}",
+            "set QVL_HOME to a writable directory",
+        ) from None
+    lock = filelock.FileLock(str(lp), timeout=0)
+    _acquire(lock, target, lp)
+    owner_file = _owner_path(target)
+    try:
+        write_json_atomic(
+            owner_file,
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": now(),
+                "target": str(target),
+                "argv": sys.argv[1:],
+            },
+        )
+        yield lp
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            owner_file.unlink()
+        lock.release()

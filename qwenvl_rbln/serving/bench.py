@@ -1,0 +1,116 @@
+"""``vllm bench serve`` against ``qvl serve``: vLLM's own load test, its images sized to the compiled ViT buckets.
+
+Its own module because it checks a different thing than serve: which image sizes land in which compiled bucket
+and fit the context, and which flags the benchmark owns.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.serving.command import resolve_directory, served_name
+from qwenvl_rbln.serving.flags import parse_flags, refuse
+from qwenvl_rbln.serving.options import Artifact, BenchOptions, Launch
+from qwenvl_rbln.serving.preflight import ok, preflight
+
+PROMPT_MARGIN = 64  # chat template and special tokens around a benchmark prompt
+
+
+def bench_images(art: Artifact, input_len: int, output_len: int) -> tuple[list[tuple[int, int, int]], list[str]]:
+    """One square image size per compiled ViT bucket that lands in that bucket and whose prompt fits the context:
+    [(side px, bucket, LM tokens)], and notes on the buckets left out."""
+    from qwenvl_rbln.vision.buckets import select_bucket
+    from qwenvl_rbln.vision.geometry import IMAGE_MIN_PIXELS, image_geometry
+
+    sizes: list[tuple[int, int, int]] = []
+    notes: list[str] = []
+    unit = art.merge_size  # a side of p patches must be a multiple of the merge size (factor patch*merge px)
+    for bucket in art.buckets:
+        side_patches = (math.isqrt(bucket) // unit) * unit
+        if side_patches < unit:
+            notes.append(f"bucket {bucket}: too small for any image")
+            continue
+        side = side_patches * art.patch_size
+        geo = image_geometry(
+            side,
+            side,
+            min_pixels=IMAGE_MIN_PIXELS,
+            max_pixels=art.max_pixels,
+            patch_size=art.patch_size,
+            merge_size=art.merge_size,
+        )
+        landed = select_bucket(geo.patches, art.buckets)
+        if landed != bucket:
+            notes.append(f"bucket {bucket}: the processor's minimum size puts every image in bucket {landed}")
+            continue
+        if geo.lm_tokens + input_len + output_len + PROMPT_MARGIN > art.cfg["max_seq_len"]:
+            notes.append(f"bucket {bucket}: {geo.lm_tokens} image tokens + the text do not fit max_seq_len")
+            continue
+        sizes.append((side, bucket, geo.lm_tokens))
+    return sizes, notes
+
+
+BENCH_OWNED = {
+    "--host": "qvl bench-serve --host",
+    "--port": "qvl bench-serve --port",
+    "--model": "qvl bench-serve --served-model-name",
+    "--max-concurrency": "the compiled batch_size (qvl sets it)",
+    "--backend": "nothing (qvl benchmarks the chat endpoint)",
+    "--endpoint": "nothing (qvl benchmarks the chat endpoint)",
+    "--dataset-name": "nothing (qvl benchmarks random-mm)",
+    "--tokenizer": "nothing (the tokenizer is DIR's)",
+    "--num-prompts": "qvl bench-serve --num-prompts",
+    "--random-input-len": "qvl bench-serve --input-len",
+    "--random-output-len": "qvl bench-serve --output-len",
+    "--seed": "qvl bench-serve --seed",
+    "--random-mm-bucket-config": "nothing (qvl sizes the images to the compiled ViT buckets)",
+}
+
+
+def bench_command(opts: BenchOptions) -> tuple[Launch, list[str]]:
+    """``vllm bench serve`` (vLLM's own load test) against ``qvl serve``, images sized to the compiled buckets."""
+    directory, warnings = resolve_directory(opts.directory, opts.preset, "bench-serve")
+    art = preflight(directory, verify_hashes=False)
+    checks = list(art.checks)
+    for flag, value, _, _ in parse_flags(opts.extra):
+        base = flag.split(".", 1)[0]
+        if base in BENCH_OWNED:
+            raise refuse(flag, value, "is set by qvl bench-serve", f"use {BENCH_OWNED[base]}")
+    sizes, notes = bench_images(art, opts.input_len, opts.output_len)
+    if not sizes:
+        raise InputError(
+            f"no compiled ViT bucket takes a benchmark image with --input-len {opts.input_len} and --output-len "
+            f"{opts.output_len} within max_seq_len {art.cfg['max_seq_len']} ({'; '.join(notes)})",
+            "lower --input-len / --output-len",
+        )
+    share = round(1.0 / len(sizes), 6)
+    bucket_config = "{" + ", ".join(f"({side}, {side}, 1): {share}" for side, _, _ in sizes) + "}"
+    ok(
+        checks,
+        "image sizes",
+        "; ".join(f"{side}x{side} -> bucket {bucket} ({tokens} tokens)" for side, bucket, tokens in sizes)
+        + (f"; left out: {'; '.join(notes)}" if notes else ""),
+    )
+    ok(checks, "max_concurrency", f"{art.cfg['batch_size']} (the compiled batch_size)")
+    pairs = [
+        ("--backend", "openai-chat"),
+        ("--endpoint", "/v1/chat/completions"),
+        ("--dataset-name", "random-mm"),
+        ("--host", opts.host),
+        ("--port", str(opts.port)),
+        ("--model", opts.served_model_name or served_name(art)),
+        ("--tokenizer", str(art.root)),
+        ("--max-concurrency", str(art.cfg["batch_size"])),
+        ("--num-prompts", str(opts.num_prompts)),
+        ("--random-input-len", str(opts.input_len)),
+        ("--random-output-len", str(opts.output_len)),
+        ("--random-mm-base-items-per-request", "1"),
+        ("--random-mm-num-mm-items-range-ratio", "0"),
+        ("--random-mm-limit-mm-per-prompt", json.dumps({"image": 1, "video": 0})),
+        ("--random-mm-bucket-config", bucket_config),
+        ("--seed", str(opts.seed)),
+    ]
+    argv = ["vllm", "bench", "serve", *(word for pair in pairs for word in pair), *opts.extra]
+    return Launch(argv=argv, env={}, checks=checks), warnings

@@ -1,0 +1,221 @@
+"""``vllm serve DIR ...``: the artifact directory, the NPU placement, the multimodal limits and the environment.
+
+Device ids given to qvl are physical NPU ids; this module turns them into ``RBLN_VISIBLE_DEVICES`` and the positions
+vllm-rbln reads from ``--rbln-optimum-overrides``, and decides ViT packing for the plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln.artifacts.layout import compile_target, placement_from_artifact
+from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME
+from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.paths import user_path
+from qwenvl_rbln.serving.flags import check_pass_through
+from qwenvl_rbln.serving.options import PACKING_ENV, PLUGIN_GROUP, PLUGIN_NAME, Artifact, Launch, ServeOptions
+from qwenvl_rbln.serving.preflight import ok, preflight
+
+
+def resolve_directory(directory: Path | None, preset: str | None, command: str) -> tuple[Path, list[str]]:
+    """DIR as ``qvl infer`` picks it: the argument, else the last compile's directory, else the preset's."""
+    if directory is not None:
+        return user_path(directory, "artifact directory"), []
+    from qwenvl_rbln.inference.target import default_directory
+
+    try:
+        found, _, warnings = default_directory(preset, [])
+    except InputError as exc:
+        raise InputError(exc.message, (exc.hint or "").replace("qvl infer", f"qvl {command}")) from None
+    return found, warnings
+
+
+# ------------------------------------------------------------------------------------------ placement
+
+
+def _ids(value: Any, n: int, flag: str) -> list[int]:
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(type(i) is int and i >= 0 for i in items):
+        raise InputError(
+            f"{flag}: the placement {value!r} (recorded in {MANIFEST_NAME}) is not an NPU id or a list of them",
+            f"pass {flag} explicitly (e.g. {flag} 0), or recompile the artifact",
+        )
+    if isinstance(value, list):
+        if len(value) != n:
+            raise InputError(
+                f"{flag} {','.join(map(str, value))} lists {len(value)} devices but the graphs were compiled for "
+                f"num_devices={n}",
+                f"pass {n} device id{'s' if n != 1 else ''} ({flag} {','.join(str(i) for i in range(n))})",
+            )
+        return list(value)
+    return list(range(value, value + n))  # an int with num_devices > 1: that many consecutive devices
+
+
+def placement(art: Artifact, device: Any, visual_device: Any, preset_placement: dict | None) -> dict[str, Any]:
+    """Requested LM/ViT devices (default: as compiled), RBLN_VISIBLE_DEVICES and the overrides vllm-rbln reads."""
+    recorded = placement_from_artifact(art.cfg, art.manifest)
+    source = recorded.pop("source")
+    if source != MANIFEST_NAME and preset_placement:
+        recorded, source = dict(preset_placement), "the preset's placement"
+    lm = device if device is not None else recorded["device"]
+    if visual_device is not None:
+        vis = visual_device
+    elif device is None or recorded.get("visual_device") != recorded.get("device"):
+        vis = recorded.get("visual_device", lm)
+    else:
+        vis = lm
+    target = compile_target(art.cfg, art.manifest)
+    lm_ids = _ids(lm, target["num_devices"], "--device")
+    vis_ids = _ids(vis, target["visual_num_devices"], "--visual-device")
+    visible = sorted(set(lm_ids) | set(vis_ids))
+
+    def local(ids: list[int], value: Any) -> Any:
+        pos = [visible.index(i) for i in ids]
+        return pos if isinstance(value, list) else pos[0]
+
+    overrides = {"device": local(lm_ids, lm), "visual": {"device": local(vis_ids, vis)}}
+    return {
+        "device": lm,
+        "visual_device": vis,
+        "source": source if device is None and visual_device is None else "--device/--visual-device",
+        "visible": visible,
+        "overrides": overrides,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- serve
+
+
+def served_name(art: Artifact) -> str:
+    model = (art.manifest or {}).get("model")
+    ident = model.get("id") if isinstance(model, dict) else None
+    if isinstance(ident, str) and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", ident):
+        return ident
+    return art.root.name
+
+
+def _preset_plan(preset: str | None) -> Any:
+    if preset is None:
+        return None
+    from qwenvl_rbln.planning.plan import build_plan
+
+    return build_plan(preset)
+
+
+def limit_mm_per_prompt(art: Artifact, plan: Any) -> tuple[dict[str, int], str]:
+    """Items per prompt: the preset's ``runtime.limit_mm_per_prompt`` when it has one, else as many of the largest
+    image (capped at the largest bucket) and of the largest video (the recorded processor caps) as fit the context."""
+    runtime = getattr(plan, "runtime", None) or (art.manifest or {}).get("runtime") or {}
+    given = runtime.get("limit_mm_per_prompt") if isinstance(runtime, dict) else None
+    if isinstance(given, dict) and given:
+        return dict(given), "the preset's runtime.limit_mm_per_prompt"
+    from qwenvl_rbln.vision.geometry import VIDEO_MAX_PIXELS
+
+    caps = getattr(plan, "processor", None)
+    caps = caps.to_dict() if caps is not None else (art.manifest or {}).get("processor") or {}
+    video_pixels = caps.get("video_max_pixels") if isinstance(caps, dict) else None
+    video_pixels = video_pixels if type(video_pixels) is int and video_pixels > 0 else VIDEO_MAX_PIXELS
+    context = art.cfg["max_seq_len"]
+    image_tokens = art.buckets[-1] // art.merge_size**2
+    # a video of T frames at h*w pixels each: (T/2) ViT calls of h*w/patch^2 patches, /merge^2 LM tokens each
+    video_tokens = max(1, video_pixels // (2 * art.patch_size**2 * art.merge_size**2))
+    limits = {"image": max(1, context // image_tokens), "video": context // video_tokens}
+    where = "the recorded processor caps" if caps else "the default video caps"
+    return limits, f"largest image ({image_tokens} tokens) and video ({video_tokens} tokens, {where}) per context"
+
+
+def _runtime_packing(art: Artifact, plan: Any) -> tuple[bool, str]:
+    for runtime, where in ((getattr(plan, "runtime", None), "the preset"), ((art.manifest or {}).get("runtime"), "")):
+        if isinstance(runtime, dict) and isinstance(runtime.get("vit_packing"), bool):
+            return runtime["vit_packing"], where or MANIFEST_NAME
+    return True, "default"
+
+
+def _packing_available() -> bool:
+    from importlib.util import find_spec
+
+    try:
+        return find_spec("qwenvl_rbln.backends.vit_packing") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+SERVE_OWNED = {
+    "--host": "qvl serve --host",
+    "--port": "qvl serve --port",
+    "--served-model-name": "qvl serve --served-model-name",
+    "--rbln-optimum-overrides": "qvl serve --device / --visual-device",
+    "--model": "qvl serve DIR",
+}
+
+
+def serve_command(opts: ServeOptions, environ: Mapping[str, str]) -> tuple[Launch, list[str]]:
+    """Preflight, then ``vllm serve DIR ...`` and its environment; InputError before anything starts."""
+    directory, warnings = resolve_directory(opts.directory, opts.preset, "serve")
+    art = preflight(directory)
+    plan = _preset_plan(opts.preset)
+    checks = list(art.checks)
+    replaced = check_pass_through(opts.extra, art, SERVE_OWNED)
+    where = placement(art, opts.device, opts.visual_device, getattr(plan, "placement", None))
+    env = _placement_env(where, environ, checks)
+    cfg = art.cfg
+    argv = ["vllm", "serve", str(art.root), "--host", opts.host, "--port", str(opts.port)]
+    argv += ["--served-model-name", opts.served_model_name or served_name(art)]
+    argv += ["--max-model-len", str(cfg["max_seq_len"]), "--max-num-seqs", str(cfg["batch_size"])]
+    if "--mm-processor-kwargs" not in replaced:
+        argv += ["--mm-processor-kwargs", json.dumps({"max_pixels": art.max_pixels})]
+    ok(checks, "max_pixels", f"{art.buckets[-1]} patches (largest ViT bucket) x {art.patch_size}^2 = {art.max_pixels}")
+    if "--limit-mm-per-prompt" not in replaced:
+        limits, limits_source = limit_mm_per_prompt(art, plan)
+        argv += ["--limit-mm-per-prompt", json.dumps(limits)]
+        ok(checks, "limit_mm_per_prompt", f"{json.dumps(limits)} ({limits_source})")
+    argv += ["--rbln-optimum-overrides", json.dumps(where["overrides"]), *opts.extra]
+    if opts.vit_packing is not None:
+        packing, source = opts.vit_packing, "--vit-packing" if opts.vit_packing else "--no-vit-packing"
+    else:
+        packing, source = _runtime_packing(art, plan)
+    env.update(_packing_env(packing, source, environ, checks, warnings))
+    return Launch(argv=argv, env=env, checks=checks), warnings
+
+
+def _placement_env(where: dict[str, Any], environ: Mapping[str, str], checks: list[dict[str, Any]]) -> dict:
+    visible = ",".join(map(str, where["visible"]))
+    inherited = environ.get("RBLN_VISIBLE_DEVICES")
+    note = f" (replaces the inherited {inherited}: qvl's ids are physical NPU ids)"
+    ok(
+        checks,
+        "placement",
+        f"LM on NPU {where['device']}, ViT on NPU {where['visual_device']} ({where['source']}); "
+        f"RBLN_VISIBLE_DEVICES={visible}{note if inherited not in (None, visible) else ''}",
+    )
+    env: dict[str, str | None] = {"RBLN_VISIBLE_DEVICES": visible}
+    if "RBLN_DEVICES" in environ:
+        env["RBLN_DEVICES"] = None  # the deprecated alias must not pick other devices
+    return env
+
+
+def _packing_env(
+    packing: bool, source: str, environ: Mapping[str, str], checks: list[dict[str, Any]], warnings: list[str]
+) -> dict[str, str | None]:
+    """QVL_VIT_PACKING for the plugin, and the plugin added to a VLLM_PLUGINS allowlist when one is set."""
+    env: dict[str, str | None] = {PACKING_ENV: "1" if packing else "0"}
+    if not packing:
+        ok(checks, "vit packing", f"off ({source})")
+        return env
+    if environ.get("VLLM_PLUGINS") is not None:
+        allowed = [p for p in environ["VLLM_PLUGINS"].split(",") if p.strip()]
+        if PLUGIN_NAME not in allowed:  # an allowlist loads nothing else: add the packing plugin to it
+            env["VLLM_PLUGINS"] = ",".join([*allowed, PLUGIN_NAME])
+    detail = (
+        f"on ({source}): the {PLUGIN_GROUP} entry point {PLUGIN_NAME} installs the packed ViT forward in every vLLM "
+        "process (qvl must be installed in vllm's Python environment)"
+    )
+    if not _packing_available():
+        detail += "; this qvl has no qwenvl_rbln.backends.vit_packing, so vLLM will run unpacked"
+        warnings.append("ViT packing is not available in this qvl build: vLLM will run the ViT unpacked")
+    ok(checks, "vit packing", detail)
+    return env

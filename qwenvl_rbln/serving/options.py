@@ -1,0 +1,96 @@
+"""What ``qvl serve`` / ``qvl bench-serve`` take and give: their options, the checked artifact, the launch as data.
+
+The names vLLM and the packing plugin agree on (entry point, environment variable) and the defaults live here too,
+so every other serving module, the command and the tests share one spelling of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PLUGIN_NAME = "qvl_vit_packing"  # the vllm.general_plugins entry point (pyproject.toml)
+PLUGIN_GROUP = "vllm.general_plugins"
+PACKING_ENV = "QVL_VIT_PACKING"  # "1": the plugin installs the packed ViT forward in every vLLM process
+DEFAULT_HOST = "127.0.0.1"  # local only unless asked: `--host 0.0.0.0` serves other machines
+DEFAULT_PORT = 8000  # vLLM's own default
+
+
+@dataclass
+class Launch:
+    """What to run: ``argv`` exactly, with ``env`` set (a None value unsets it) on top of the inherited environment."""
+
+    argv: list[str]
+    env: dict[str, str | None]
+    checks: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"argv": list(self.argv), "env": dict(self.env), "checks": list(self.checks)}
+
+    def exec_env(self, inherited: Mapping[str, str]) -> dict[str, str]:
+        out = dict(inherited)
+        for key, value in self.env.items():
+            if value is None:
+                out.pop(key, None)
+            else:
+                out[key] = value
+        return out
+
+
+@dataclass
+class Artifact:
+    """A compiled artifact that passed the preflight."""
+
+    root: Path
+    cfg: dict[str, Any]
+    manifest: dict[str, Any] | None
+    model_config: dict[str, Any]
+    checks: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def buckets(self) -> list[int]:
+        buckets = self.cfg["visual"]["max_seq_len"]
+        return sorted([buckets] if isinstance(buckets, int) else buckets)
+
+    @property
+    def patch_size(self) -> int:
+        value = (self.model_config.get("vision_config") or {}).get("patch_size", 16)
+        return value if type(value) is int and value > 0 else 16
+
+    @property
+    def merge_size(self) -> int:
+        value = (self.model_config.get("vision_config") or {}).get("spatial_merge_size", 2)
+        return value if type(value) is int and value > 0 else 2
+
+    @property
+    def max_pixels(self) -> int:
+        return self.buckets[-1] * self.patch_size**2
+
+
+@dataclass
+class ServeOptions:
+    directory: Path | None = None
+    preset: str | None = None
+    device: Any = None
+    visual_device: Any = None
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    served_model_name: str | None = None
+    vit_packing: bool | None = None  # None: the manifest's / preset's runtime.vit_packing, else on
+    extra: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BenchOptions:
+    directory: Path | None = None
+    preset: str | None = None
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    served_model_name: str | None = None
+    num_prompts: int = 100
+    input_len: int = 128
+    output_len: int = 128
+    seed: int = 0
+    extra: list[str] = field(default_factory=list)

@@ -1,0 +1,223 @@
+"""The preflight: every check vllm-rbln would fail on (late) or silently work around, run before anything starts.
+
+Its own module because both commands start with it (``qvl serve`` and ``qvl bench-serve``), and it is where an
+artifact is refused: a torch or emulated one, a foreign config, missing graphs or processor files, edits since compile.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln.artifacts.emulated import emulated_graph_files, manifest_marks_emulated
+from qwenvl_rbln.artifacts.layout import QWEN3_VL_CONFIG_CLS, expected_graph_names, read_json
+from qwenvl_rbln.artifacts.manifest import (
+    MANIFEST_NAME,
+    RBLN_CONFIG_NAME,
+    TORCH_CONFIG_NAME,
+    read_manifest,
+    verify_manifest,
+)
+from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.paths import user_path
+from qwenvl_rbln.serving.options import Artifact
+
+REQUIRED_KEYS = ("batch_size", "max_seq_len", "kvcache_num_blocks", "prefill_chunk_size")
+# vLLM loads tokenizer, processor and chat template from --model, i.e. the artifact directory.
+PROCESSOR_GROUPS: tuple[tuple[str, tuple[tuple[str, ...], ...]], ...] = (
+    ("processor config", (("processor_config.json",), ("preprocessor_config.json",))),
+    ("tokenizer", (("tokenizer.json",), ("vocab.json", "merges.txt"))),
+)
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+CHAT_TEMPLATE_KEY_FILES = ("tokenizer_config.json", "processor_config.json")
+
+RECOMPILE = "recompile it on an RBLN host (`qvl compile --preset P -o DIR --force`)"
+
+
+def ok(checks: list[dict[str, Any]], name: str, detail: str) -> None:
+    checks.append({"check": name, "ok": True, "detail": detail})
+
+
+def _positive(cfg: dict[str, Any], key: str) -> bool:
+    return type(cfg.get(key)) is int and cfg[key] > 0
+
+
+def _missing_group(root: Path, alternatives: tuple[tuple[str, ...], ...]) -> bool:
+    return not any(all((root / name).is_file() for name in names) for names in alternatives)
+
+
+def _has_chat_template(root: Path) -> str | None:
+    for name in CHAT_TEMPLATE_FILES:
+        if (root / name).is_file():
+            return name
+    for name in CHAT_TEMPLATE_KEY_FILES:
+        try:
+            data = json.loads((root / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("chat_template"):
+            return f"{name} (chat_template key)"
+    return None
+
+
+EMULATED_FIX = "compile it for real on an RBLN host (`qvl compile --preset P`, without --emulate) and serve that"
+
+
+def preflight(directory: Path, *, verify_hashes: bool = True) -> Artifact:
+    """Every check vllm-rbln would fail on (late) or silently work around, in order; InputError on the first."""
+    root = user_path(directory, "artifact directory").absolute()
+    checks: list[dict[str, Any]] = []
+    cfg, manifest = _load(root, checks)
+    _check_config(cfg, root / RBLN_CONFIG_NAME, checks)
+    _check_graphs(root, cfg, checks)
+    _check_processor(root, checks)
+    if manifest is None:
+        ok(checks, "manifest hashes", "no qvl-manifest.json: edits after compile cannot be detected")
+    elif verify_hashes:
+        _check_hashes(root, manifest, checks)
+    model_config = read_json(root / "config.json")
+    return Artifact(root=root, cfg=cfg, manifest=manifest, model_config=model_config, checks=checks)
+
+
+def _load(root: Path, checks: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """rbln_config.json and qvl-manifest.json of an optimum-rbln artifact that qvl's emulator did not write."""
+    if not root.is_dir():
+        what = "is a file, not a directory" if root.exists() else "does not exist"
+        raise InputError(f"artifact directory {root} {what}", "compile first (`qvl compile --preset P -o DIR`)")
+    rbln_config = root / RBLN_CONFIG_NAME
+    if not rbln_config.is_file():
+        if (root / TORCH_CONFIG_NAME).is_file():
+            raise InputError(
+                f"{root} is a torch reference artifact (qvl-rbln-config.json), not an optimum-rbln compile; vllm-rbln "
+                "would compile the model itself",
+                "serve an artifact compiled for the NPU (`qvl compile --preset rebel100-1npu`)",
+            )
+        raise InputError(
+            f"{root} has no {RBLN_CONFIG_NAME}: not an optimum-rbln artifact (vllm-rbln would treat it as a "
+            "Hugging Face model and compile it itself)",
+            "pass the directory `qvl compile` wrote for an rbln preset",
+        )
+    cfg = read_json(rbln_config)
+    ok(checks, "rbln_config", f"{rbln_config} loads")
+    manifest = read_manifest(root)
+    if manifest_marks_emulated(manifest):
+        raise InputError(
+            f"{root} was compiled by qvl's CPU emulator (qvl-manifest.json emulated: true): it holds no NPU graphs "
+            "vllm-rbln can run",
+            EMULATED_FIX,
+        )
+    ok(checks, "not emulated", "a real NPU compile" if manifest else "no qvl-manifest.json (not compiled by qvl)")
+    return cfg, manifest
+
+
+def _check_config(cfg: dict[str, Any], path: Path, checks: list[dict[str, Any]]) -> None:
+    """Qwen3-VL, optimum-rbln 0.12.x, and every key vllm-rbln asserts on."""
+    cls_name = cfg.get("cls_name")
+    if cls_name != QWEN3_VL_CONFIG_CLS:
+        raise InputError(
+            f"{path}: cls_name={cls_name!r}, not {QWEN3_VL_CONFIG_CLS} (not a Qwen3-VL artifact)",
+            "serve a Qwen3-VL artifact compiled by `qvl compile` (or optimum-rbln 0.12 for Qwen3-VL)",
+        )
+    ok(checks, "cls_name", str(cls_name))
+    version = cfg.get("optimum_rbln_version")
+    if not (isinstance(version, str) and re.fullmatch(r"0\.12\.\d+(\S*)", version)):
+        raise InputError(
+            f"{path}: optimum_rbln_version={version!r}, but vllm-rbln 0.12 pins optimum-rbln 0.12.x (a "
+            "different version fails at load: 'compiled with newer/older version of optimum-rbln')",
+            f"{RECOMPILE} with optimum-rbln 0.12.0",
+        )
+    ok(checks, "optimum_rbln_version", f"{version} (vllm-rbln 0.12 pins optimum-rbln >=0.12.0,<0.12.1)")
+    missing = [k for k in REQUIRED_KEYS if not _positive(cfg, k)]
+    if not (_positive(cfg, "kvcache_block_size") or _positive(cfg, "kvcache_partition_len")):
+        missing.append("kvcache_block_size or kvcache_partition_len")
+    if missing:
+        shown = ", ".join(f"{k}={cfg.get(k)!r}" if k in cfg else k for k in missing)
+        raise InputError(
+            f"{path}: missing or not a positive integer: {shown} (vllm-rbln asserts on these at start-up)", RECOMPILE
+        )
+    partition, block = cfg.get("kvcache_partition_len"), cfg.get("kvcache_block_size")
+    if partition is not None and block is not None and partition != block:
+        raise InputError(
+            f"{path}: kvcache_partition_len={partition} differs from kvcache_block_size={block} (vllm-rbln "
+            "asserts they are equal)",
+            RECOMPILE,
+        )
+    visual = cfg.get("visual")
+    buckets = visual.get("max_seq_len") if isinstance(visual, dict) else None
+    buckets = [buckets] if type(buckets) is int else buckets
+    if not (isinstance(buckets, list) and buckets and all(type(b) is int and b > 0 for b in buckets)):
+        raise InputError(
+            f"{path}: visual.max_seq_len={buckets!r} is not a list of ViT buckets (the image cap is derived "
+            "from the largest)",
+            RECOMPILE,
+        )
+    for where, key in ((cfg, "phases"), (cfg, "_compile_cfgs"), (visual, "_compile_cfgs")):
+        value = where.get(key)
+        if value is not None and not (
+            isinstance(value, list) and all(isinstance(x, str if key == "phases" else dict) for x in value)
+        ):
+            name = f"visual.{key}" if where is visual else key
+            raise InputError(f"{path}: {name}={value!r} is not a list of {key} entries", RECOMPILE)
+    dbs = cfg.get("decoder_batch_sizes") or [cfg["batch_size"]]
+    if not (isinstance(dbs, list) and all(type(b) is int and b > 0 for b in dbs)):
+        raise InputError(f"{path}: decoder_batch_sizes={dbs!r} is not a list of batch sizes", RECOMPILE)
+    ok(
+        checks,
+        "compiled values",
+        f"batch_size {cfg['batch_size']}, max_seq_len {cfg['max_seq_len']}, block {block or partition}, "
+        f"kvcache_num_blocks {cfg['kvcache_num_blocks']}, prefill_chunk_size {cfg['prefill_chunk_size']}",
+    )
+
+
+def _check_graphs(root: Path, cfg: dict[str, Any], checks: list[dict[str, Any]]) -> None:
+    """Every graph optimum-rbln loads (and the host-side files beside them), none written by the emulator."""
+    graphs = [f"{name}.rbln" for name in expected_graph_names(cfg)] + ["visual/compiled_model.rbln"]
+    others = ["config.json", "torch_artifacts.pth", "visual/config.json", "visual/torch_artifacts.pth"]
+    gone = [rel for rel in graphs + others if not (root / rel).is_file()]
+    if gone:
+        raise InputError(
+            f"{root}: missing {', '.join(gone[:4])}{' ...' if len(gone) > 4 else ''} (optimum-rbln loads every "
+            "compiled graph named by rbln_config.json)",
+            f"restore the files or {RECOMPILE}",
+        )
+    emulated = emulated_graph_files(root, graphs)
+    if emulated:
+        raise InputError(
+            f"{root}: {', '.join(emulated[:3])} {'was' if len(emulated) == 1 else 'were'} written by qvl's CPU "
+            "emulator, not compiled for an NPU; vllm-rbln cannot run it",
+            EMULATED_FIX,
+        )
+    ok(checks, "graph files", ", ".join(graphs))
+
+
+def _check_processor(root: Path, checks: list[dict[str, Any]]) -> None:
+    """What vLLM loads from --model: processor config, tokenizer, chat template."""
+    for what, groups in PROCESSOR_GROUPS:
+        if _missing_group(root, groups):
+            names = " or ".join("+".join(g) for g in groups)
+            raise InputError(
+                f"{root}: no {what} file ({names}); vLLM loads the processor from the artifact directory",
+                f"copy it from the source model directory (e.g. Qwen/Qwen3-VL-2B-Instruct) into {root}",
+            )
+    template = _has_chat_template(root)
+    if template is None:
+        raise InputError(
+            f"{root}: no chat template (chat_template.jinja, chat_template.json, or a chat_template key in "
+            "tokenizer_config.json); vLLM's /v1/chat/completions refuses every request without one",
+            f"copy chat_template.jinja (or chat_template.json) from the source model directory into {root}",
+        )
+    ok(checks, "processor files", f"processor config, tokenizer, chat template ({template})")
+
+
+def _check_hashes(root: Path, manifest: dict[str, Any], checks: list[dict[str, Any]]) -> None:
+    verdict = verify_manifest(root, manifest)
+    bad = verdict["modified"] + verdict["missing"] + verdict["unsafe"]
+    if bad:
+        raise InputError(
+            f"{root}: {', '.join(bad[:4])} changed or missing since compile (sha256 differs from {MANIFEST_NAME})",
+            f"restore the files or {RECOMPILE}; `qvl load-check DIR --no-runtime` lists every difference",
+        )
+    extra = f"; not in the manifest (added later): {', '.join(verdict['extra'][:4])}" if verdict["extra"] else ""
+    ok(checks, "manifest hashes", f"{len(manifest.get('files') or {})} files match{extra}")
