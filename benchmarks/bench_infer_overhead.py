@@ -83,20 +83,21 @@ def fixed_costs(opts: object, art: Path, plan: object, reps: int = 50) -> dict[s
 def wide_model(path: Path, scale: int) -> Path:
     """The tiny Qwen3-VL widened ``scale`` times (random weights, same tokenizer and processor)."""
     from qwenvl_rbln.backends import tiny_model as tm
+    from qwenvl_rbln.backends import tiny_weights as tw
 
-    text, vision = dict(tm.TEXT_DIMS), dict(tm.VISION_DIMS)
+    text, vision = dict(tw.TEXT_DIMS), dict(tw.VISION_DIMS)
     for key in ("hidden_size", "intermediate_size", "head_dim"):
-        tm.TEXT_DIMS[key] = text[key] * scale
-    tm.TEXT_DIMS["mrope_section"] = [v * scale for v in text["mrope_section"]]
+        tw.TEXT_DIMS[key] = text[key] * scale
+    tw.TEXT_DIMS["mrope_section"] = [v * scale for v in text["mrope_section"]]
     for key in ("hidden_size", "intermediate_size"):
-        tm.VISION_DIMS[key] = vision[key] * scale
+        tw.VISION_DIMS[key] = vision[key] * scale
     try:
         return tm.create_tiny_model(path)
     finally:
-        tm.TEXT_DIMS.clear()
-        tm.TEXT_DIMS.update(text)
-        tm.VISION_DIMS.clear()
-        tm.VISION_DIMS.update(vision)
+        tw.TEXT_DIMS.clear()
+        tw.TEXT_DIMS.update(text)
+        tw.VISION_DIMS.clear()
+        tw.VISION_DIMS.update(vision)
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from qwenvl_rbln.backends import tiny_model as tm  # noqa: E402
+from qwenvl_rbln.backends.tiny_tokenizer import VOCAB_SIZE  # noqa: E402
 from qwenvl_rbln.errors import InputError  # noqa: E402
 
 FILES = {
@@ -127,7 +128,7 @@ def test_loads_with_auto_classes(tiny_dir: Path, loaded: tuple[Any, Any]) -> Non
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     assert type(tok).__name__ == "Qwen2Tokenizer"
-    assert len(tok) == model.config.text_config.vocab_size == tm.VOCAB_SIZE
+    assert len(tok) == model.config.text_config.vocab_size == VOCAB_SIZE
     cfg = model.config
     names = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]
     ids = dict(zip(["image", "video", "start", "end"], tok.convert_tokens_to_ids(names), strict=True))
