@@ -1,4 +1,4 @@
-"""backends/rbln.py: exact calls, stages, allocations, error mapping.
+"""backends/rbln.py, rbln_progress.py and rbln_memory.py: exact calls, stages, allocations, error mapping.
 
 The tiny preset (cpu-tiny-rbln) runs optimum-rbln 0.12's real compile and load on qvl's CPU emulator of rebel
 (emulated: no NPU compile ran), with its entry points recorded (tests/emulated_rbln.py). The 2B presets and the
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from qwenvl_rbln.backends import Progress
+from qwenvl_rbln.backends import Progress, rbln_memory
 from qwenvl_rbln.backends import rbln as backend
 from qwenvl_rbln.errors import BackendError, DependencyMissing, DoesNotFit
 from qwenvl_rbln.planning.devices import npu_spec
@@ -234,7 +234,7 @@ def test_exact_allocations_count_the_shared_kv_cache_once(tiny_rbln, emulated):
     plan = build_plan(TINY)
     cfg = json.loads((tiny_rbln / "rbln_config.json").read_text())
     graphs = graph_files(cfg)
-    mem = backend.read_allocations(tiny_rbln, graphs, {"device": 0, "visual_device": 1}, npu_spec("RBLN-CR13"))
+    mem = rbln_memory.read_allocations(tiny_rbln, graphs, {"device": 0, "visual_device": 1}, npu_spec("RBLN-CR13"))
     assert mem["source"] == "exact"
     dev0, dev1 = mem["devices"]
     lm = plan.resolved.graph_names
@@ -256,7 +256,7 @@ def test_exact_allocations_count_the_shared_kv_cache_once(tiny_rbln, emulated):
     vit = sum(size["visual/compiled_model"].values())
     assert dev1["graphs"] == ["visual/compiled_model"] and dev1["total_bytes"] == vit
     assert dev0["fits"] and dev1["fits"] and mem["fits"]
-    shared = backend.read_allocations(tiny_rbln, graphs, {"device": 0, "visual_device": 0}, npu_spec("RBLN-CR13"))
+    shared = rbln_memory.read_allocations(tiny_rbln, graphs, {"device": 0, "visual_device": 0}, npu_spec("RBLN-CR13"))
     assert len(shared["devices"]) == 1 and shared["fits"] is True
     assert shared["devices"][0]["total_bytes"] == lm_expected + vit
 
@@ -269,7 +269,7 @@ def test_exact_allocations_over_the_card_do_not_fit(tmp_path, monkeypatch):
     from qwenvl_rbln.artifacts.layout import graph_files
 
     graphs = graph_files(json.loads((root / "rbln_config.json").read_text()))
-    mem = backend.read_allocations(root, graphs, {"device": 0, "visual_device": 1}, npu_spec("RBLN-CR13"))
+    mem = rbln_memory.read_allocations(root, graphs, {"device": 0, "visual_device": 1}, npu_spec("RBLN-CR13"))
     assert mem["source"] == "exact"
     dev0, dev1 = mem["devices"]
     assert dev0["graphs"] == ["prefill", "decoder_batch_4", "decoder_batch_2", "decoder_batch_1"]
@@ -278,18 +278,18 @@ def test_exact_allocations_over_the_card_do_not_fit(tmp_path, monkeypatch):
     assert mem["graphs"]["decoder_batch_4"]["kv_shared"] is True
     assert dev1["graphs"] == ["visual/compiled_model"] and dev1["total_bytes"] == pytest.approx(26.75 * GiB, abs=64)
     assert dev0["fits"] and dev1["fits"] and mem["fits"]
-    shared = backend.read_allocations(root, graphs, {"device": 0, "visual_device": 0}, npu_spec("RBLN-CR13"))
+    shared = rbln_memory.read_allocations(root, graphs, {"device": 0, "visual_device": 0}, npu_spec("RBLN-CR13"))
     assert len(shared["devices"]) == 1 and shared["fits"] is True  # ~60 GiB on one card
     # batch 4 with the full 262144 context: 112 GiB of KV + ViT on one card is over 140 GiB
     big = write_artifact(tmp_path / "big", plan, alloc=allocation_table(plan, kv_bytes=112 * GiB))
-    over = backend.read_allocations(big, graphs, {"device": 0, "visual_device": 0}, npu_spec("RBLN-CR13"))
+    over = rbln_memory.read_allocations(big, graphs, {"device": 0, "visual_device": 0}, npu_spec("RBLN-CR13"))
     assert over["fits"] is False and over["devices"][0]["total_bytes"] > 140 * GiB
     assert max(over["devices"][0]["per_chiplet_bytes"]) > npu_spec("RBLN-CR13").usable_per_chiplet
 
 
 def test_no_exact_readout_without_rebel(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "rebel", None)
-    assert backend.read_allocations(tmp_path, {}, {"device": 0, "visual_device": 0}, None) is None
+    assert rbln_memory.read_allocations(tmp_path, {}, {"device": 0, "visual_device": 0}, None) is None
 
 
 def test_lack_of_device_memory_becomes_does_not_fit_with_the_raw_message(tmp_path, monkeypatch):
@@ -328,7 +328,7 @@ def test_diagnosis_names_graphs_devices_numbers_and_fixes():
     planner = {
         "suggestions": [{"kind": "max_seq_len", "text": "cut the context", "set": ["rbln_config.max_seq_len=32768"]}]
     }
-    diag = backend.lack_of_memory_diagnosis(
+    diag = rbln_memory.lack_of_memory_diagnosis(
         "SYS_EBUSY: Lack of device memory", memory, {"device": 0, "visual_device": 0}, graphs, planner
     )
     assert diag["shared_devices"] == [0]
@@ -341,11 +341,11 @@ def test_diagnosis_names_graphs_devices_numbers_and_fixes():
 
 
 def test_placement_suggestions_become_load_flags_not_recompiles():
-    flags, sets = backend.split_load_time(
+    flags, sets = rbln_memory.split_load_time(
         ["--set placement.visual_device=1", "--set max_seq_len=32768", "--set placement.device=[0] --set batch_size=2"]
     )
     assert flags == ["--visual-device 1"]
     assert sets == ["--set max_seq_len=32768", "--set placement.device=[0] --set batch_size=2"]
-    assert backend.fix_hint(flags, sets) == (
+    assert rbln_memory.fix_hint(flags, sets) == (
         "load with --visual-device 1 (the ViT on its own NPU), or recompile with --set max_seq_len=32768"
     )

@@ -192,16 +192,16 @@ def _memory(
 ) -> dict[str, Any]:
     """Exact (or emulated) allocations when rebel is importable, with the planner's estimate beside; else the
     estimate alone."""
-    from qwenvl_rbln.backends import rbln as rbln_backend
+    from qwenvl_rbln.backends import rbln_memory
     from qwenvl_rbln.planning.devices import npu_spec
 
     estimate = _planner_estimate(root, kind, cfg, target.get("npu"), placement, device_memory)
-    if kind == "rbln" and not layout["missing"] and not refused and rbln_backend.import_rebel() is not None:
+    if kind == "rbln" and not layout["missing"] and not refused and rbln_memory.import_rebel() is not None:
         try:
             spec = npu_spec(target["npu"]) if target.get("npu") else None
         except InputError:
             spec = None
-        exact = rbln_backend.read_allocations(root, layout["graphs"], placement, spec)
+        exact = rbln_memory.read_allocations(root, layout["graphs"], placement, spec)
         if exact is not None and _emulated():
             exact["source"] = "emulated"
             exact["method"] = (
@@ -361,8 +361,9 @@ def _blocked(root: Path, layout: dict, placement: dict, guard: QvlError | None) 
 def _lack_of_memory(runtime: dict, memory: dict, placement: dict, layout: dict) -> DoesNotFit:
     """optimum-rbln said ``Lack of device memory``: which device, which graphs, and the fixes."""
     from qwenvl_rbln.backends import rbln as rbln_backend
+    from qwenvl_rbln.backends import rbln_memory
 
-    diag = rbln_backend.lack_of_memory_diagnosis(
+    diag = rbln_memory.lack_of_memory_diagnosis(
         runtime.get("error") or "", memory, placement["requested"], layout["graphs"], memory
     )
     runtime["diagnosis"] = diag
@@ -371,14 +372,14 @@ def _lack_of_memory(runtime: dict, memory: dict, placement: dict, layout: dict) 
 
 def _does_not_fit(root: Path, memory: dict, placement: dict) -> DoesNotFit:
     """No runtime was created and the memory check says the placement does not fit."""
-    from qwenvl_rbln.backends import rbln as rbln_backend
+    from qwenvl_rbln.backends import rbln_memory
 
-    where = rbln_backend.over_devices_text(memory)
-    _, clis = rbln_backend.suggestion_texts(memory)
-    flags, sets = rbln_backend.split_load_time(clis)
+    where = rbln_memory.over_devices_text(memory)
+    _, clis = rbln_memory.suggestion_texts(memory)
+    flags, sets = rbln_memory.split_load_time(clis)
     return DoesNotFit(
         f"{root} does not fit the requested placement ({memory.get('source')} memory: {where or 'over capacity'})",
-        rbln_backend.fix_hint(flags, sets, vit_shares_a_device=vit_shares_a_device(placement["requested"])),
+        rbln_memory.fix_hint(flags, sets, vit_shares_a_device=vit_shares_a_device(placement["requested"])),
     )
 
 

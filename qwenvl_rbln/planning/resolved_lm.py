@@ -92,7 +92,8 @@ class ResolvedLM:
     @classmethod
     def from_rbln_config(cls, cfg: dict[str, Any], target: dict[str, Any], *, source: str) -> ResolvedLM:
         """A compiled rbln_config.json, so the memory planner runs without a preset. ``target`` is
-        ``artifacts.layout.compile_target(cfg)`` (npu and num_devices as compiled); ``source`` names the file in errors."""
+        ``artifacts.layout.compile_target(cfg)`` (npu and num_devices as compiled); ``source`` names the file in
+        errors."""
         batch = cfg.get("batch_size", 1)  # absent means optimum-rbln's default; 0 is not a batch
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise InputError(f"{source}: batch_size={batch!r} is not a positive integer", "recompile the artifact")
