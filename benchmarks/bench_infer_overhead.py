@@ -82,8 +82,8 @@ def fixed_costs(opts: object, art: Path, plan: object, reps: int = 50) -> dict[s
 
 def wide_model(path: Path, scale: int) -> Path:
     """The tiny Qwen3-VL widened ``scale`` times (random weights, same tokenizer and processor)."""
-    from qwenvl_rbln.backends import tiny_model as tm
-    from qwenvl_rbln.backends import tiny_weights as tw
+    from qwenvl_rbln.backends.tiny import model as tm
+    from qwenvl_rbln.backends.tiny import weights as tw
 
     text, vision = dict(tw.TEXT_DIMS), dict(tw.VISION_DIMS)
     for key in ("hidden_size", "intermediate_size", "head_dim"):
@@ -120,7 +120,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from qwenvl_rbln.backends.tiny_model import ensure_tiny_model
+    from qwenvl_rbln.backends.tiny.model import ensure_tiny_model
     from qwenvl_rbln.inference.generation import GenerationOptions
     from qwenvl_rbln.inference.reference import ReferenceBackend, load_reference
     from qwenvl_rbln.inference.requests import from_flags, validate_requests

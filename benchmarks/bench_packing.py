@@ -46,7 +46,7 @@ def coco_lines(seed: int = 2017) -> list[dict]:
 
 
 def plan(lines: list[dict], packing: bool) -> dict:
-    from qwenvl_rbln.vision.report import run_bucket_plan
+    from qwenvl_rbln.vision.bucket_plan.report import run_bucket_plan
 
     with tempfile.TemporaryDirectory() as d:
         wl = Path(d) / "w.jsonl"
@@ -102,7 +102,8 @@ def cpu_wall(rounds: int) -> dict:
         subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=REPO)
         import torch
 
-        from qwenvl_rbln.backends import emulator, rbln, vit_packing
+        from qwenvl_rbln.backends import emulator, vit_packing
+        from qwenvl_rbln.backends.rbln import optimum as rbln
 
         emulator.activate()
         model = rbln.load_model(art, 0, 0)

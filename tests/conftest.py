@@ -61,7 +61,7 @@ def rbln_calls(emulated, monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_model():
     """The offline tiny Qwen3-VL (qvl:tiny), created once under the tests' QVL_HOME."""
-    from qwenvl_rbln.backends.tiny_model import ensure_tiny_model
+    from qwenvl_rbln.backends.tiny.model import ensure_tiny_model
 
     return ensure_tiny_model()
 

@@ -1,4 +1,4 @@
-"""The bucket-plan report as a library (``vision.report``, ``vision.report_items``, ``vision.report_optimise``):
+"""The bucket-plan report as a library (``vision.bucket_plan``: ``report``, ``items``, ``optimise``):
 plain data in and out, no terminal, and warnings heard in the order the CLI prints them."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 
 from qwenvl_rbln.errors import DoesNotFit, InputError
 from qwenvl_rbln.planning.plan import build_plan
-from qwenvl_rbln.vision.report import memory_gate, run_bucket_plan
-from qwenvl_rbln.vision.report_items import ItemPlanner
+from qwenvl_rbln.vision.bucket_plan.items import ItemPlanner
+from qwenvl_rbln.vision.bucket_plan.report import memory_gate, run_bucket_plan
 
 PACKAGE = Path(__file__).resolve().parents[1] / "qwenvl_rbln"
-CORE = ("vision/report_items.py", "vision/report.py", "vision/report_optimise.py")
+CORE = ("vision/bucket_plan/items.py", "vision/bucket_plan/report.py", "vision/bucket_plan/optimise.py")
 NOT_IN_CORE = ("typer", "rich", "torch", "transformers", "optimum", "qwenvl_rbln.views", "qwenvl_rbln.backends")
 IGNORED = "ignored keys source (only width, height, count, frames, fps, kind and images are read)"
 

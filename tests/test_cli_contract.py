@@ -21,7 +21,7 @@ MARKUP = "[bold]rot[/bold] [/x] [red]"
 
 @pytest.fixture(scope="module")
 def tiny() -> Path:
-    from qwenvl_rbln.backends.tiny_model import ensure_tiny_model
+    from qwenvl_rbln.backends.tiny.model import ensure_tiny_model
 
     return ensure_tiny_model()
 

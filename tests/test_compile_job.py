@@ -216,7 +216,7 @@ def test_torch_backend_compile_writes_the_same_manifest_and_config(tmp_path, cap
 
 
 def test_qvl_tiny_is_created_through_ensure_tiny_model(tmp_path, monkeypatch, capsys):
-    from qwenvl_rbln.backends import tiny_model
+    from qwenvl_rbln.backends.tiny import model as tiny_model
 
     model = write_hf_model(tmp_path / "tiny", TINY_CONFIG)
     calls = []

@@ -40,7 +40,7 @@ def emulator_scope():
 
 @pytest.fixture(scope="module")
 def tiny() -> Path:
-    from qwenvl_rbln.backends.tiny_model import ensure_tiny_model
+    from qwenvl_rbln.backends.tiny.model import ensure_tiny_model
 
     return ensure_tiny_model()
 
@@ -65,7 +65,7 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _compile(out: Path, sets: list[str]) -> Path:
-    from qwenvl_rbln.backends.rbln import use_emulator
+    from qwenvl_rbln.backends.rbln.optimum import use_emulator
     from qwenvl_rbln.jobs.compile_job import run_compile
     from qwenvl_rbln.memory.planner import estimate_plan
     from qwenvl_rbln.planning.plan import build_plan
@@ -246,7 +246,7 @@ def reference_logits(tiny, logits_inputs):
 
 
 def _emulated_logits(art: Path, inputs: Any) -> tuple[list[int], Any]:
-    from qwenvl_rbln.backends import rbln as rbln_backend
+    from qwenvl_rbln.backends.rbln import optimum as rbln_backend
 
     assert rbln_backend.use_emulator(True)
     model = rbln_backend.load_model(art, 0, 0)

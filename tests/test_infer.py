@@ -35,7 +35,7 @@ N = 10  # new tokens per request
 
 @pytest.fixture(scope="module")
 def tiny() -> Path:
-    from qwenvl_rbln.backends.tiny_model import ensure_tiny_model
+    from qwenvl_rbln.backends.tiny.model import ensure_tiny_model
 
     return ensure_tiny_model()
 

@@ -184,7 +184,7 @@ def test_torch_artifact_layout_and_runtime_skip(tmp_path, capsys):
 
 def test_torch_runtime_loads_the_real_tiny_model(tmp_path, capsys):
     pytest.importorskip("transformers")
-    from qwenvl_rbln.backends.tiny_model import ensure_tiny_model
+    from qwenvl_rbln.backends.tiny.model import ensure_tiny_model
 
     ensure_tiny_model()  # shared per test session (QVL_HOME from conftest)
     out = tmp_path / "out"

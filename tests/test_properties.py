@@ -693,7 +693,7 @@ def test_decoder_optimiser_tops_at_batch_size_and_is_never_worse(trace, k, extra
 
 def test_optimize_section_when_every_input_is_above_max_bucket():
     """bucket-plan --optimize K --max-bucket M where no input fits M: an InputError, not an IndexError."""
-    from qwenvl_rbln.vision.report_optimise import optimize_section
+    from qwenvl_rbln.vision.bucket_plan.optimise import optimize_section
 
     plan = build_plan("rebel100-1npu")
     items = [{"patches": 16384, "count": 1, "vit_calls": 1, "input": "x.jpg"}]

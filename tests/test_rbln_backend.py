@@ -1,4 +1,4 @@
-"""backends/rbln.py, rbln_progress.py and rbln_memory.py: exact calls, stages, allocations, error mapping.
+"""backends/rbln/ (optimum.py, progress.py, device_memory.py): exact calls, stages, allocations, error mapping.
 
 The tiny preset (cpu-tiny-rbln) runs optimum-rbln 0.12's real compile and load on qvl's CPU emulator of rebel
 (emulated: no NPU compile ran), with its entry points recorded (tests/emulated_rbln.py). The 2B presets and the
@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from qwenvl_rbln.backends import Progress, rbln_memory
-from qwenvl_rbln.backends import rbln as backend
+from qwenvl_rbln.backends import Progress
+from qwenvl_rbln.backends.rbln import device_memory as rbln_memory
+from qwenvl_rbln.backends.rbln import optimum as backend
 from qwenvl_rbln.errors import BackendError, DependencyMissing, DoesNotFit
 from qwenvl_rbln.planning.devices import npu_spec
 from qwenvl_rbln.planning.plan import build_plan

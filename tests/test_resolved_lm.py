@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.planning.lm.resolved import ResolvedLM
 from qwenvl_rbln.planning.plan import build_plan
-from qwenvl_rbln.planning.resolved_lm import ResolvedLM
 from tests.fakes_rbln import rbln_config_json
 
 PACKAGE = Path(__file__).resolve().parents[1] / "qwenvl_rbln"
 
 
 def test_resolved_lm_is_constructed_in_one_place():
-    """Only resolved_lm's shared derivation calls ResolvedLM(...): no source may compute its fields itself."""
+    """Only lm.resolved's shared derivation calls ResolvedLM(...): no source may compute its fields itself."""
     callers = []
     for path in sorted(PACKAGE.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -27,7 +27,7 @@ def test_resolved_lm_is_constructed_in_one_place():
             for node in ast.walk(fn):
                 if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ResolvedLM":
                     callers.append(f"{path.relative_to(PACKAGE.parent)}:{fn.name}")
-    assert sorted(set(callers)) == ["qwenvl_rbln/planning/resolved_lm.py:_derive"]
+    assert sorted(set(callers)) == ["qwenvl_rbln/planning/lm/resolved.py:_derive"]
 
 
 @pytest.mark.parametrize(

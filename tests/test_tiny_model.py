@@ -17,8 +17,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may touch the hub
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from qwenvl_rbln.backends import tiny_model as tm  # noqa: E402
-from qwenvl_rbln.backends.tiny_tokenizer import VOCAB_SIZE  # noqa: E402
+from qwenvl_rbln.backends.tiny import model as tm  # noqa: E402
+from qwenvl_rbln.backends.tiny.tokenizer import VOCAB_SIZE  # noqa: E402
 from qwenvl_rbln.errors import InputError  # noqa: E402
 
 FILES = {

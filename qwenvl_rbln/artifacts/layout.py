@@ -27,7 +27,7 @@ from qwenvl_rbln.artifacts.manifest import (
 )
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.paths import user_path
-from qwenvl_rbln.planning.resolved_lm import ResolvedLM
+from qwenvl_rbln.planning.lm.resolved import ResolvedLM
 
 EXPECTED_OPTIMUM_RBLN = "0.12.0"
 QWEN3_VL_CONFIG_CLS = "RBLNQwen3VLForConditionalGenerationConfig"

@@ -1,6 +1,6 @@
 """Backends behind one small interface. Importing this package imports nothing heavy.
 
-- ``rbln``: optimum-rbln 0.12.0 + rebel-compiler on an RBLN host (``backends/rbln.py``).
+- ``rbln``: optimum-rbln 0.12.0 + rebel-compiler on an RBLN host (``backends/rbln/``).
 - ``torch``: the reference backend; its "compile" copies the Hugging Face model into an artifact
   directory with the same manifest and config file shape (``backends/torch_ref_compile.py``).
 """
@@ -115,7 +115,7 @@ class Progress:
 def backend_module(name: str) -> Any:
     """The backend module for a plan's ``backend`` value (imported lazily, still without heavy imports)."""
     if name == "rbln":
-        from qwenvl_rbln.backends import rbln
+        from qwenvl_rbln.backends.rbln import optimum as rbln
 
         return rbln
     if name == "torch":
@@ -141,7 +141,7 @@ def resolve_source(model_id: str, *, backend: str) -> tuple[str, Any]:
     from qwenvl_rbln.planning.modelinfo import TINY_MODEL_ID, resolve_model_path
 
     if model_id == TINY_MODEL_ID:
-        from qwenvl_rbln.backends.tiny_model import ensure_tiny_model
+        from qwenvl_rbln.backends.tiny.model import ensure_tiny_model
 
         path = Path(ensure_tiny_model())
         return str(path), path

@@ -35,7 +35,7 @@ def tiny_model(
 
     Its generated text is meaningless; it exists so every code path runs on a CPU in seconds.
     """
-    from qwenvl_rbln.backends.tiny_model import build_or_reuse
+    from qwenvl_rbln.backends.tiny.model import build_or_reuse
     from qwenvl_rbln.views import render
 
     data = build_or_reuse(directory, seed=seed, force=force, notify=None if as_json else render.info)

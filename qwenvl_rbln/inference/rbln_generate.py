@@ -109,7 +109,7 @@ class RblnBackend:
         model_cls: Any = None,
         vit_packing: bool = True,
     ):
-        from qwenvl_rbln.backends import rbln as rbln_backend
+        from qwenvl_rbln.backends.rbln import optimum as rbln_backend
         from qwenvl_rbln.inference.inputs import load_processor
 
         self.artifact_dir = Path(artifact_dir)

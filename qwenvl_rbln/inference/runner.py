@@ -190,7 +190,7 @@ def _torch_device(opts: InferOptions, target: Target, warnings: list[str]) -> st
 
 def _emulation(opts: InferOptions, target: Target) -> bool:
     """Activate qvl's CPU emulator for an rbln artifact when asked; refuse what it cannot or must not run."""
-    from qwenvl_rbln.backends import rbln as rbln_backend
+    from qwenvl_rbln.backends.rbln import optimum as rbln_backend
 
     if target.backend != "rbln":
         if opts.emulate:

@@ -73,7 +73,7 @@ def _manifest_preset(manifest: dict[str, Any] | None) -> str | None:
 
 
 def _is_tiny(directory: Path, manifest: dict[str, Any] | None) -> bool:
-    from qwenvl_rbln.backends.tiny_model import is_tiny_model
+    from qwenvl_rbln.backends.tiny.model import is_tiny_model
     from qwenvl_rbln.planning.modelinfo import TINY_MODEL_ID
 
     if is_tiny_model(directory):

@@ -101,7 +101,7 @@ def refuse_if_not_fit(plan: Any, memory: Any, force: bool, warn: Callable[[str],
     from qwenvl_rbln.memory.verdicts import ensure_fits
 
     if force:
-        from qwenvl_rbln.backends.rbln_memory import over_devices_text
+        from qwenvl_rbln.backends.rbln.device_memory import over_devices_text
 
         where = over_devices_text(_memory_dict(memory))
         warn(

@@ -49,7 +49,7 @@ def compile_for_real(
 ) -> dict[str, Any]:
     """The refusals, in this order, then the compile: an uncertain verdict (exit 4 before a long compile whose
     load the planner cannot vouch for), --emulate on a torch preset; then the emulator if asked."""
-    from qwenvl_rbln.backends.rbln import use_emulator
+    from qwenvl_rbln.backends.rbln.optimum import use_emulator
     from qwenvl_rbln.jobs.compile_job import run_compile
 
     if memory.verdict == "uncertain" and not (uncertain_ok or force):

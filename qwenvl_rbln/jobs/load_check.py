@@ -67,7 +67,7 @@ def _emulated() -> bool:
 def _read_config(root: Path, emulate: bool) -> tuple[str, dict[str, Any]]:
     """The artifact's kind and config; an rbln artifact switches the emulator on or off as asked."""
     from qwenvl_rbln.artifacts.layout import read_artifact_config
-    from qwenvl_rbln.backends import rbln as rbln_backend
+    from qwenvl_rbln.backends.rbln import optimum as rbln_backend
 
     kind, cfg = read_artifact_config(root)
     if emulate and kind != "rbln":
@@ -94,7 +94,7 @@ def _layout(
 ) -> tuple[dict[str, Any], QvlError | None]:
     """Files and hashes; for rbln also the guard (emulated vs real graphs, tampered graphs, optimum-rbln version)."""
     from qwenvl_rbln.artifacts.layout import check_layout
-    from qwenvl_rbln.backends import rbln as rbln_backend
+    from qwenvl_rbln.backends.rbln import optimum as rbln_backend
 
     layout = check_layout(root, kind, cfg, manifest)
     guard = None
@@ -192,7 +192,7 @@ def _memory(
 ) -> dict[str, Any]:
     """Exact (or emulated) allocations when rebel is importable, with the planner's estimate beside; else the
     estimate alone."""
-    from qwenvl_rbln.backends import rbln_memory
+    from qwenvl_rbln.backends.rbln import device_memory as rbln_memory
     from qwenvl_rbln.planning.devices import npu_spec
 
     estimate = _planner_estimate(root, kind, cfg, target.get("npu"), placement, device_memory)
@@ -294,7 +294,7 @@ def _torch_runtime(root: Path, no_runtime: bool) -> dict[str, Any]:
 def _rbln_runtime(root: Path, requested: dict[str, Any], no_runtime: bool, model_cls: Any) -> dict[str, Any]:
     import time
 
-    from qwenvl_rbln.backends import rbln as rbln_backend
+    from qwenvl_rbln.backends.rbln import optimum as rbln_backend
     from qwenvl_rbln.errors import BackendError, DependencyMissing
 
     cfg = rbln_backend.load_rbln_config(requested["device"], requested["visual_device"], create_runtimes=not no_runtime)
@@ -360,8 +360,8 @@ def _blocked(root: Path, layout: dict, placement: dict, guard: QvlError | None) 
 
 def _lack_of_memory(runtime: dict, memory: dict, placement: dict, layout: dict) -> DoesNotFit:
     """optimum-rbln said ``Lack of device memory``: which device, which graphs, and the fixes."""
-    from qwenvl_rbln.backends import rbln as rbln_backend
-    from qwenvl_rbln.backends import rbln_memory
+    from qwenvl_rbln.backends.rbln import device_memory as rbln_memory
+    from qwenvl_rbln.backends.rbln import optimum as rbln_backend
 
     diag = rbln_memory.lack_of_memory_diagnosis(
         runtime.get("error") or "", memory, placement["requested"], layout["graphs"], memory
@@ -372,7 +372,7 @@ def _lack_of_memory(runtime: dict, memory: dict, placement: dict, layout: dict) 
 
 def _does_not_fit(root: Path, memory: dict, placement: dict) -> DoesNotFit:
     """No runtime was created and the memory check says the placement does not fit."""
-    from qwenvl_rbln.backends import rbln_memory
+    from qwenvl_rbln.backends.rbln import device_memory as rbln_memory
 
     where = rbln_memory.over_devices_text(memory)
     _, clis = rbln_memory.suggestion_texts(memory)

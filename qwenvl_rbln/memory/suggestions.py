@@ -13,9 +13,9 @@ from typing import Any
 from qwenvl_rbln.memory.context import Ctx, device_list
 from qwenvl_rbln.memory.estimate import evaluate
 from qwenvl_rbln.memory.report import FITS, MemoryReport, fmt_gib
-from qwenvl_rbln.planning.lm_rules import kv_block_counts
+from qwenvl_rbln.planning.lm.rules import kv_block_counts
 
-# optimum-rbln 0.12 attention limits (lm_rules.ATTENTION_LIMITS), for the max_seq_len suggestion.
+# optimum-rbln 0.12 attention limits (planning.lm.rules.ATTENTION_LIMITS), for the max_seq_len suggestion.
 _EAGER_MAX = {"REBEL": 16384, "ATOM": 32768}
 _MIN_FLASH_LEN = 2048
 

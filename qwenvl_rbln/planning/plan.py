@@ -4,8 +4,8 @@ Every rule of optimum-rbln 0.12.0 that can be checked without the compiler is ch
 the key, the value and the allowed range in the message, plus the cases optimum-rbln misses
 (single ``decoder_batch_sizes`` entry != batch_size, duplicates, ViT buckets not a multiple of 4,
 ``max_seq_len`` above the model's ``max_position_embeddings``, negative device ids). The LM's own rules
-(buckets, attention, KV blocks, quantization, memory budget) are ``ResolvedLM.from_preset`` in resolved_lm.py
-(its steps in lm_checks.py); this module checks the rest of the preset (keys, target NPU, placement, processor,
+(buckets, attention, KV blocks, quantization, memory budget) are ``ResolvedLM.from_preset`` in lm/resolved.py
+(its steps in lm/checks.py); this module checks the rest of the preset (keys, target NPU, placement, processor,
 runtime, output_dir).
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.planning.devices import NpuSpec, npu_spec
+from qwenvl_rbln.planning.lm.resolved import ResolvedLM
 from qwenvl_rbln.planning.modelinfo import ModelGeometry, load_geometry, processor_defaults
 from qwenvl_rbln.planning.presets import LoadedPreset, closest, load_preset
-from qwenvl_rbln.planning.resolved_lm import ResolvedLM
 
 # Keys optimum-rbln accepts (RBLNModelConfig + RBLNDecoderOnlyModelConfig + Qwen3-VL), by level.
 BASE_KEYS = {

@@ -2,7 +2,7 @@
 optimum-rbln's defaults; each failure names the artifact file and says to recompile.
 
 Its own module: reading a compiled artifact is a different job (and a different error) from validating a preset
-(``lm_checks``); both feed the one derivation in ``resolved_lm``.
+(``lm.checks``); both feed the one derivation in ``lm.resolved``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.planning.lm_rules import default_attn_impl, default_block_size, quant_with_defaults
+from qwenvl_rbln.planning.lm.rules import default_attn_impl, default_block_size, quant_with_defaults
 
 _KIND_WORDS: dict[Any, str] = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
 

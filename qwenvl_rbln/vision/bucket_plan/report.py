@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import DoesNotFit, InputError, QvlError
+from qwenvl_rbln.vision.bucket_plan.items import ItemPlanner
+from qwenvl_rbln.vision.bucket_plan.optimise import decoder_section, optimize_section
 from qwenvl_rbln.vision.buckets import vit_cost_fn
 from qwenvl_rbln.vision.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, expand_inputs_report, parse_size
 from qwenvl_rbln.vision.packing import uniform_cost
-from qwenvl_rbln.vision.report_items import ItemPlanner
-from qwenvl_rbln.vision.report_optimise import decoder_section, optimize_section
 from qwenvl_rbln.vision.workload import read_batch_trace, read_workload
 
 

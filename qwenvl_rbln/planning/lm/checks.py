@@ -3,7 +3,7 @@ its order (ViT buckets, LM sizes and switches, attention, prefill chunk, decoder
 memory budget); each failure names the preset file, key and fix through the plan's checker.
 
 Its own module: these are the rules a preset is validated by, apart from the derivation they feed
-(``resolved_lm``) and from the reading of a compiled config (``lm_saved``).
+(``lm.resolved``) and from the reading of a compiled config (``lm.saved``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from qwenvl_rbln.planning.devices import OPTIMUM_SIZE_SPELLINGS, NpuSpec, optimum_size_text, parse_optimum_byte_size
-from qwenvl_rbln.planning.lm_rules import (
+from qwenvl_rbln.planning.lm.rules import (
     ATTENTION_LIMITS,
     MIN_FLASH_MAX_SEQ_LEN,
     QUANT_KEYS,

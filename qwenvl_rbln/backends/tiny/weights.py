@@ -1,7 +1,7 @@
 """The tiny model's Qwen3-VL pieces: dimensions, config, processor, generation config and the seeded weights.
 
 Its own module because these say what the tiny model *is* (the real Qwen3-VL architecture, shrunk), apart from
-its tokenizer (``tiny_tokenizer``) and from where and how the directory is written (``tiny_model``). Heavy
+its tokenizer (``tiny.tokenizer``) and from where and how the directory is written (``tiny.model``). Heavy
 imports (torch, transformers) happen inside functions only.
 """
 
@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln.backends.tiny_tokenizer import QWEN3_VL_CHAT_TEMPLATE, QWEN_ADDED_TOKENS, VOCAB_SIZE, build_tokenizer
+from qwenvl_rbln.backends.tiny.tokenizer import QWEN3_VL_CHAT_TEMPLATE, QWEN_ADDED_TOKENS, VOCAB_SIZE, build_tokenizer
 
 # Model dimensions: the real Qwen3-VL layout, shrunk. mrope_section sums to head_dim // 2 and keeps
 # the real T>H=W split ([24, 20, 20] for head_dim 128).

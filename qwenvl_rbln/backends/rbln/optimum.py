@@ -1,7 +1,7 @@
 """The NPU backend: optimum-rbln 0.12.0 + rebel-compiler, imported only inside these functions.
 
 Here: the dependencies, the emulator switch and guard, compile and load. The compile stage lines are in
-``rbln_progress``; the device-memory read-out and the ``Lack of device memory`` diagnosis in ``rbln_memory``.
+``rbln.progress``; the device-memory read-out and the ``Lack of device memory`` diagnosis in ``rbln.device_memory``.
 
 What this file relies on in optimum-rbln 0.12.0 (paths inside the wheel, ``optimum/rbln/``):
 
@@ -33,7 +33,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln.backends.rbln_progress import stage_hooks
+from qwenvl_rbln.backends.rbln.progress import stage_hooks
 from qwenvl_rbln.errors import BackendError, DependencyMissing, DoesNotFit
 
 INSTALL_HINT = (

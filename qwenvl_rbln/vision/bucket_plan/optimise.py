@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from qwenvl_rbln.errors import InputError, QvlError
+from qwenvl_rbln.vision.bucket_plan.items import ItemPlanner
 from qwenvl_rbln.vision.buckets import (
     OptimizeResult,
     baselines,
@@ -23,7 +24,6 @@ from qwenvl_rbln.vision.buckets import (
 )
 from qwenvl_rbln.vision.geometry import max_pixels_for_bucket, video_max_pixels_for_bucket
 from qwenvl_rbln.vision.packing import evaluate_packed, optimize_packed
-from qwenvl_rbln.vision.report_items import ItemPlanner
 
 DECODER_NOTE = (
     "per-step decoder graph selection is what vllm-rbln does (smallest compiled batch >= running requests); "

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln.backends.rbln import first_line
+from qwenvl_rbln.backends.rbln.optimum import first_line
 from qwenvl_rbln.errors import BackendError
 
 # --------------------------------------------------------------------------------------- allocations

@@ -6,7 +6,7 @@ optimum-rbln 0.12.0 that can be checked without the compiler (each failure names
 their values to ``_derive``, which applies the rules optimum-rbln applies after validation (the partition only
 with flash attention, the KV block counts, the order it sorts graphs and buckets in), so a plan and the artifact
 compiled from it resolve to equal values. The defaults both sources fill in are the ``default_*`` functions of
-``lm_rules``; the preset's checks are ``lm_checks``, the reading of a compiled config is ``lm_saved``.
+``lm.rules``; the preset's checks are ``lm.checks``, the reading of a compiled config is ``lm.saved``.
 
 Plain Python (no torch): ``compile --dry-run`` and ``load-check --no-runtime`` build these.
 """
@@ -17,9 +17,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.planning import lm_checks, lm_saved
 from qwenvl_rbln.planning.devices import NpuSpec
-from qwenvl_rbln.planning.lm_rules import default_prefill_chunk, kv_block_counts
+from qwenvl_rbln.planning.lm import checks as lm_checks
+from qwenvl_rbln.planning.lm import saved as lm_saved
+from qwenvl_rbln.planning.lm.rules import default_prefill_chunk, kv_block_counts
 from qwenvl_rbln.planning.modelinfo import ModelGeometry
 
 

@@ -7,8 +7,8 @@ so commands can warn the user.
 
 This module is the directory: the marker, where the shared copy lives, the atomic write with its race and
 full-disk handling, and the public API (``create_tiny_model``, ``ensure_tiny_model``, ``is_tiny_model``,
-``describe``, ``build_or_reuse``). What goes into the directory comes from ``tiny_tokenizer`` (the BPE
-tokenizer) and ``tiny_weights`` (config, processor, weights).
+``describe``, ``build_or_reuse``). What goes into the directory comes from ``tiny.tokenizer`` (the BPE
+tokenizer) and ``tiny.weights`` (config, processor, weights).
 
 Heavy imports (torch, transformers, tokenizers) happen inside functions only.
 """
@@ -24,8 +24,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln.backends.tiny_tokenizer import VOCAB_SIZE
-from qwenvl_rbln.backends.tiny_weights import write_checkpoint
+from qwenvl_rbln.backends.tiny.tokenizer import VOCAB_SIZE
+from qwenvl_rbln.backends.tiny.weights import write_checkpoint
 from qwenvl_rbln.errors import BackendError, DependencyMissing, InputError
 from qwenvl_rbln.paths import user_path
 from qwenvl_rbln.planning.modelinfo import tiny_model_dir

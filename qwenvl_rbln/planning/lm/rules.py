@@ -1,8 +1,8 @@
 """optimum-rbln's LM rules that both sources of a ResolvedLM apply: its limits and supported values, the defaults
 it fills in and the KV block counts it computes.
 
-Its own module because the preset checks (``lm_checks``), the reading of a compiled config (``lm_saved``) and the
-shared derivation (``resolved_lm``) all use them: each imports them from here, none from another.
+Its own module because the preset checks (``lm.checks``), the reading of a compiled config (``lm.saved``) and the
+shared derivation (``lm.resolved``) all use them: each imports them from here, none from another.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The rbln backend: optimum-rbln 0.12 and rebel-compiler (compile, load, stage progress, device memory)."""

@@ -1,0 +1,1 @@
+"""The offline tiny Qwen3-VL: real architecture, random weights, a locally trained tokenizer."""
