@@ -227,6 +227,19 @@ def test_no_file_is_too_long_to_read_in_one_sitting():
     assert not too_long, f"split by concern (<= {MAX_FILE_LINES} lines): " + ", ".join(too_long)
 
 
+def test_serving_asks_the_artifact_layer_never_a_backend():
+    """Whether an artifact is emulated, complete or current is the artifact layer's answer (manifest, layout,
+    graph markers); the vllm-rbln hand-off never reaches into a backend (vLLM's plugin loads the packed ViT
+    forward by name, at run time, in vLLM's own process)."""
+    graph = import_graph(PACKAGE)
+    reach = {
+        module: sorted(t for t in targets if t.startswith("qwenvl_rbln.backends"))
+        for module, targets in graph.items()
+        if module.startswith("qwenvl_rbln.serving")
+    }
+    assert not {m: t for m, t in reach.items() if t}
+
+
 def test_core_modules_never_import_a_command_module():
     graph = import_graph(PACKAGE)
     offenders = {
