@@ -1,4 +1,4 @@
-"""Capture every command's human and --json output, to prove a refactor changes no byte a user sees.
+"""Capture every command's human and --json output (173 runs), to prove a refactor changes no byte a user sees.
 
     python scripts/output_snapshot.py capture /tmp/snap-before      # on the old code
     python scripts/output_snapshot.py capture /tmp/snap-after       # on the new code
@@ -18,6 +18,7 @@ import importlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -111,389 +112,160 @@ def write_fixtures(ws: Path) -> None:
     )
 
 
+PER_PRESET = [  # (name suffix, arguments) for every shipped preset
+    ("show-{p}", "presets show {p}"),
+    ("show-{p}-json", "presets show {p} --json"),
+    ("dry-{p}", "compile --preset {p} --dry-run"),
+    ("dry-{p}-json", "compile --preset {p} --dry-run --json"),
+    ("dry-{p}-64g", "compile --preset {p} --dry-run --device-memory 64GiB"),
+    ("bp-{p}-size", "bucket-plan --preset {p} --size 1920x1080 --size 640x480"),
+    ("bp-{p}-size-json", "bucket-plan --preset {p} --size 1920x1080 --json"),
+    ("bp-{p}-workload", "bucket-plan --preset {p} --workload {ws}/sizes.jsonl"),
+]
+PER_FAKE_ARTIFACT = [  # for the fake 2B artifact of every rebel100 preset
+    ("lc-fake-{p}", "load-check {d} --no-runtime"),
+    ("lc-fake-{p}-json", "load-check {d} --no-runtime --json"),
+    ("lc-fake-{p}-runtime", "load-check {d}"),
+    ("lc-fake-{p}-dev", "load-check {d} --no-runtime --device 1 --device-memory 32GiB"),
+    ("serve-fake-{p}", "serve {d} --dry-run"),
+    ("serve-fake-{p}-json", "serve {d} --dry-run --json --device 2"),
+    ("bench-fake-{p}", "bench-serve {d} --dry-run --num-prompts 10"),
+    ("infer-fake-{p}", "infer {d} --image {image} --prompt x --max-new-tokens 2"),
+]
+SETUP = [  # they build what the later runs read
+    ("tiny-model", "tiny-model {ws}/tiny"),
+    ("tiny-model-reuse", "tiny-model {ws}/tiny --json"),
+    ("compile-ref", "compile --preset cpu-tiny --model {ws}/tiny -o {ws}/ref"),
+    ("compile-ref-exists", "compile --preset cpu-tiny --model {ws}/tiny -o {ws}/ref --json"),
+    ("compile-emu", "compile --preset cpu-tiny-rbln --emulate --model {ws}/tiny -o {ws}/emu"),
+    ("help", "--help"),
+    ("presets-list", "presets list"),
+    ("presets-list-json", "presets list --json"),
+    ("presets-show-missing", "presets show nope"),
+]
+SINGLE = [
+    ("dry-b4-262k", "compile --preset rebel100-1npu-batch4 --set max_seq_len=262144 --dry-run"),
+    ("dry-b4-262k-json", "compile --preset rebel100-1npu-batch4 --set max_seq_len=262144 --dry-run --json"),
+    ("dry-b4-180k", "compile --preset rebel100-1npu-batch4 --set max_seq_len=180224 --dry-run"),
+    (
+        "dry-b4-180k-ok",
+        "compile --preset rebel100-1npu-batch4 --set max_seq_len=180224 --dry-run --uncertain-ok --json",
+    ),
+    ("dry-vit-set", "compile --preset rebel100-1npu --set visual.max_seq_len=[1024,16384] --dry-run --json"),
+    ("dry-bad-key", "compile --preset rebel100-1npu --set nope=1 --dry-run"),
+    ("dry-bad-key-json", "compile --preset rebel100-1npu --set nope=1 --dry-run --json"),
+    ("dry-bad-value", "compile --preset rebel100-1npu --set batch_size=-3 --dry-run"),
+    ("dry-bad-preset", "compile --preset nope --dry-run"),
+    ("dry-8b-refused", "compile --preset rebel100-1npu --model Qwen/Qwen3-VL-8B-Instruct --dry-run"),
+    ("dry-tiny-model", "compile --preset cpu-tiny-rbln --model {ws}/tiny --dry-run"),
+    ("bp-image", "bucket-plan --preset rebel100-1npu-vit-buckets {image} --size 1920x1080"),
+    ("bp-video", "bucket-plan --preset rebel100-1npu-vit-buckets {ws}/clip.mp4"),
+    ("bp-video-json", "bucket-plan --preset rebel100-1npu {ws}/clip.mp4 {image} --json"),
+    ("bp-csv", "bucket-plan --preset rebel100-1npu --workload {ws}/sizes.csv"),
+    ("bp-optimize", "bucket-plan --preset rebel100-1npu --workload {ws}/sizes.jsonl --optimize 3"),
+    ("bp-optimize-json", "bucket-plan --preset rebel100-1npu --workload {ws}/sizes.jsonl --optimize 2 --json"),
+    (
+        "bp-optimize-nopack",
+        "bucket-plan --preset rebel100-1npu --workload {ws}/sizes.jsonl --optimize 3 --no-vit-packing",
+    ),
+    ("bp-max-bucket", "bucket-plan --preset rebel100-1npu --workload {ws}/sizes.jsonl --optimize 3 --max-bucket 8192"),
+    ("bp-decoder", "bucket-plan --preset rebel100-1npu-batch4 --batch-trace {ws}/trace.txt --optimize-decoder 2"),
+    (
+        "bp-decoder-json",
+        "bucket-plan --preset rebel100-1npu-batch4 --batch-trace {ws}/trace.txt --optimize-decoder 2 --json",
+    ),
+    ("bp-decoder-over", "bucket-plan --preset rebel100-1npu --batch-trace {ws}/trace.txt --json"),
+    ("bp-rows", "bucket-plan --preset rebel100-1npu --workload {ws}/sizes.jsonl --rows 2"),
+    ("bp-nopack-json", "bucket-plan --preset rebel100-1npu --workload {ws}/sizes.jsonl --no-vit-packing --json"),
+    ("bp-missing-file", "bucket-plan --preset rebel100-1npu {ws}/missing.jpg"),
+    ("bp-missing-file-json", "bucket-plan --preset rebel100-1npu {ws}/missing.jpg --json"),
+    ("bp-bad-workload", "bucket-plan --preset rebel100-1npu --workload {ws}/bad.jsonl"),
+    ("bp-bad-size", "bucket-plan --preset rebel100-1npu --size 19x"),
+    ("bp-nofit", "bucket-plan --preset rebel100-1npu-batch4 --set max_seq_len=262144 --size 1920x1080 --json"),
+    ("bp-dry-run", "bucket-plan --preset rebel100-1npu --size 1920x1080 --dry-run"),
+    ("lc-ref", "load-check {ws}/ref"),
+    ("lc-ref-json", "load-check {ws}/ref --json"),
+    ("lc-ref-noruntime", "load-check {ws}/ref --no-runtime --device-memory 1MiB"),
+    ("lc-emu", "load-check {ws}/emu --emulate"),
+    ("lc-emu-json", "load-check {ws}/emu --emulate --json"),
+    ("lc-emu-noemulate", "load-check {ws}/emu --no-runtime"),
+    ("lc-default", "load-check --no-runtime"),
+    ("lc-missing", "load-check {ws}/missing-dir"),
+    ("serve-ref", "serve {ws}/ref --dry-run"),
+    ("serve-emu", "serve {ws}/emu --dry-run --json"),
+    ("infer-ref-2img", "infer {ws}/ref --image {image} --image {image} --prompt Compare. --max-new-tokens 6"),
+    ("infer-ref-json", "infer {ws}/ref --image {image} --prompt Describe. --max-new-tokens 6 --json"),
+    ("infer-ref-video", "infer {ws}/ref --video {ws}/clip.mp4 --prompt What? --max-new-tokens 4 --json"),
+    ("infer-ref-text", "infer {ws}/ref --prompt Hello --max-new-tokens 4"),
+    ("infer-ref-batch", "infer {ws}/ref --batch-file {ws}/batch.jsonl --max-new-tokens 3"),
+    ("infer-ref-disagree", "infer {ws}/ref --set batch_size=4 --prompt x --max-new-tokens 2"),
+    ("infer-ref-missing-image", "infer {ws}/ref --image {ws}/missing.jpg --prompt x"),
+    ("infer-emu", "infer {ws}/emu --emulate --image {image} --image {image} --prompt Compare. --max-new-tokens 6"),
+    ("infer-emu-json", "infer {ws}/emu --emulate --image {image} --prompt Describe. --max-new-tokens 6 --json"),
+    (
+        "infer-emu-nopack",
+        "infer {ws}/emu --emulate --no-vit-packing --image {image} --image {image} --prompt Compare. "
+        "--max-new-tokens 4",
+    ),
+    ("infer-emu-no-emulate", "infer {ws}/emu --image {image} --prompt x --max-new-tokens 2"),
+    ("infer-ref-big-resize", "infer {ws}/ref --image {ws}/big.jpg --prompt x --max-new-tokens 2"),
+    ("infer-ref-big-error", "infer {ws}/ref --image {ws}/big.jpg --on-oversize error --prompt x --max-new-tokens 2"),
+    (
+        "infer-ref-sampling",
+        "infer {ws}/ref --image {image} --system 'Be brief.' --prompt Say. --temperature 0.7 "
+        "--top-p 0.9 --seed 3 --max-new-tokens 4",
+    ),
+    ("infer-ref-too-long", "infer {ws}/ref --prompt x --max-new-tokens 300000"),
+    ("infer-ref-preset", "infer --preset cpu-tiny --prompt x --max-new-tokens 2 --json"),
+    (
+        "infer-emu-device",
+        "infer {ws}/emu --emulate --device 0 --visual-device 0 --video {ws}/clip.mp4 --prompt What? --max-new-tokens 3",
+    ),
+    (
+        "infer-emu-set-disagree",
+        "infer {ws}/emu --emulate --set visual.max_seq_len=[256,4096] --prompt x --max-new-tokens 2",
+    ),
+    ("bp-big-image", "bucket-plan --preset cpu-tiny {ws}/big.jpg --json"),
+    ("bp-tiny-model", "bucket-plan --preset cpu-tiny-rbln --model {ws}/tiny --size 1280x720"),
+    (
+        "bp-set-buckets",
+        "bucket-plan --preset rebel100-1npu --set visual.max_seq_len=[256,1024] --workload {ws}/sizes.jsonl",
+    ),
+    ("show-set", "presets show rebel100-1npu --set batch_size=2 --json"),
+    ("show-set-bad", "presets show rebel100-1npu --set batch_size"),
+    ("lc-emu-device-memory", "load-check {ws}/emu --emulate --device-memory 1MiB"),
+    ("lc-2npu-visual", "load-check {fake}/rebel100-2npu-batch4 --no-runtime --visual-device 3 --json"),
+    ("serve-pass-refused", "serve {fake}/rebel100-1npu --dry-run -- --max-model-len 999"),
+    (
+        "serve-pass-ok",
+        "serve {fake}/rebel100-1npu --dry-run --host 0.0.0.0 --port 9000 --served-model-name x -- --enforce-eager",
+    ),
+    ("serve-nopack", "serve {fake}/rebel100-1npu-batch4 --dry-run --no-vit-packing --json"),
+    ("serve-missing", "serve {ws}/missing-dir --dry-run"),
+    ("bench-json", "bench-serve {fake}/rebel100-1npu --dry-run --input-len 100 --output-len 10 --seed 3 --json"),
+    ("dry-json-bad-preset", "compile --preset nope --dry-run --json"),
+    ("compile-no-emulate", "compile --preset cpu-tiny-rbln --model {ws}/tiny -o {ws}/nothing"),
+]
+COMPARED_RUNS = ("infer-ref-json", "infer-emu-json")
+COMPARE = [  # last: they read the two --json runs above
+    ("compare", "compare {ws}/infer-emu-json.json {ws}/infer-ref-json.json"),
+    ("compare-json", "compare {ws}/infer-emu-json.json {ws}/infer-ref-json.json --json"),
+    ("compare-strict", "compare {ws}/infer-emu-json.json {ws}/infer-ref-json.json --strict-length --ignore-inputs"),
+    ("compare-not-json", "compare {ws}/infer-emu-json.json {ws}/sizes.csv"),
+]
+COMMANDS = ("compile", "load-check", "infer", "bucket-plan", "serve", "bench-serve", "compare", "tiny-model")
+
+
 def runs(ws: Path) -> list[tuple[str, list[str]]]:
     """(name, argv) for every run, in order; the first ones build the artifacts the later ones read."""
-    ref, emu, fake = str(ws / "ref"), str(ws / "emu"), ws / "fake"
-    out: list[tuple[str, list[str]]] = [
-        ("tiny-model", ["tiny-model", str(ws / "tiny")]),
-        ("tiny-model-reuse", ["tiny-model", str(ws / "tiny"), "--json"]),
-        ("compile-ref", ["compile", "--preset", "cpu-tiny", "--model", str(ws / "tiny"), "-o", ref]),
-        ("compile-ref-exists", ["compile", "--preset", "cpu-tiny", "--model", str(ws / "tiny"), "-o", ref, "--json"]),
-        ("compile-emu", ["compile", "--preset", "cpu-tiny-rbln", "--emulate", "--model", str(ws / "tiny"), "-o", emu]),
-        ("help", ["--help"]),
-        ("presets-list", ["presets", "list"]),
-        ("presets-list-json", ["presets", "list", "--json"]),
-        ("presets-show-missing", ["presets", "show", "nope"]),
-    ]
-    for cmd in ("compile", "load-check", "infer", "bucket-plan", "serve", "bench-serve", "compare", "tiny-model"):
-        out.append((f"help-{cmd}", [cmd, "--help"]))
-    for preset in ALL_PRESETS:
-        out += [
-            (f"show-{preset}", ["presets", "show", preset]),
-            (f"show-{preset}-json", ["presets", "show", preset, "--json"]),
-            (f"dry-{preset}", ["compile", "--preset", preset, "--dry-run"]),
-            (f"dry-{preset}-json", ["compile", "--preset", preset, "--dry-run", "--json"]),
-            (f"dry-{preset}-64g", ["compile", "--preset", preset, "--dry-run", "--device-memory", "64GiB"]),
-            (f"bp-{preset}-size", ["bucket-plan", "--preset", preset, "--size", "1920x1080", "--size", "640x480"]),
-            (f"bp-{preset}-size-json", ["bucket-plan", "--preset", preset, "--size", "1920x1080", "--json"]),
-            (f"bp-{preset}-workload", ["bucket-plan", "--preset", preset, "--workload", str(ws / "sizes.jsonl")]),
-        ]
-    out += [
-        ("dry-b4-262k", ["compile", "--preset", "rebel100-1npu-batch4", "--set", "max_seq_len=262144", "--dry-run"]),
-        (
-            "dry-b4-262k-json",
-            ["compile", "--preset", "rebel100-1npu-batch4", "--set", "max_seq_len=262144", "--dry-run", "--json"],
-        ),
-        ("dry-b4-180k", ["compile", "--preset", "rebel100-1npu-batch4", "--set", "max_seq_len=180224", "--dry-run"]),
-        (
-            "dry-b4-180k-ok",
-            [
-                "compile",
-                "--preset",
-                "rebel100-1npu-batch4",
-                "--set",
-                "max_seq_len=180224",
-                "--dry-run",
-                "--uncertain-ok",
-                "--json",
-            ],
-        ),
-        (
-            "dry-vit-set",
-            ["compile", "--preset", "rebel100-1npu", "--set", "visual.max_seq_len=[1024,16384]", "--dry-run", "--json"],
-        ),
-        ("dry-bad-key", ["compile", "--preset", "rebel100-1npu", "--set", "nope=1", "--dry-run"]),
-        ("dry-bad-key-json", ["compile", "--preset", "rebel100-1npu", "--set", "nope=1", "--dry-run", "--json"]),
-        ("dry-bad-value", ["compile", "--preset", "rebel100-1npu", "--set", "batch_size=-3", "--dry-run"]),
-        ("dry-bad-preset", ["compile", "--preset", "nope", "--dry-run"]),
-        (
-            "dry-8b-refused",
-            ["compile", "--preset", "rebel100-1npu", "--model", "Qwen/Qwen3-VL-8B-Instruct", "--dry-run"],
-        ),
-        ("dry-tiny-model", ["compile", "--preset", "cpu-tiny-rbln", "--model", str(ws / "tiny"), "--dry-run"]),
-        ("bp-image", ["bucket-plan", "--preset", "rebel100-1npu-vit-buckets", IMAGE, "--size", "1920x1080"]),
-        ("bp-video", ["bucket-plan", "--preset", "rebel100-1npu-vit-buckets", str(ws / "clip.mp4")]),
-        ("bp-video-json", ["bucket-plan", "--preset", "rebel100-1npu", str(ws / "clip.mp4"), IMAGE, "--json"]),
-        ("bp-csv", ["bucket-plan", "--preset", "rebel100-1npu", "--workload", str(ws / "sizes.csv")]),
-        (
-            "bp-optimize",
-            ["bucket-plan", "--preset", "rebel100-1npu", "--workload", str(ws / "sizes.jsonl"), "--optimize", "3"],
-        ),
-        (
-            "bp-optimize-json",
-            [
-                "bucket-plan",
-                "--preset",
-                "rebel100-1npu",
-                "--workload",
-                str(ws / "sizes.jsonl"),
-                "--optimize",
-                "2",
-                "--json",
-            ],
-        ),
-        (
-            "bp-optimize-nopack",
-            [
-                "bucket-plan",
-                "--preset",
-                "rebel100-1npu",
-                "--workload",
-                str(ws / "sizes.jsonl"),
-                "--optimize",
-                "3",
-                "--no-vit-packing",
-            ],
-        ),
-        (
-            "bp-max-bucket",
-            [
-                "bucket-plan",
-                "--preset",
-                "rebel100-1npu",
-                "--workload",
-                str(ws / "sizes.jsonl"),
-                "--optimize",
-                "3",
-                "--max-bucket",
-                "8192",
-            ],
-        ),
-        (
-            "bp-decoder",
-            [
-                "bucket-plan",
-                "--preset",
-                "rebel100-1npu-batch4",
-                "--batch-trace",
-                str(ws / "trace.txt"),
-                "--optimize-decoder",
-                "2",
-            ],
-        ),
-        (
-            "bp-decoder-json",
-            [
-                "bucket-plan",
-                "--preset",
-                "rebel100-1npu-batch4",
-                "--batch-trace",
-                str(ws / "trace.txt"),
-                "--optimize-decoder",
-                "2",
-                "--json",
-            ],
-        ),
-        (
-            "bp-decoder-over",
-            ["bucket-plan", "--preset", "rebel100-1npu", "--batch-trace", str(ws / "trace.txt"), "--json"],
-        ),
-        ("bp-rows", ["bucket-plan", "--preset", "rebel100-1npu", "--workload", str(ws / "sizes.jsonl"), "--rows", "2"]),
-        (
-            "bp-nopack-json",
-            [
-                "bucket-plan",
-                "--preset",
-                "rebel100-1npu",
-                "--workload",
-                str(ws / "sizes.jsonl"),
-                "--no-vit-packing",
-                "--json",
-            ],
-        ),
-        ("bp-missing-file", ["bucket-plan", "--preset", "rebel100-1npu", str(ws / "missing.jpg")]),
-        ("bp-missing-file-json", ["bucket-plan", "--preset", "rebel100-1npu", str(ws / "missing.jpg"), "--json"]),
-        ("bp-bad-workload", ["bucket-plan", "--preset", "rebel100-1npu", "--workload", str(ws / "bad.jsonl")]),
-        ("bp-bad-size", ["bucket-plan", "--preset", "rebel100-1npu", "--size", "19x"]),
-        (
-            "bp-nofit",
-            [
-                "bucket-plan",
-                "--preset",
-                "rebel100-1npu-batch4",
-                "--set",
-                "max_seq_len=262144",
-                "--size",
-                "1920x1080",
-                "--json",
-            ],
-        ),
-        ("bp-dry-run", ["bucket-plan", "--preset", "rebel100-1npu", "--size", "1920x1080", "--dry-run"]),
-        ("lc-ref", ["load-check", ref]),
-        ("lc-ref-json", ["load-check", ref, "--json"]),
-        ("lc-ref-noruntime", ["load-check", ref, "--no-runtime", "--device-memory", "1MiB"]),
-        ("lc-emu", ["load-check", emu, "--emulate"]),
-        ("lc-emu-json", ["load-check", emu, "--emulate", "--json"]),
-        ("lc-emu-noemulate", ["load-check", emu, "--no-runtime"]),
-        ("lc-default", ["load-check", "--no-runtime"]),
-        ("lc-missing", ["load-check", str(ws / "missing-dir")]),
-        ("serve-ref", ["serve", ref, "--dry-run"]),
-        ("serve-emu", ["serve", emu, "--dry-run", "--json"]),
-        (
-            "infer-ref-2img",
-            ["infer", ref, "--image", IMAGE, "--image", IMAGE, "--prompt", "Compare.", "--max-new-tokens", "6"],
-        ),
-        (
-            "infer-ref-json",
-            ["infer", ref, "--image", IMAGE, "--prompt", "Describe.", "--max-new-tokens", "6", "--json"],
-        ),
-        (
-            "infer-ref-video",
-            ["infer", ref, "--video", str(ws / "clip.mp4"), "--prompt", "What?", "--max-new-tokens", "4", "--json"],
-        ),
-        ("infer-ref-text", ["infer", ref, "--prompt", "Hello", "--max-new-tokens", "4"]),
-        ("infer-ref-batch", ["infer", ref, "--batch-file", str(ws / "batch.jsonl"), "--max-new-tokens", "3"]),
-        ("infer-ref-disagree", ["infer", ref, "--set", "batch_size=4", "--prompt", "x", "--max-new-tokens", "2"]),
-        ("infer-ref-missing-image", ["infer", ref, "--image", str(ws / "missing.jpg"), "--prompt", "x"]),
-        (
-            "infer-emu",
-            [
-                "infer",
-                emu,
-                "--emulate",
-                "--image",
-                IMAGE,
-                "--image",
-                IMAGE,
-                "--prompt",
-                "Compare.",
-                "--max-new-tokens",
-                "6",
-            ],
-        ),
-        (
-            "infer-emu-json",
-            ["infer", emu, "--emulate", "--image", IMAGE, "--prompt", "Describe.", "--max-new-tokens", "6", "--json"],
-        ),
-        (
-            "infer-emu-nopack",
-            [
-                "infer",
-                emu,
-                "--emulate",
-                "--no-vit-packing",
-                "--image",
-                IMAGE,
-                "--image",
-                IMAGE,
-                "--prompt",
-                "Compare.",
-                "--max-new-tokens",
-                "4",
-            ],
-        ),
-        ("infer-emu-no-emulate", ["infer", emu, "--image", IMAGE, "--prompt", "x", "--max-new-tokens", "2"]),
-        (
-            "infer-ref-big-resize",
-            ["infer", ref, "--image", str(ws / "big.jpg"), "--prompt", "x", "--max-new-tokens", "2"],
-        ),
-        (
-            "infer-ref-big-error",
-            [
-                "infer",
-                ref,
-                "--image",
-                str(ws / "big.jpg"),
-                "--on-oversize",
-                "error",
-                "--prompt",
-                "x",
-                "--max-new-tokens",
-                "2",
-            ],
-        ),
-        (
-            "infer-ref-sampling",
-            [
-                "infer",
-                ref,
-                "--image",
-                IMAGE,
-                "--system",
-                "Be brief.",
-                "--prompt",
-                "Say.",
-                "--temperature",
-                "0.7",
-                "--top-p",
-                "0.9",
-                "--seed",
-                "3",
-                "--max-new-tokens",
-                "4",
-            ],
-        ),
-        ("infer-ref-too-long", ["infer", ref, "--prompt", "x", "--max-new-tokens", "300000"]),
-        ("infer-ref-preset", ["infer", "--preset", "cpu-tiny", "--prompt", "x", "--max-new-tokens", "2", "--json"]),
-        (
-            "infer-emu-device",
-            [
-                "infer",
-                emu,
-                "--emulate",
-                "--device",
-                "0",
-                "--visual-device",
-                "0",
-                "--video",
-                str(ws / "clip.mp4"),
-                "--prompt",
-                "What?",
-                "--max-new-tokens",
-                "3",
-            ],
-        ),
-        (
-            "infer-emu-set-disagree",
-            [
-                "infer",
-                emu,
-                "--emulate",
-                "--set",
-                "visual.max_seq_len=[256,4096]",
-                "--prompt",
-                "x",
-                "--max-new-tokens",
-                "2",
-            ],
-        ),
-        ("bp-big-image", ["bucket-plan", "--preset", "cpu-tiny", str(ws / "big.jpg"), "--json"]),
-        (
-            "bp-tiny-model",
-            ["bucket-plan", "--preset", "cpu-tiny-rbln", "--model", str(ws / "tiny"), "--size", "1280x720"],
-        ),
-        (
-            "bp-set-buckets",
-            [
-                "bucket-plan",
-                "--preset",
-                "rebel100-1npu",
-                "--set",
-                "visual.max_seq_len=[256,1024]",
-                "--workload",
-                str(ws / "sizes.jsonl"),
-            ],
-        ),
-        ("show-set", ["presets", "show", "rebel100-1npu", "--set", "batch_size=2", "--json"]),
-        ("show-set-bad", ["presets", "show", "rebel100-1npu", "--set", "batch_size"]),
-        ("lc-emu-device-memory", ["load-check", emu, "--emulate", "--device-memory", "1MiB"]),
-        (
-            "lc-2npu-visual",
-            ["load-check", str(fake / "rebel100-2npu-batch4"), "--no-runtime", "--visual-device", "3", "--json"],
-        ),
-        ("serve-pass-refused", ["serve", str(fake / "rebel100-1npu"), "--dry-run", "--", "--max-model-len", "999"]),
-        (
-            "serve-pass-ok",
-            [
-                "serve",
-                str(fake / "rebel100-1npu"),
-                "--dry-run",
-                "--host",
-                "0.0.0.0",
-                "--port",
-                "9000",
-                "--served-model-name",
-                "x",
-                "--",
-                "--enforce-eager",
-            ],
-        ),
-        ("serve-nopack", ["serve", str(fake / "rebel100-1npu-batch4"), "--dry-run", "--no-vit-packing", "--json"]),
-        ("serve-missing", ["serve", str(ws / "missing-dir"), "--dry-run"]),
-        (
-            "bench-json",
-            [
-                "bench-serve",
-                str(fake / "rebel100-1npu"),
-                "--dry-run",
-                "--input-len",
-                "100",
-                "--output-len",
-                "10",
-                "--seed",
-                "3",
-                "--json",
-            ],
-        ),
-        ("dry-json-bad-preset", ["compile", "--preset", "nope", "--dry-run", "--json"]),
-        (
-            "compile-no-emulate",
-            ["compile", "--preset", "cpu-tiny-rbln", "--model", str(ws / "tiny"), "-o", str(ws / "nothing")],
-        ),
-    ]
-    for preset in REBEL_PRESETS:
-        d = str(fake / preset)
-        out += [
-            (f"lc-fake-{preset}", ["load-check", d, "--no-runtime"]),
-            (f"lc-fake-{preset}-json", ["load-check", d, "--no-runtime", "--json"]),
-            (f"lc-fake-{preset}-runtime", ["load-check", d]),
-            (f"lc-fake-{preset}-dev", ["load-check", d, "--no-runtime", "--device", "1", "--device-memory", "32GiB"]),
-            (f"serve-fake-{preset}", ["serve", d, "--dry-run"]),
-            (f"serve-fake-{preset}-json", ["serve", d, "--dry-run", "--json", "--device", "2"]),
-            (f"bench-fake-{preset}", ["bench-serve", d, "--dry-run", "--num-prompts", "10"]),
-            (f"infer-fake-{preset}", ["infer", d, "--image", IMAGE, "--prompt", "x", "--max-new-tokens", "2"]),
-        ]
-    return out
+    where = {"ws": ws, "image": IMAGE, "fake": ws / "fake"}
+    table = [*SETUP, *((f"help-{cmd}", f"{cmd} --help") for cmd in COMMANDS)]
+    table += [(name.replace("{p}", p), args.replace("{p}", p)) for p in ALL_PRESETS for name, args in PER_PRESET]
+    table += SINGLE
+    for p in REBEL_PRESETS:
+        table += [(name.replace("{p}", p), args.replace("{d}", f"{{fake}}/{p}")) for name, args in PER_FAKE_ARTIFACT]
+    table += COMPARE
+    return [(name, shlex.split(args.format(**where))) for name, args in table]
 
 
 def _env(ws: Path) -> dict[str, str]:
@@ -524,20 +296,9 @@ def capture(dest: Path) -> None:
         proc = subprocess.run([qvl, *argv], cwd=WORKSPACE, env=env, capture_output=True, text=True, timeout=600)
         text = f"$ qvl {' '.join(argv)}\nexit {proc.returncode}\n--- stdout\n{proc.stdout}--- stderr\n{proc.stderr}"
         (dest / f"{name}.txt").write_text(mask(text))
-        if name in ("infer-ref-json", "infer-emu-json"):
-            (WORKSPACE / f"{name}.json").write_text(proc.stdout)  # compared below, unmasked
-    compare_runs = [
-        ("compare", ["compare", str(WORKSPACE / "infer-emu-json.json"), str(WORKSPACE / "infer-ref-json.json")]),
-        (
-            "compare-json",
-            ["compare", str(WORKSPACE / "infer-emu-json.json"), str(WORKSPACE / "infer-ref-json.json"), "--json"],
-        ),
-    ]
-    for name, argv in compare_runs:
-        proc = subprocess.run([qvl, *argv], cwd=WORKSPACE, env=env, capture_output=True, text=True, timeout=600)
-        text = f"$ qvl {' '.join(argv)}\nexit {proc.returncode}\n--- stdout\n{proc.stdout}--- stderr\n{proc.stderr}"
-        (dest / f"{name}.txt").write_text(mask(text))
-    print(f"{len(all_runs) + len(compare_runs)} runs captured in {dest}")
+        if name in COMPARED_RUNS:
+            (WORKSPACE / f"{name}.json").write_text(proc.stdout)  # the compare runs read it unmasked
+    print(f"{len(all_runs)} runs captured in {dest}")
 
 
 def _normalised(text: str) -> str:
