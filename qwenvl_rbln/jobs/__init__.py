@@ -1,1 +1,6 @@
-"""Jobs: the orchestration that calls backends (compile job and request, the load-check steps)."""
+"""Jobs: the orchestration that calls backends, returning data for a view.
+
+- ``compile_request``: what ``qvl compile`` asks for (the dry-run gate, the refusals) before any work.
+- ``compile_job``: the compile itself: lock, cache, staging directory, backend compile, manifest, rename.
+- ``load_check``: the load-check steps (layout, placement, memory, calibration, runtime, diagnosis).
+"""

@@ -1,1 +1,8 @@
-"""Planning: presets, the validated plan, the resolved LM, model geometry and the NPU catalogue."""
+"""Planning: from a YAML preset to a validated Plan, before anything compiles. Pure Python, no torch.
+
+- ``presets``: shipped and user presets (YAML ``safe_load``, ``--set`` overrides, closest-name hints).
+- ``plan``: the validated Plan with the exact optimum-rbln ``rbln_config`` dicts (compile time and load time).
+- ``lm/``: the LM's resolved settings, one derivation from a preset or from a compiled ``rbln_config.json``.
+- ``modelinfo``: the model geometry (built-in, or read from a local or cached ``config.json``).
+- ``devices``: the NPU catalogue (DRAM, chiplets) and byte sizes.
+"""
