@@ -1,8 +1,9 @@
 """Capture every command's human and --json output (173 runs), to prove a refactor changes no byte a user sees.
 
-    python scripts/output_snapshot.py capture /tmp/snap-before      # on the old code
-    python scripts/output_snapshot.py capture /tmp/snap-after       # on the new code
-    python scripts/output_snapshot.py diff /tmp/snap-before /tmp/snap-after
+    git worktree add --detach /tmp/qvl-old <old commit>                       # the code before the change
+    PYTHONPATH=/tmp/qvl-old .venv/bin/python scripts/output_snapshot.py capture /tmp/snap-before
+    .venv/bin/python scripts/output_snapshot.py capture /tmp/snap-after       # the code in this checkout
+    .venv/bin/python scripts/output_snapshot.py diff /tmp/snap-before /tmp/snap-after
 
 Each run records stdout, stderr and the exit code. Both captures use one fixed workspace path, so the paths
 printed are the same; what legitimately changes from run to run (seconds, dates, hashes, pids, RSS, token
