@@ -120,7 +120,7 @@ def main() -> None:
 
 def bench_optimizer(n: int) -> dict:
     """optimize_buckets alone on n seeded patch counts up to 65536 (the stock processor's maximum)."""
-    from qwenvl_rbln.planning.modelinfo import QWEN3_VL_2B
+    from qwenvl_rbln.planning.catalogue.modelinfo import QWEN3_VL_2B
     from qwenvl_rbln.vision.buckets import optimize_buckets, vit_cost_fn
 
     rng = random.Random(SEED + 2)

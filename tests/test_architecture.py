@@ -191,6 +191,28 @@ def upward_imports(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ..
     return found
 
 
+def package_graph(graph: dict[str, set[str]], files: dict[str, Path]) -> dict[str, set[str]]:
+    """Package -> the other packages its modules import, at every depth; a root module stands for itself."""
+
+    def package(module: str) -> str:
+        owner = module if files[module].name == "__init__.py" else module.rsplit(".", 1)[0]
+        return module if owner == PACKAGE.name else owner
+
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        edges = packages.setdefault(package(module), set())
+        edges |= {package(t) for t in targets} - {package(module)}
+    return packages
+
+
+def test_no_cycle_between_packages_at_any_depth():
+    """LAYERS orders the top-level packages; a nested one (planning/lm, backends/rbln) may not loop with its
+    parent's modules either, or the folder would hide an order the code does not have."""
+    packages = package_graph(import_graph(PACKAGE), module_files(PACKAGE))
+    assert len(packages) > 15, "the scan found too few packages"
+    assert not cycles(packages), f"package cycles: {cycles(packages)}"
+
+
 def test_every_module_sits_in_a_declared_layer():
     unplaced = sorted(m for m in import_graph(PACKAGE) if layer_of(m) is None)
     assert not unplaced, f"add these to LAYERS (or move them into a package that is there): {unplaced}"

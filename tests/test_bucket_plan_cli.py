@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from qwenvl_rbln.cli import app
 from qwenvl_rbln.errors import DoesNotFit, InputError
-from qwenvl_rbln.planning.modelinfo import QWEN3_VL_2B
+from qwenvl_rbln.planning.catalogue.modelinfo import QWEN3_VL_2B
 from qwenvl_rbln.views import render
 from qwenvl_rbln.vision import buckets as bk
 from tests.helpers_cli import run_qvl

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.planning.modelinfo import QWEN3_VL_2B, QWEN3_VL_8B, QWEN3_VL_TINY
+from qwenvl_rbln.planning.catalogue.modelinfo import QWEN3_VL_2B, QWEN3_VL_8B, QWEN3_VL_TINY
 from qwenvl_rbln.vision import buckets as bk
 
 V2B = QWEN3_VL_2B.vision

@@ -18,8 +18,8 @@ from qwenvl_rbln.memory.planner import estimate, estimate_plan
 from qwenvl_rbln.memory.report import SOURCE_OVERRIDE, SOURCE_SPEC
 from qwenvl_rbln.memory.verdicts import ensure_fits, fit_hint
 from qwenvl_rbln.memory.workspaces import estimate_for_bucket
-from qwenvl_rbln.planning.devices import GiB, MiB, npu_spec
-from qwenvl_rbln.planning.modelinfo import QWEN3_VL_2B, QWEN3_VL_8B, QWEN3_VL_TINY
+from qwenvl_rbln.planning.catalogue.devices import GiB, MiB, npu_spec
+from qwenvl_rbln.planning.catalogue.modelinfo import QWEN3_VL_2B, QWEN3_VL_8B, QWEN3_VL_TINY
 from qwenvl_rbln.planning.plan import build_plan
 
 NO_CAL: dict = {}

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from qwenvl_rbln.planning.modelinfo import QWEN3_VL_2B
+from qwenvl_rbln.planning.catalogue.modelinfo import QWEN3_VL_2B
 from qwenvl_rbln.vision.buckets import select_bucket, vit_cost_fn
 from qwenvl_rbln.vision.packing import plan_packs, slot, unpacked
 

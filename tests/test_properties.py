@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from qwenvl_rbln.errors import InputError, QvlError
-from qwenvl_rbln.planning.modelinfo import QWEN3_VL_2B
+from qwenvl_rbln.planning.catalogue.modelinfo import QWEN3_VL_2B
 from qwenvl_rbln.planning.plan import LM_KEYS, VISUAL_KEYS, Plan, build_plan, plan_from_loaded
 from qwenvl_rbln.planning.presets import (
     PLACEMENT_KEYS,

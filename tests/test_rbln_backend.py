@@ -21,7 +21,7 @@ from qwenvl_rbln.backends import Progress
 from qwenvl_rbln.backends.rbln import device_memory as rbln_memory
 from qwenvl_rbln.backends.rbln import optimum as backend
 from qwenvl_rbln.errors import BackendError, DependencyMissing, DoesNotFit
-from qwenvl_rbln.planning.devices import npu_spec
+from qwenvl_rbln.planning.catalogue.devices import npu_spec
 from qwenvl_rbln.planning.plan import build_plan
 from tests.emulated_rbln import emulator_on, optimum_rbln_installed, record_rbln
 from tests.fakes_rbln import (

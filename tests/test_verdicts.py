@@ -13,7 +13,7 @@ from qwenvl_rbln.errors import DoesNotFit, InputError
 from qwenvl_rbln.memory.kv import align_up, kv_tensor_bytes
 from qwenvl_rbln.memory.params import lm_params
 from qwenvl_rbln.memory.planner import estimate_plan
-from qwenvl_rbln.planning.devices import GiB, MiB, parse_optimum_byte_size
+from qwenvl_rbln.planning.catalogue.devices import GiB, MiB, parse_optimum_byte_size
 from qwenvl_rbln.planning.plan import build_plan
 from qwenvl_rbln.views import render
 from tests.helpers_cli import run_qvl

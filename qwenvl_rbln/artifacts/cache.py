@@ -31,7 +31,7 @@ CACHE_FORMAT = 1
 
 
 def default_cache_dir() -> Path:
-    from qwenvl_rbln.planning.modelinfo import qvl_home
+    from qwenvl_rbln.planning.catalogue.modelinfo import qvl_home
 
     return qvl_home() / "compile-cache"
 

@@ -18,7 +18,7 @@ def _last_compile_path(cwd: Path | None = None) -> Path:
     crosses projects: `qvl load-check` in another folder does not check this folder's artifact."""
     import hashlib
 
-    from qwenvl_rbln.planning.modelinfo import qvl_home
+    from qwenvl_rbln.planning.catalogue.modelinfo import qvl_home
 
     where = str((cwd or Path.cwd()).absolute())
     key = hashlib.sha256(where.encode("utf-8", "surrogateescape")).hexdigest()[:24]

@@ -31,7 +31,7 @@ def lock_path(target: Path) -> Path:
     Unlinking a lock file is never safe while another process may be waiting on it, so the files are kept
     where they bother nobody: one small file per output directory ever compiled into.
     """
-    from qwenvl_rbln.planning.modelinfo import qvl_home
+    from qwenvl_rbln.planning.catalogue.modelinfo import qvl_home
 
     target = user_path(target).absolute()
     digest = hashlib.sha256(str(target).encode("utf-8", "surrogateescape")).hexdigest()[:16]

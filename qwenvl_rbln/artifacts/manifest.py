@@ -115,7 +115,7 @@ def hash_tree(root: Path, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
 def model_fingerprint(model_id: str, path: Path | None = None) -> dict[str, Any]:
     """Identity of the source model: a content hash of its local directory (``path``, else the directory the id
     names); a hub id without a local directory is reported as not hashed and is never downloaded."""
-    from qwenvl_rbln.planning.modelinfo import resolve_model_path
+    from qwenvl_rbln.planning.catalogue.modelinfo import resolve_model_path
 
     path = Path(path) if path is not None else resolve_model_path(model_id)
     if path is None:

@@ -138,7 +138,7 @@ def resolve_source(model_id: str, *, backend: str) -> tuple[str, Any]:
     from pathlib import Path
 
     from qwenvl_rbln.errors import InputError
-    from qwenvl_rbln.planning.modelinfo import TINY_MODEL_ID, resolve_model_path
+    from qwenvl_rbln.planning.catalogue.modelinfo import TINY_MODEL_ID, resolve_model_path
 
     if model_id == TINY_MODEL_ID:
         from qwenvl_rbln.backends.tiny.model import ensure_tiny_model

@@ -89,7 +89,7 @@ def _model_dtype(src: Path) -> str | None:
 
 def compile_model(plan: Any, out_dir: Path, progress: Any, model_cls: Any = None, *, source: str | None = None) -> dict:
     """Copy the model directory ``source`` into ``out_dir`` and write qvl-rbln-config.json."""
-    from qwenvl_rbln.planning.modelinfo import read_model_config
+    from qwenvl_rbln.planning.catalogue.modelinfo import read_model_config
 
     if source is None:
         raise InputError(f"backend torch needs a local model directory, got {plan.model_id!r}", "pass --model DIR")

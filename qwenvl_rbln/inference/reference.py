@@ -100,7 +100,7 @@ def _require_torch() -> None:
 def load_reference(model_dir: Path, device: str | None = None) -> tuple[Any, Any, str]:
     """(model, processor, device) for a local Qwen3-VL directory in Hugging Face format (cached)."""
     from qwenvl_rbln.inference.inputs import shared_processor
-    from qwenvl_rbln.planning.modelinfo import read_model_config
+    from qwenvl_rbln.planning.catalogue.modelinfo import read_model_config
 
     model_dir = user_path(model_dir).absolute()
     read_model_config(model_dir)  # InputError unless config.json says qwen3_vl

@@ -154,7 +154,7 @@ def _prepare(opts: InferOptions, target: Target, requests: list[Any], gen: Any) 
     """
     from qwenvl_rbln.inference.inputs import check_media, load_processor
     from qwenvl_rbln.inference.vision_report import plan_vision
-    from qwenvl_rbln.planning.modelinfo import processor_defaults
+    from qwenvl_rbln.planning.catalogue.modelinfo import processor_defaults
 
     vis = target.plan.geometry.vision
     vplan = plan_vision(

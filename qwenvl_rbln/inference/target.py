@@ -74,7 +74,7 @@ def _manifest_preset(manifest: dict[str, Any] | None) -> str | None:
 
 def _is_tiny(directory: Path, manifest: dict[str, Any] | None) -> bool:
     from qwenvl_rbln.backends.tiny.model import is_tiny_model
-    from qwenvl_rbln.planning.modelinfo import TINY_MODEL_ID
+    from qwenvl_rbln.planning.catalogue.modelinfo import TINY_MODEL_ID
 
     if is_tiny_model(directory):
         return True
@@ -87,7 +87,7 @@ def _is_tiny(directory: Path, manifest: dict[str, Any] | None) -> bool:
 
 def _qwen3_vl_config(directory: Path) -> None:
     """InputError (one line) unless ``directory/config.json`` is a Qwen3-VL config."""
-    from qwenvl_rbln.planning.modelinfo import read_model_config
+    from qwenvl_rbln.planning.catalogue.modelinfo import read_model_config
 
     try:
         read_model_config(directory)

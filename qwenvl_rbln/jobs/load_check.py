@@ -110,7 +110,7 @@ def _layout(
 
 def _unknown_npus(target: dict[str, Any]) -> list[str]:
     """A target NPU that optimum-rbln would refuse (``Unknown npu name``) is a problem of the artifact."""
-    from qwenvl_rbln.planning.devices import npu_spec
+    from qwenvl_rbln.planning.catalogue.devices import npu_spec
 
     problems = []
     for key in ("npu", "visual_npu"):
@@ -135,7 +135,7 @@ def _target(
     target["problems"].extend(_unknown_npus(target))
     if device_memory is not None and not target["problems"] and target.get("npu"):
         from qwenvl_rbln.memory.report import parse_device_memory
-        from qwenvl_rbln.planning.devices import npu_spec
+        from qwenvl_rbln.planning.catalogue.devices import npu_spec
 
         parse_device_memory(device_memory, npu_spec(target["npu"]))  # above this card's DRAM: exit 2, as a dry run
     layout["problems"].extend(target["problems"])
@@ -152,8 +152,8 @@ def _planner_estimate(
 ) -> dict[str, Any]:
     from qwenvl_rbln.artifacts.layout import read_json, resolved_from_rbln_config
     from qwenvl_rbln.memory import planner
-    from qwenvl_rbln.planning.devices import npu_spec
-    from qwenvl_rbln.planning.modelinfo import geometry_from_config
+    from qwenvl_rbln.planning.catalogue.devices import npu_spec
+    from qwenvl_rbln.planning.catalogue.modelinfo import geometry_from_config
 
     notes = []
     if not npu:
@@ -193,7 +193,7 @@ def _memory(
     """Exact (or emulated) allocations when rebel is importable, with the planner's estimate beside; else the
     estimate alone."""
     from qwenvl_rbln.backends.rbln import device_memory as rbln_memory
-    from qwenvl_rbln.planning.devices import npu_spec
+    from qwenvl_rbln.planning.catalogue.devices import npu_spec
 
     estimate = _planner_estimate(root, kind, cfg, target.get("npu"), placement, device_memory)
     if kind == "rbln" and not layout["missing"] and not refused and rbln_memory.import_rebel() is not None:
@@ -227,7 +227,7 @@ def calibration_from_exact(root: Path, cfg: dict[str, Any], exact: dict[str, Any
     from qwenvl_rbln.artifacts.layout import read_json, resolved_from_rbln_config
     from qwenvl_rbln.memory import calibration as cal
     from qwenvl_rbln.memory.params import lm_params, vision_params
-    from qwenvl_rbln.planning.modelinfo import geometry_from_config
+    from qwenvl_rbln.planning.catalogue.modelinfo import geometry_from_config
 
     geometry = geometry_from_config(read_json(root / "config.json"), name=root.name, source=str(root))
     keys = cal.graph_keys(resolved_from_rbln_config(cfg))

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.planning.modelinfo import ModelGeometry, qvl_home
+from qwenvl_rbln.planning.catalogue.modelinfo import ModelGeometry, qvl_home
 
 FORMAT = "qvl-calibration"
 VERSION = 1

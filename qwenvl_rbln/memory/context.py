@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from qwenvl_rbln.memory.params import QUANT_MODEL_DTYPE
-from qwenvl_rbln.planning.devices import NpuSpec
-from qwenvl_rbln.planning.modelinfo import ModelGeometry
+from qwenvl_rbln.planning.catalogue.devices import NpuSpec
+from qwenvl_rbln.planning.catalogue.modelinfo import ModelGeometry
 
 
 def device_list(value: int | list[int]) -> list[int]:

@@ -25,8 +25,8 @@ from qwenvl_rbln.memory.report import (
     MemoryReport,
     fmt_gib,
 )
-from qwenvl_rbln.planning.devices import GiB
-from qwenvl_rbln.planning.modelinfo import QWEN3_VL_2B
+from qwenvl_rbln.planning.catalogue.devices import GiB
+from qwenvl_rbln.planning.catalogue.modelinfo import QWEN3_VL_2B
 
 SCENARIOS = ("low", "mid", "high")
 

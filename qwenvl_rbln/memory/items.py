@@ -31,7 +31,7 @@ from qwenvl_rbln.memory.workspaces import (
     visual_workspace,
     visual_workspace_parts,
 )
-from qwenvl_rbln.planning.devices import MiB
+from qwenvl_rbln.planning.catalogue.devices import MiB
 
 
 def _lm_weights_item(ctx: Ctx, resolved: Any, n_lm: int) -> MemoryItem:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from qwenvl_rbln.memory.context import Ctx, model_dtype, quant
-from qwenvl_rbln.planning.devices import MiB
-from qwenvl_rbln.planning.modelinfo import ModelGeometry
+from qwenvl_rbln.planning.catalogue.devices import MiB
+from qwenvl_rbln.planning.catalogue.modelinfo import ModelGeometry
 
 KV_ALIGN = 2 * MiB  # optimum-rbln aligns every KV tensor to 2 MiB
 

@@ -6,7 +6,7 @@ per-bucket column and load-check's emulated allocations all read them.
 
 from __future__ import annotations
 
-from qwenvl_rbln.planning.modelinfo import TextGeometry, VisionGeometry
+from qwenvl_rbln.planning.catalogue.modelinfo import TextGeometry, VisionGeometry
 
 RBLN_DTYPE_BYTES = 2  # optimum-rbln artifacts of Qwen3-VL are bf16
 QUANT_MODEL_DTYPE = 4  # optimum-rbln get_quantized_model loads the model in float32 (its FIXME: no bf16 yet)

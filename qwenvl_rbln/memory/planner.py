@@ -14,8 +14,8 @@ from qwenvl_rbln.memory.estimate import evaluate
 from qwenvl_rbln.memory.params import RBLN_DTYPE_BYTES
 from qwenvl_rbln.memory.report import SOURCE_OVERRIDE, SOURCE_SPEC, MemoryReport, parse_device_memory
 from qwenvl_rbln.memory.suggestions import suggestions
-from qwenvl_rbln.planning.devices import NpuSpec
-from qwenvl_rbln.planning.modelinfo import ModelGeometry
+from qwenvl_rbln.planning.catalogue.devices import NpuSpec
+from qwenvl_rbln.planning.catalogue.modelinfo import ModelGeometry
 
 
 def estimate(

@@ -16,7 +16,7 @@ from qwenvl_rbln.memory.workspaces import (
     VISUAL_WORKSPACE_FORMULA,
     VISUAL_WORKSPACE_RANGE,
 )
-from qwenvl_rbln.planning.devices import MAX_CARD_BYTES, SIZE_SPELLINGS, GiB, NpuSpec, parse_byte_size
+from qwenvl_rbln.planning.catalogue.devices import MAX_CARD_BYTES, SIZE_SPELLINGS, GiB, NpuSpec, parse_byte_size
 
 SOURCE_SPEC = "optimum-rbln 0.12 DRAM spec"
 SOURCE_OVERRIDE = "--device-memory"

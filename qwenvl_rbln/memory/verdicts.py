@@ -9,7 +9,7 @@ from typing import Any
 
 from qwenvl_rbln.errors import DoesNotFit
 from qwenvl_rbln.memory.report import DOES_NOT_FIT, FITS, UNCERTAIN, MemoryReport, fmt_gib
-from qwenvl_rbln.planning.devices import GiB
+from qwenvl_rbln.planning.catalogue.devices import GiB
 
 
 def verdict_of(report: MemoryReport | dict[str, Any]) -> str:

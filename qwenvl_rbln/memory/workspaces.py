@@ -11,7 +11,7 @@ from typing import Any
 from qwenvl_rbln.memory import calibration as cal
 from qwenvl_rbln.memory.calibration import model_key
 from qwenvl_rbln.memory.params import vision_params
-from qwenvl_rbln.planning.modelinfo import ModelGeometry
+from qwenvl_rbln.planning.catalogue.modelinfo import ModelGeometry
 
 FP32 = 4  # attention scores and logits are accumulated in fp32 (modelled)
 

@@ -3,6 +3,6 @@
 - ``presets``: shipped and user presets (YAML ``safe_load``, ``--set`` overrides, closest-name hints).
 - ``plan``: the validated Plan with the exact optimum-rbln ``rbln_config`` dicts (compile time and load time).
 - ``lm/``: the LM's resolved settings, one derivation from a preset or from a compiled ``rbln_config.json``.
-- ``modelinfo``: the model geometry (built-in, or read from a local or cached ``config.json``).
-- ``devices``: the NPU catalogue (DRAM, chiplets) and byte sizes.
+- ``catalogue/``: what the plan is checked against: ``devices`` (NPU specs: DRAM, chiplets, byte sizes) and
+  ``modelinfo`` (the model geometry, built-in or read from a local or cached ``config.json``).
 """

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.planning.devices import NpuSpec, npu_spec
+from qwenvl_rbln.planning.catalogue.devices import NpuSpec, npu_spec
+from qwenvl_rbln.planning.catalogue.modelinfo import ModelGeometry, load_geometry, processor_defaults
 from qwenvl_rbln.planning.lm.resolved import ResolvedLM
-from qwenvl_rbln.planning.modelinfo import ModelGeometry, load_geometry, processor_defaults
 from qwenvl_rbln.planning.presets import LoadedPreset, closest, load_preset
 
 # Keys optimum-rbln accepts (RBLNModelConfig + RBLNDecoderOnlyModelConfig + Qwen3-VL), by level.

@@ -28,7 +28,7 @@ from qwenvl_rbln.backends.tiny.tokenizer import VOCAB_SIZE
 from qwenvl_rbln.backends.tiny.weights import write_checkpoint
 from qwenvl_rbln.errors import BackendError, DependencyMissing, InputError
 from qwenvl_rbln.paths import user_path
-from qwenvl_rbln.planning.modelinfo import tiny_model_dir
+from qwenvl_rbln.planning.catalogue.modelinfo import tiny_model_dir
 
 MARKER_FILE = "qvl_tiny_model.json"
 MARKER_NOTE = "random weights; generated text is meaningless"

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from qwenvl_rbln.planning.devices import OPTIMUM_SIZE_SPELLINGS, NpuSpec, optimum_size_text, parse_optimum_byte_size
+from qwenvl_rbln.planning.catalogue.devices import (
+    OPTIMUM_SIZE_SPELLINGS,
+    NpuSpec,
+    optimum_size_text,
+    parse_optimum_byte_size,
+)
+from qwenvl_rbln.planning.catalogue.modelinfo import ModelGeometry
 from qwenvl_rbln.planning.lm.rules import (
     ATTENTION_LIMITS,
     MIN_FLASH_MAX_SEQ_LEN,
@@ -22,7 +28,6 @@ from qwenvl_rbln.planning.lm.rules import (
     kv_block_counts,
     quant_with_defaults,
 )
-from qwenvl_rbln.planning.modelinfo import ModelGeometry
 
 
 class Checker(Protocol):

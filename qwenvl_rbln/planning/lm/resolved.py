@@ -17,11 +17,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.planning.devices import NpuSpec
+from qwenvl_rbln.planning.catalogue.devices import NpuSpec
+from qwenvl_rbln.planning.catalogue.modelinfo import ModelGeometry
 from qwenvl_rbln.planning.lm import checks as lm_checks
 from qwenvl_rbln.planning.lm import saved as lm_saved
 from qwenvl_rbln.planning.lm.rules import default_prefill_chunk, kv_block_counts
-from qwenvl_rbln.planning.modelinfo import ModelGeometry
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import QvlError
-from qwenvl_rbln.planning.modelinfo import processor_defaults
+from qwenvl_rbln.planning.catalogue.modelinfo import processor_defaults
 from qwenvl_rbln.vision import geometry
 from qwenvl_rbln.vision.buckets import oversize_error, padding_pct, select_bucket, vit_cost_fn
 
