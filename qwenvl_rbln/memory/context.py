@@ -14,10 +14,6 @@ from qwenvl_rbln.planning.catalogue.devices import NpuSpec
 from qwenvl_rbln.planning.catalogue.modelinfo import ModelGeometry
 
 
-def device_list(value: int | list[int]) -> list[int]:
-    return list(value) if isinstance(value, list) else [value]
-
-
 @dataclass
 class Ctx:
     geometry: ModelGeometry

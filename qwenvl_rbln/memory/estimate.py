@@ -11,8 +11,9 @@ from typing import Any
 
 from qwenvl_rbln.memory.calibration import model_key
 from qwenvl_rbln.memory.chiplets import chiplet_view
-from qwenvl_rbln.memory.context import Ctx, device_list, quant
+from qwenvl_rbln.memory.context import Ctx, quant
 from qwenvl_rbln.memory.items import build_lm_items, build_visual_items, items_by_device
+from qwenvl_rbln.memory.placement import device_list
 from qwenvl_rbln.memory.report import (
     ASSUMPTIONS,
     DOES_NOT_FIT,

@@ -27,14 +27,15 @@ def parse_device(value: str | None, flag: str) -> int | list[int] | None:
     return ids[0] if len(ids) == 1 else ids
 
 
-def _as_list(value: Any) -> list[int]:
+def device_list(value: Any) -> list[int]:
+    """A placement value (one NPU id or a list of them) as a list; the planner and the allocation read-out share it."""
     return list(value) if isinstance(value, list) else [value]
 
 
 def vit_shares_a_device(requested: dict[str, Any]) -> bool:
     """True when the ViT and the LM graphs are placed on at least one common NPU."""
     device = requested.get("device")
-    return bool(set(_as_list(device)) & set(_as_list(requested.get("visual_device", device))))
+    return bool(set(device_list(device)) & set(device_list(requested.get("visual_device", device))))
 
 
 def _requested(device: Any, visual_device: Any, compiled: dict | None, base: dict[str, Any]) -> tuple[Any, Any]:
@@ -84,7 +85,7 @@ def check_placement(
             f"placement differs from the one planned at compile ({source}: LM on {compiled.get('device')}, "
             f"visual on {compiled.get('visual_device')}); memory is checked for the requested one"
         )
-    shared = sorted(set(_as_list(req_device)) & set(_as_list(req_visual)))
+    shared = sorted(set(device_list(req_device)) & set(device_list(req_visual)))
     if shared:
         notes.append(f"the ViT and the LM share device {shared[0]}: their graphs and the KV cache must fit one NPU")
     requested = {"device": req_device, "visual_device": req_visual}

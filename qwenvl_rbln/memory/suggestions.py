@@ -10,8 +10,9 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from qwenvl_rbln.memory.context import Ctx, device_list
+from qwenvl_rbln.memory.context import Ctx
 from qwenvl_rbln.memory.estimate import evaluate
+from qwenvl_rbln.memory.placement import device_list
 from qwenvl_rbln.memory.report import FITS, MemoryReport, fmt_gib
 from qwenvl_rbln.planning.lm.rules import kv_block_counts
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from qwenvl_rbln.backends.rbln.optimum import first_line
 from qwenvl_rbln.errors import BackendError
+from qwenvl_rbln.memory.placement import device_list
 
 # --------------------------------------------------------------------------------------- allocations
 
@@ -29,10 +30,6 @@ def import_rebel() -> Any | None:
         return importlib.import_module("rebel")
     except Exception:  # noqa: BLE001 - any failure means "no exact read-out here"
         return None
-
-
-def _devices(value: Any) -> list[int]:
-    return list(value) if isinstance(value, list) else [value]
 
 
 def read_allocations(
@@ -61,7 +58,7 @@ def read_allocations(
                 f"rebel could not read {path}: {first_line(exc)}",
                 "the file may be truncated: recompile (`qvl compile --force`)",
             ) from exc
-        devs = _devices(placement["device"] if info["submodule"] == "lm" else placement["visual_device"])
+        devs = device_list(placement["device"] if info["submodule"] == "lm" else placement["visual_device"])
         by_key = {key: int(sum(sum(chips) for chips in nodes)) for key, nodes in alloc.items()}
         count_kv = info["submodule"] == "visual" or not kv_counted
         if info["submodule"] == "lm" and "DramTensor" in alloc:
@@ -198,7 +195,7 @@ def lack_of_memory_diagnosis(
 
     by_device: dict[int, list[str]] = {}
     for name, info in graphs.items():
-        devs = _devices(placement["device"] if info["submodule"] == "lm" else placement["visual_device"])
+        devs = device_list(placement["device"] if info["submodule"] == "lm" else placement["visual_device"])
         for dev in devs:
             by_device.setdefault(dev, []).append(name)
     numbers = _device_numbers(memory)
@@ -206,8 +203,8 @@ def lack_of_memory_diagnosis(
     for dev in sorted(by_device):
         nums = numbers.get(dev, {})
         devices.append({"device": dev, "graphs": by_device[dev], **nums})
-    lm_devs = set(_devices(placement["device"]))
-    vis_devs = set(_devices(placement["visual_device"]))
+    lm_devs = set(device_list(placement["device"]))
+    vis_devs = set(device_list(placement["visual_device"]))
     shared = sorted(lm_devs & vis_devs)
     fixes: list[str] = []
     load_flags: list[str] = []
