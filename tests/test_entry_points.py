@@ -4,6 +4,7 @@ Each runs in a fresh process, through the installed metadata, as a user's shell 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,13 +13,10 @@ from pathlib import Path
 import pytest
 
 from qwenvl_rbln import __version__
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers_cli import REPO, run_qvl
 
 
 def _run(argv: list[str], **env: str) -> subprocess.CompletedProcess:
-    import os
-
     return subprocess.run(
         argv, cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "120", **env}
     )
@@ -36,10 +34,10 @@ def test_the_console_script_runs_the_cli():
 
 
 def test_python_dash_m_runs_the_cli():
-    proc = _run([sys.executable, "-m", "qwenvl_rbln", "--version"])
-    assert proc.returncode == 0 and proc.stdout.strip() == f"qvl {__version__}", proc.stderr
-    proc = _run([sys.executable, "-m", "qwenvl_rbln", "nope"])
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    result = run_qvl("--version")  # python -m qwenvl_rbln, as helpers_cli runs every CLI test
+    assert result.exit_code == 0 and result.stdout.strip() == f"qvl {__version__}", result.stderr
+    result = run_qvl("nope")
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
 
 
 def test_the_vllm_plugin_loads_through_its_entry_point_without_heavy_imports():
