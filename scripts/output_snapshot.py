@@ -67,22 +67,12 @@ def mask(text: str) -> str:
     return text
 
 
-def _first_module(*names: str):
-    """The first importable module of ``names`` (the harness runs on the old layout and the new one)."""
-    for name in names:
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            continue
-    raise ImportError(f"none of {names}")
-
-
 def write_fixtures(ws: Path) -> None:
     """Fake 2B artifacts per rebel100 preset, a short video, workloads and batch files."""
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT))  # inputs, so always this checkout's code, even when PYTHONPATH names an old one
     fakes = importlib.import_module("tests.fakes_rbln")
-    plan_mod = _first_module("qwenvl_rbln.planning.plan", "qwenvl_rbln.plan")
-    manifest = _first_module("qwenvl_rbln.artifacts.manifest", "qwenvl_rbln.artifacts")
+    plan_mod = importlib.import_module("qwenvl_rbln.planning.plan")
+    manifest = importlib.import_module("qwenvl_rbln.artifacts.manifest")
     for preset in REBEL_PRESETS:
         plan = plan_mod.build_plan(preset)
         root = fakes.write_artifact(ws / "fake" / preset, plan)
