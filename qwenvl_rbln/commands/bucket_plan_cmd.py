@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from qwenvl_rbln.commands.common import JsonOpt, ModelOpt, PresetOpt, SetOpt
+from qwenvl_rbln.commands.common import JsonOpt, ModelOpt, PlotOpt, PresetOpt, SetOpt
 
 
 def register(app: typer.Typer) -> None:
@@ -53,15 +53,17 @@ def register(app: typer.Typer) -> None:
             "--uncertain-ok",
             help="Accept a memory verdict of 'uncertain' for the plan (exit 0 instead of 4), as compile --dry-run.",
         ),
+        plot: Path = PlotOpt,
         as_json: bool = JsonOpt,
     ) -> None:
         """Where each image / video frame lands in the ViT buckets, its padding and compute, and the best buckets
         for a workload. Header reads only: no model, no NPU."""
-        from qwenvl_rbln.commands.common import print_warnings
+        from qwenvl_rbln.commands.common import check_plot, plotted, print_warnings
         from qwenvl_rbln.views import render
         from qwenvl_rbln.views.bucket_plan import print_human
         from qwenvl_rbln.vision.bucket_plan.report import final_error, memory_gate, run_bucket_plan
 
+        plot = check_plot(plot)
         data, warnings = run_bucket_plan(
             preset=preset,
             sets=sets,
@@ -78,6 +80,11 @@ def register(app: typer.Typer) -> None:
         )
         print_warnings(warnings)
         render.emit(data, as_json=as_json, human=lambda console, d: print_human(console, d, rows))
+        if plot is not None:
+            from qwenvl_rbln.views.plots.bucket_plan import draw_bucket_plan
+
+            draw_bucket_plan(data, plot)
+            plotted(plot)
         line = final_error(data, as_json)
         if line:
             render.err().print(line, markup=False, highlight=False)

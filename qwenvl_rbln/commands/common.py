@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 PresetOpt = typer.Option(
@@ -24,3 +26,28 @@ def print_warnings(warnings: list[str]) -> None:
 
     for w in warnings:
         render.warn(w)
+
+
+PlotOpt = typer.Option(
+    None,
+    "--plot",
+    metavar="FILE",
+    help="Also draw the report as a picture, FILE ending in .png or .svg (needs matplotlib: "
+    'pip install "qwenvl-rbln[plot]").',
+)
+
+
+def check_plot(path: Path | None) -> Path | None:
+    """--plot's file, refused before any work when it cannot be written or matplotlib is missing (exit 3)."""
+    if path is None:
+        return None
+    from qwenvl_rbln.views.plots.figure import check_plot_path
+
+    return check_plot_path(path)
+
+
+def plotted(path: Path) -> None:
+    """The one stderr line that names a picture (stdout, --json included, never changes)."""
+    from qwenvl_rbln.views import render
+
+    render.info(f"plot: {path}")

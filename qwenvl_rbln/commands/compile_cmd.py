@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from qwenvl_rbln.commands.common import JsonOpt, ModelOpt, PresetOpt, SetOpt
+from qwenvl_rbln.commands.common import JsonOpt, ModelOpt, PlotOpt, PresetOpt, SetOpt
 
 
 def plan_summary(console: Any, plan: dict[str, Any]) -> None:
@@ -82,19 +82,26 @@ def register(app: typer.Typer) -> None:
             "QVL_EMULATE_NPU=1); the artifact is marked emulated: it proves glue and host logic, never NPU "
             "numerics, memory or compile errors.",
         ),
+        plot: Path = PlotOpt,
         as_json: bool = JsonOpt,
     ) -> None:
         """Compile Qwen3-VL with a preset (optimum-rbln on an RBLN host, transformers for backend torch)."""
-        from qwenvl_rbln.commands.common import print_warnings
+        from qwenvl_rbln.commands.common import check_plot, plotted, print_warnings
         from qwenvl_rbln.jobs.compile_request import compile_for_real, dry_run_gate, plan_for_compile
         from qwenvl_rbln.memory.planner import estimate_plan
         from qwenvl_rbln.views import render
         from qwenvl_rbln.views.memory import print_memory
 
+        plot = check_plot(plot)
         plan = plan_for_compile(preset, sets, model, output)
         print_warnings(plan.warnings)
         memory = estimate_plan(plan, device_memory=device_memory)
         data = {**plan.to_dict(), "memory": memory.to_dict()}
+        if plot is not None:  # the planner's picture: of the dry run, or of what is about to be compiled
+            from qwenvl_rbln.views.plots.memory import draw_memory
+
+            draw_memory(data["memory"], plot, title=plan.preset)
+            plotted(plot)
         if dry_run:
 
             def human(console: Any, d: dict[str, Any]) -> None:

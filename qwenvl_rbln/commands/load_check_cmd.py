@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from qwenvl_rbln.commands.common import JsonOpt
+from qwenvl_rbln.commands.common import JsonOpt, PlotOpt
 
 DEFAULT_PRESET = "rebel100-1npu"
 
@@ -61,14 +61,17 @@ def register(app: typer.Typer) -> None:
             help="Load an artifact compiled with `qvl compile --emulate` through qvl's CPU emulator of rebel "
             "(also QVL_EMULATE_NPU=1); sizes are labelled emulated.",
         ),
+        plot: Path = PlotOpt,
         as_json: bool = JsonOpt,
     ) -> None:
         """Check a compiled artifact: files, target NPU, placement, memory per device, then create the runtimes."""
+        from qwenvl_rbln.commands.common import check_plot, plotted
         from qwenvl_rbln.jobs.load_check import resolve_request, run_load_check
         from qwenvl_rbln.memory.placement import parse_device
         from qwenvl_rbln.views import load_check as load_check_view
         from qwenvl_rbln.views import render
 
+        plot = check_plot(plot)
         directory, fallback = resolve_request(directory, preset, notify=render.warn)
         report, error = run_load_check(
             directory,
@@ -82,5 +85,12 @@ def register(app: typer.Typer) -> None:
             progress=lambda files, size: render.info(load_check_view.verifying_line(files, size)),
         )
         render.emit(report, as_json=as_json, human=load_check_view.human, error=error)
+        if plot is not None and report["memory"].get("devices"):
+            from qwenvl_rbln.views.plots.memory import draw_memory
+
+            draw_memory(report["memory"], plot, title=directory.name)
+            plotted(plot)
+        elif plot is not None:
+            render.warn(f"--plot: no memory figures to draw ({report['memory'].get('reason') or 'no devices'})")
         if error is not None:
             raise error

@@ -1,0 +1,209 @@
+"""`qvl bucket-plan --plot`: where the workload's per-segment patch counts fall against the ViT buckets.
+
+Three panels, all from the bucket-plan report (``--json``'s ``items``, ``summary`` and ``optimized``):
+
+- the distribution of per-segment patch counts (an image, or one video temporal patch, weighted by count x ViT
+  calls), the bucket edges drawn, and between each bucket's largest segment and its edge the padding every call
+  in that bucket pays at least (shaded); the optimised edges dashed when ``--optimize`` was given;
+- per bucket: useful patches against padding patches over all its calls (the preset's list, and the optimised
+  one beside it);
+- per bucket: ViT calls one-per-segment against packed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln.views.plots.figure import draw
+
+
+def _segments(items: list[dict[str, Any]]) -> dict[int, int]:
+    """patches -> segments (count x ViT calls) over the planned items."""
+    out: dict[int, int] = {}
+    for it in items:
+        if it.get("patches") is None:
+            continue
+        out[it["patches"]] = out.get(it["patches"], 0) + it["count"] * it["vit_calls"]
+    return dict(sorted(out.items()))
+
+
+def _land(patches: int, buckets: list[int]) -> int | None:
+    return next((b for b in sorted(buckets) if b >= patches), None)
+
+
+def _rows(landed: list[tuple[int, int, int | None]], buckets: list[int]) -> list[dict[str, Any]]:
+    """Per bucket: calls, useful and padding patches, padding % and the largest segment landing in it, from
+    (patches, segments, bucket) triples."""
+    rows = {b: {"bucket": b, "calls": 0, "useful_patches": 0, "padding_patches": 0, "largest": None} for b in buckets}
+    for p, n, b in landed:
+        if b not in rows:
+            continue
+        r = rows[b]
+        r["calls"] += n
+        r["useful_patches"] += n * p
+        r["padding_patches"] += n * (b - p)
+        r["largest"] = p if r["largest"] is None else max(r["largest"], p)
+    for r in rows.values():
+        total = r["useful_patches"] + r["padding_patches"]
+        r["padding_pct"] = round(100.0 * r["padding_patches"] / total, 2) if total else None
+    return [rows[b] for b in buckets]
+
+
+def bucket_plan_data(report: dict[str, Any]) -> dict[str, Any]:
+    """What the picture draws, from the bucket-plan report alone (the tests compare it with the report)."""
+    summary = report["summary"]
+    items = report.get("items") or []
+    segments = _segments(items)
+    preset = list(summary["vit_buckets"])
+    # the preset's list: each item's own bucket, as the report planned it
+    own = [
+        (it["patches"], it["count"] * it["vit_calls"], it["bucket"]) for it in items if it.get("patches") is not None
+    ]
+    rows = _rows(own, preset)
+    packed: dict[int, int] = dict.fromkeys(preset, 0)
+    for it in items:
+        if it.get("bucket") in packed and it.get("vit_calls_packed") is not None:
+            packed[it["bucket"]] += it["count"] * it["vit_calls_packed"]
+    has_packed = "packed" in summary
+    for r in rows:
+        r["packed_calls"] = packed[r["bucket"]] if has_packed else None
+    lists = [
+        {
+            "name": f"preset {summary['preset']}",
+            "buckets": preset,
+            "rows": rows,
+            "executed_over_useful": summary.get("executed_over_useful"),
+            "packed_executed_over_useful": (summary.get("packed") or {}).get("executed_over_useful"),
+        }
+    ]
+    opt = report.get("optimized")
+    if opt and opt.get("buckets"):
+        lists.append(
+            {
+                "name": f"optimised (K={opt.get('k', len(opt['buckets']))})",
+                "buckets": list(opt["buckets"]),
+                "rows": [
+                    {**r, "packed_calls": None}
+                    for r in _rows([(p, n, _land(p, opt["buckets"])) for p, n in segments.items()], opt["buckets"])
+                ],
+                "executed_over_useful": opt.get("executed_over_useful"),
+                "packed_executed_over_useful": None,
+                "set": opt.get("set"),
+            }
+        )
+    return {
+        "unit": summary.get("unit"),
+        "segments": [{"patches": p, "segments": n} for p, n in segments.items()],
+        "lists": lists,
+        "uncovered_calls": (summary.get("uncovered") or {}).get("calls", 0),
+        "memory_verdict": (summary.get("memory") or {}).get("verdict"),
+    }
+
+
+def _distribution(ax: Any, data: dict[str, Any]) -> None:
+    import numpy as np
+
+    values = [s["patches"] for s in data["segments"]]
+    weights = [s["segments"] for s in data["segments"]]
+    edges_all = [b for lst in data["lists"] for b in lst["buckets"]]
+    lo = max(1, min(values + edges_all) // 2) if values else 1
+    hi = max(values + edges_all) * 2 if values else 2
+    bins = np.geomspace(lo, hi, 48)
+    if values:
+        ax.hist(values, bins=bins, weights=weights, color="#56B4E9", edgecolor="#0072B2", label="segments")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("patches per segment (image or video temporal patch; log scale)")
+    ax.set_ylabel("segments (count x ViT calls)")
+    top = ax.get_ylim()[1]
+    for i, lst in enumerate(data["lists"]):
+        style = "-" if i == 0 else "--"
+        colour = "#333333" if i == 0 else "#CC79A7"
+        for r in lst["rows"]:
+            b = r["bucket"]
+            ax.axvline(b, color=colour, linestyle=style, linewidth=1.2)
+            ax.text(b, top * (0.97 - 0.08 * i), f" {b}", color=colour, fontsize=8, va="top", ha="left")
+            if i == 0 and r["largest"] is not None and r["largest"] < b:
+                ax.axvspan(r["largest"], b, color="#D55E00", alpha=0.15, linewidth=0)
+    handles, labels = ax.get_legend_handles_labels()
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles += [Line2D([], [], color="#333333", label=f"{data['lists'][0]['name']} buckets")]
+    if len(data["lists"]) > 1:
+        handles += [Line2D([], [], color="#CC79A7", linestyle="--", label=f"{data['lists'][1]['name']} buckets")]
+    handles += [Patch(color="#D55E00", alpha=0.15, label="padding every call in the bucket pays")]
+    ax.legend(handles=handles, loc="best", fontsize=8, framealpha=0.9)
+    ax.set_title("where the segments land")
+
+
+def _padding(ax: Any, data: dict[str, Any]) -> None:
+    x, labels = 0.0, []
+    ticks = []
+    for i, lst in enumerate(data["lists"]):
+        for r in lst["rows"]:
+            useful = r["useful_patches"] / 1e6
+            pad = r["padding_patches"] / 1e6
+            ax.bar(x, useful, color="#0072B2" if i == 0 else "#CC79A7", width=0.8)
+            ax.bar(x, pad, bottom=useful, color="#D55E00", alpha=0.35, hatch="//", width=0.8)
+            if r["padding_pct"] is not None:
+                ax.text(x, useful + pad, f"{r['padding_pct']:.1f}%", ha="center", va="bottom", fontsize=7)
+            ticks.append(x)
+            labels.append(f"{r['bucket']}" + ("" if i == 0 else "*"))
+            x += 1
+        x += 0.6
+    ax.set_xticks(ticks, labels, rotation=45, fontsize=7)
+    ax.set_ylabel("patches over all calls (millions)")
+    ax.set_title("useful (solid) vs padding (hatched) per bucket" + ("; * optimised" if len(data["lists"]) > 1 else ""))
+
+
+def _calls(ax: Any, data: dict[str, Any]) -> None:
+    rows = data["lists"][0]["rows"]
+    xs = list(range(len(rows)))
+    ax.bar([x - 0.2 for x in xs], [r["calls"] for r in rows], width=0.4, color="#999999", label="one per segment")
+    if any(r["packed_calls"] is not None for r in rows):
+        ax.bar(
+            [x + 0.2 for x in xs],
+            [r["packed_calls"] or 0 for r in rows],
+            width=0.4,
+            color="#009E73",
+            label="packed",
+        )
+    for x, r in zip(xs, rows, strict=True):
+        ax.text(x - 0.2, r["calls"], str(r["calls"]), ha="center", va="bottom", fontsize=7)
+        if r["packed_calls"] is not None:
+            ax.text(x + 0.2, r["packed_calls"], str(r["packed_calls"]), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(xs, [str(r["bucket"]) for r in rows], fontsize=7)
+    ax.set_ylabel("ViT calls")
+    ax.set_title("ViT calls per bucket")
+    ax.legend(fontsize=8)
+
+
+def _title(data: dict[str, Any]) -> str:
+    parts = []
+    for lst in data["lists"]:
+        eu = lst["executed_over_useful"]
+        text = f"{lst['name']}: executed/useful {eu:.2f}x" if eu is not None else lst["name"]
+        if lst.get("packed_executed_over_useful") is not None:
+            text += f" (packed {lst['packed_executed_over_useful']:.2f}x)"
+        parts.append(text)
+    if data["uncovered_calls"]:
+        parts.append(f"{data['uncovered_calls']} calls above the largest bucket")
+    return "ViT buckets - " + "; ".join(parts)
+
+
+def draw_bucket_plan(report: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Draw the bucket-plan picture into ``path`` (.png / .svg); returns what was plotted."""
+    data = bucket_plan_data(report)
+
+    def build(figure_cls: Any) -> Any:
+        fig = figure_cls(figsize=(11, 7.5), layout="constrained")
+        grid = fig.add_gridspec(2, 2, height_ratios=[1.2, 1])
+        _distribution(fig.add_subplot(grid[0, :]), data)
+        _padding(fig.add_subplot(grid[1, 0]), data)
+        _calls(fig.add_subplot(grid[1, 1]), data)
+        fig.suptitle(_title(data), fontsize=10)
+        return fig
+
+    draw(path, build)
+    return data
