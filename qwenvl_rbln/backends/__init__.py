@@ -30,7 +30,9 @@ class Progress:
     """Stage lines with elapsed time, a heartbeat while a stage runs long, and per-stage timings.
 
     ``emit`` receives finished lines (the CLI sends them to stderr). ``heartbeat_s`` <= 0 disables the
-    background heartbeat (tests).
+    background heartbeat (tests). A live display (``views/live.py``) reads ``current``, ``stages``, ``details``
+    and the graph counts while it runs and sets ``quiet_stages``: stage and heartbeat lines are then recorded but
+    not emitted (the display shows them); every other line still is.
     """
 
     def __init__(self, emit: Callable[[str], None] | None = None, *, heartbeat_s: float = 30.0, prefix: str = ""):
@@ -45,15 +47,20 @@ class Progress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.heartbeat_s = heartbeat_s
+        self.details: list[str] = []  # each stage's detail, in the order of stages (+ the current one)
+        self.graphs_planned: int | None = None  # graphs the backend will compile (None: not a graph compile)
+        self.graphs_done = 0
+        self.quiet_stages = False
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
 
-    def say(self, message: str) -> None:
+    def say(self, message: str, *, stage_line: bool = False) -> None:
         line = f"{self.prefix}[{fmt_elapsed(self.elapsed())}] {message}"
         with self._lock:
             self.lines.append(line)
-        self._emit(line)
+        if not (stage_line and self.quiet_stages):
+            self._emit(line)
 
     def _close_stage(self, now: float) -> None:
         if self.current is not None:
@@ -71,7 +78,17 @@ class Progress:
             self._close_stage(now)
             self.current = name
             self._stage_t0 = now
-        self.say(f"{name}{': ' + detail if detail else ''}")
+            self.details.append(detail)
+        self.say(f"{name}{': ' + detail if detail else ''}", stage_line=True)
+
+    def graph_done(self) -> None:
+        """One compiled graph finished (the backend's hook calls it after each graph)."""
+        with self._lock:
+            self.graphs_done += 1
+
+    def stage_elapsed(self) -> float:
+        """Seconds in the current stage."""
+        return time.monotonic() - self._stage_t0
 
     def note(self, message: str) -> None:
         self.say(f"  {message}")
@@ -81,7 +98,7 @@ class Progress:
             with self._lock:
                 current, since = self.current, time.monotonic() - self._stage_t0
             if current:
-                self.say(f"still in {current} ({fmt_elapsed(since)} in this stage)")
+                self.say(f"still in {current} ({fmt_elapsed(since)} in this stage)", stage_line=True)
 
     def start(self) -> Progress:
         if self.heartbeat_s > 0 and self._thread is None:

@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
         from qwenvl_rbln.commands.common import check_plot, plotted, print_warnings
         from qwenvl_rbln.jobs.compile_request import compile_for_real, dry_run_gate, plan_for_compile
         from qwenvl_rbln.memory.planner import estimate_plan
-        from qwenvl_rbln.views import render
+        from qwenvl_rbln.views import live, render
         from qwenvl_rbln.views.memory import print_memory
 
         plot = check_plot(plot)
@@ -125,6 +125,7 @@ def register(app: typer.Typer) -> None:
             as_json=as_json,
             info=render.info,
             warn=render.warn,
+            watch=live.compile_watch if live.allowed(as_json) else None,
         )
 
         def human_done(console: Any, d: dict[str, Any]) -> None:

@@ -196,7 +196,7 @@ def register(app: typer.Typer) -> None:
         """Generate text for images, videos and prompts; show buckets, decoder graphs, timings and memory."""
         from qwenvl_rbln.inference.runner import InferOptions, default_stream, run_infer
         from qwenvl_rbln.memory.placement import parse_device
-        from qwenvl_rbln.views import render
+        from qwenvl_rbln.views import live, render
 
         opts = InferOptions(
             directory=directory,
@@ -232,7 +232,8 @@ def register(app: typer.Typer) -> None:
                     render.out().print(f"[{row['id']}] {row['text']}", markup=False, highlight=False)
                     row["streamed"] = True  # printed: the summary does not repeat it
 
-        data = run_infer(opts, stream=default_stream(as_json), on_batch=on_batch, notify=notify)
+        with live.work_watch(as_json):  # requests and long video decodes, on a terminal only
+            data = run_infer(opts, stream=default_stream(as_json), on_batch=on_batch, notify=notify)
         for line in data["warnings"]:
             if line not in shown:
                 render.warn(line)

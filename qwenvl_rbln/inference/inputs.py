@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.inference import work
 
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")
 VIDEO_KEYS = ("pixel_values_videos", "video_grid_thw")
@@ -247,15 +248,20 @@ def decode_video(path: Path, sampling: Any, *, keep: bool = True) -> DecodedVide
         container = av.open(str(path))
     except Exception as exc:
         raise InputError(f"{path}: not a readable video ({exc})", "re-encode it with ffmpeg") from None
+    watched = work.watched()
     try:
         stream = container.streams.video[0]
         total, video_fps, indices = _sampling(container, stream, sampling)
         wanted, last = set(indices), indices[-1]
         frames: dict[int, Any] = {}
         decoded: set[int] = set()
+        if watched:
+            work.report("video.start", key=str(path), total=last + 1)
         for i, frame in enumerate(container.decode(video=0)):
             if i > last:
                 break
+            if watched and i % work.FRAME_EVERY == 0:
+                work.report("video.frames", key=str(path), done=i)
             if i in wanted:
                 decoded.add(i)
                 if keep:
@@ -267,6 +273,8 @@ def decode_video(path: Path, sampling: Any, *, keep: bool = True) -> DecodedVide
         raise InputError(f"{path}: cannot decode the video ({type(exc).__name__}: {exc})", VIDEO_FIX) from None
     finally:
         container.close()
+        if watched:
+            work.report("video.end", key=str(path))
     if not decoded:
         raise InputError(f"{path}: no frame could be decoded", "re-encode it with ffmpeg")
     _check_cut_short(path, indices, decoded, total)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import InputError, raise_all
+from qwenvl_rbln.inference import work
 from qwenvl_rbln.inference.target import Target, resolve_placement, resolve_target
 
 TINY_NOTICE = "qvl tiny model (random weights): the generated text is meaningless; it exercises every code path"
@@ -327,6 +328,8 @@ def _run_batches(backend: Any, run: _Run, stream: Any, on_batch: Any) -> tuple[l
     bs = resolved.batch_size
     out_requests: list[dict[str, Any]] = []
     batches: list[dict[str, Any]] = []
+    tokens = 0
+    work.report("requests.start", total=len(requests))
     for index, start in enumerate(range(0, len(requests), bs)):
         batch = requests[start : start + bs]
         prefix = f"[{batch[0].id}] " if len(requests) > 1 else ""
@@ -346,8 +349,10 @@ def _run_batches(backend: Any, run: _Run, stream: Any, on_batch: Any) -> tuple[l
         )
         rows = [_request_entry(run, req, row, index, dec, result) for req, row in zip(batch, result.rows, strict=True)]
         out_requests.extend(rows)
+        tokens += sum(r["num_tokens"] for r in rows)
         if on_batch is not None:
             on_batch(rows, batches[-1])
+        work.report("requests.batch", done=len(out_requests), tokens=tokens)
     return out_requests, batches
 
 

@@ -13,7 +13,9 @@ Order matters and is part of the contract:
    under the lock and stored after the rename.
 
 Progress lines (stage, elapsed time) and warnings go to the ``info`` / ``warn`` callables the caller passes (the
-CLI passes render's); a library caller that passes none gets plain lines on stderr.
+CLI passes render's); a library caller that passes none gets plain lines on stderr. ``watch(progress)``, when given,
+is a context manager around the work (the CLI's live display on a terminal); it has ended before any error leaves
+``run_compile``, so a display never covers the final error line.
 """
 
 from __future__ import annotations
@@ -146,6 +148,7 @@ def run_compile(
     heartbeat_s: float = 30.0,
     info: Callable[[str], None] = _stderr_line,
     warn: Callable[[str], None] = _stderr_warning,
+    watch: Callable[[Progress], contextlib.AbstractContextManager[Any]] | None = None,
 ) -> dict[str, Any]:
     """Compile ``plan`` into ``plan.output_dir``; see the module docstring for the order of checks.
 
@@ -163,7 +166,8 @@ def run_compile(
 
     progress = Progress(info, heartbeat_s=heartbeat_s, prefix="qvl compile ")
     try:
-        return _run(plan, target, backend, progress, force, cache_dir, use_cache, model_cls, t0, warn)
+        with watch(progress) if watch is not None else contextlib.nullcontext():
+            return _run(plan, target, backend, progress, force, cache_dir, use_cache, model_cls, t0, warn)
     except KeyboardInterrupt:
         state = "the existing artifact is untouched" if target.exists() else "no output directory was created"
         raise CompileInterrupted(

@@ -46,6 +46,7 @@ def compile_for_real(
     as_json: bool,
     info: Callable[[str], None],
     warn: Callable[[str], None],
+    watch: Any = None,
 ) -> dict[str, Any]:
     """The refusals, in this order, then the compile: an uncertain verdict (exit 4 before a long compile whose
     load the planner cannot vouch for), --emulate on a torch preset; then the emulator if asked."""
@@ -73,4 +74,5 @@ def compile_for_real(
         as_json=as_json,
         info=info,
         warn=warn,
+        watch=watch,
     )

@@ -71,11 +71,15 @@ def stage_hooks(plan: Any, progress: Any) -> Iterator[_OptimumLogHandler]:
         func = original.__func__
         last_graph = plan.resolved.graph_names[-1]
         auto_kv = plan.resolved.attn_impl == "flash_attn" and not plan.resolved.kvcache_num_blocks
+        if hasattr(progress, "graph_done"):  # the LM graphs and the ViT's one compiled_model
+            progress.graphs_planned = len(plan.resolved.graph_names) + 1
 
         def compile_with_progress(cls: Any, model: Any, rbln_compile_config: Any = None, *args: Any, **kwargs: Any):
             name = getattr(rbln_compile_config, "compiled_model_name", None) or "compiled_model"
             progress.stage(*_stage_label(cls, name, rbln_compile_config, plan))
             result = func(cls, model, rbln_compile_config, *args, **kwargs)
+            if hasattr(progress, "graph_done"):
+                progress.graph_done()
             if name == last_graph and auto_kv:
                 progress.stage(
                     "KV cache sizing", "optimum-rbln is estimating kvcache_num_blocks from the compiled graphs"

@@ -1,0 +1,189 @@
+"""Live progress on a terminal (compile stages and graphs, batch requests, long video decodes); off a terminal,
+with --json, NO_COLOR or TERM=dumb today's plain lines; stdout the same byte for byte either way; the final error
+line is never hidden by a display."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from qwenvl_rbln.backends import Progress
+from qwenvl_rbln.inference import work
+from qwenvl_rbln.planning.plan import build_plan
+from qwenvl_rbln.views import live
+from tests.fakes_rbln import install, make_auto, run_main, write_hf_model, write_sweep_video
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
+DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo.jpg"
+
+
+def _terminal(buf: io.StringIO | None = None) -> Console:
+    return Console(file=buf or io.StringIO(), force_terminal=True, width=120)
+
+
+@pytest.fixture
+def tty_stderr(monkeypatch):
+    """The CLI's stderr console is a colour terminal (in-process); stdout stays what it is (a capture)."""
+    from qwenvl_rbln.views import render
+
+    console = Console(stderr=True, force_terminal=True, highlight=False, soft_wrap=True, width=120)
+    monkeypatch.setattr(render, "err", lambda: console)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+
+
+def test_allowed_only_on_a_terminal_without_json_no_color_or_dumb(monkeypatch):
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    tty, pipe = _terminal(), Console(file=io.StringIO())
+    assert live.allowed(False, tty) and not live.allowed(True, tty) and not live.allowed(False, pipe)
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not live.allowed(False, tty)
+    monkeypatch.delenv("NO_COLOR")
+    monkeypatch.setenv("TERM", "dumb")
+    assert not live.allowed(False, tty)
+
+
+def test_stage_board_shows_each_stage_its_time_the_total_and_graphs():
+    lines: list[str] = []
+    p = Progress(lines.append, heartbeat_s=0)
+    buf = io.StringIO()
+    with live.compile_watch(p, _terminal(buf)):
+        p.stage("resolving model", "qvl:tiny")
+        p.graphs_planned = 3
+        p.stage("prefill graph", "prefill.rbln")
+        p.graph_done()
+        p.say("compile cache off: --no-cache")  # not a stage: still a line
+        p.stage("decoder graph decoder_batch_1", "decoder_batch_1.rbln (1/1)")
+        p.graph_done()
+        p.stop()
+    assert lines == [p.lines[2]] and "compile cache off" in lines[0]  # stage lines went to the board only
+    assert len(p.lines) == 4 and p.quiet_stages is False  # all recorded; plain lines again afterwards
+    final = ANSI.sub("", buf.getvalue()).splitlines()
+    text = "\n".join(final[-5:])
+    for name in ("resolving model", "prefill graph", "decoder graph decoder_batch_1"):
+        assert re.search(rf"✓ +{re.escape(name)} .*\d+\.\ds", text), text
+    assert final[-1].startswith("total ") and final[-1].endswith("graphs 2/3")
+
+
+def _compile_argv(model, out, *extra):
+    return ["compile", "--preset", "rebel100-1npu", "--model", str(model), "-o", str(out), "--no-cache", *extra]
+
+
+def _mask(text: str) -> str:
+    """Timings vary from run to run; everything else must be the same bytes."""
+    return re.sub(r"\d+(\.\d+)? ?(ms|s|tok/s|m\d+s|MiB|GiB)\b", "T", text)
+
+
+def test_compile_live_board_on_a_terminal_plain_lines_otherwise(tmp_path, monkeypatch, capsys, tty_stderr):
+    # fakes: optimum-rbln's per-graph RBLNBaseModel.compile calls on the 2B preset, which only a real host runs
+    model = write_hf_model(tmp_path / "Qwen3-VL-2B-Instruct")
+    plan = build_plan("rebel100-1npu", model=str(model))
+    install(monkeypatch, make_auto(plan))
+    code, out, err = run_main(_compile_argv(model, tmp_path / "a"), capsys)
+    assert code == 0, err
+    screen = ANSI.sub("", err)
+    planned = len(plan.resolved.graph_names) + 1
+    assert f"graphs {planned}/{planned}" in screen and re.search(r"✓ +renaming into place", screen)
+    assert not re.search(r"qvl compile \[[^]]*\] resolving model", screen)  # stage lines went to the board
+    assert "compile cache off: --no-cache" in screen  # other lines still printed (above the board)
+
+    monkeypatch.setenv("TERM", "dumb")  # the same compile, plain: today's lines
+    code, out_plain, err_plain = run_main(_compile_argv(model, tmp_path / "b"), capsys)
+    assert code == 0
+    assert "graphs " not in err_plain and re.search(r"qvl compile \[[^]]*\] renaming into place", err_plain)
+    assert _mask(out.replace(str(tmp_path / "a"), "D")) == _mask(out_plain.replace(str(tmp_path / "b"), "D"))
+
+    monkeypatch.setenv("TERM", "xterm")  # --json: no board, stdout one document
+    code, out_json, err_json = run_main(_compile_argv(model, tmp_path / "c", "--json"), capsys)
+    assert code == 0 and json.loads(out_json)["result"]["output_dir"] == str(tmp_path / "c")
+    assert "graphs " not in err_json and "qvl compile [" in err_json
+
+
+def test_a_failing_compile_ends_with_its_error_line_after_the_board(tmp_path, monkeypatch, capsys, tty_stderr):
+    # fakes: a full disk half-way through optimum-rbln's save_pretrained
+    model = write_hf_model(tmp_path / "Qwen3-VL-2B-Instruct")
+    plan = build_plan("rebel100-1npu", model=str(model))
+    install(monkeypatch, make_auto(plan, save_error="disk full"))
+    code, out, err = run_main(_compile_argv(model, tmp_path / "out"), capsys)
+    assert code == 5 and out == ""
+    screen = [ln for ln in ANSI.sub("", err).splitlines() if ln.strip()]
+    assert screen[-1].startswith("qvl: error:") and "disk full" in screen[-1]
+    assert any(ln.startswith("total ") for ln in screen[:-1])  # the board stopped above it
+    assert not (tmp_path / "out").exists()
+
+
+def test_work_display_requests_bar_lines_and_video_after_a_second():
+    now = [0.0]
+    buf = io.StringIO()
+    d = live.WorkDisplay(_terminal(buf), lines=True, clock=lambda: now[0])
+    d.handle("requests.start", {"total": 4})
+    now[0] = 2.0
+    d.handle("requests.batch", {"done": 2, "tokens": 20})
+    assert ANSI.sub("", buf.getvalue()).strip() == "requests 2/4 · 10.0 tokens/s · ETA 2.0s"
+
+    d.handle("video.start", {"key": "/v/long.mp4", "total": 900})
+    d.handle("video.frames", {"key": "/v/long.mp4", "done": 8})
+    assert d._bars is None  # under a second: no bar
+    now[0] = 3.5
+    d.handle("video.frames", {"key": "/v/long.mp4", "done": 400})
+    (task,) = d._bars.tasks
+    assert (task.description, task.completed, task.total) == ("decoding long.mp4", 400, 900)
+    d.handle("video.end", {"key": "/v/long.mp4"})
+    assert d._bars is None  # erased and stopped when the video is done
+    d.close()
+
+    bars = live.WorkDisplay(_terminal(), lines=False, clock=lambda: now[0])
+    bars.handle("requests.start", {"total": 3})
+    bars.handle("requests.batch", {"done": 1, "tokens": 5})
+    (task,) = bars._bars.tasks
+    assert (task.completed, task.total) == (1, 3) and "tokens/s" in task.fields["info"]
+    bars.close()
+    assert bars._bars is None
+
+
+def test_video_decoding_reports_its_frames(tmp_path):
+    from types import SimpleNamespace
+
+    from qwenvl_rbln.inference.inputs import decode_video
+
+    video = write_sweep_video(tmp_path / "clip.mp4", frames=20, fps=8)
+    events: list[tuple[str, dict]] = []
+    sampling = SimpleNamespace(fps=2.0, min_frames=4, max_frames=768, num_frames=None)
+    with work.watching(lambda e, f: events.append((e, f))):
+        v = decode_video(video, sampling, keep=False)
+    names = [e for e, _ in events]
+    assert names[0] == "video.start" and names[-1] == "video.end" and "video.frames" in names
+    assert events[0][1] == {"key": str(video), "total": v.indices[-1] + 1}
+    assert all(f["done"] <= v.indices[-1] for e, f in events if e == "video.frames")
+    events.clear()
+    decode_video(video, sampling, keep=False)  # nobody watching: no events, no cost
+    assert events == []
+
+
+def test_batch_file_stdout_identical_with_the_live_bar(tmp_path, monkeypatch, capsys, tiny_model, tty_stderr):
+    from qwenvl_rbln.jobs.compile_job import run_compile
+    from qwenvl_rbln.memory.planner import estimate_plan
+
+    plan = build_plan("cpu-tiny", output_dir=str(tmp_path / "art"))
+    run_compile(plan, estimate_plan(plan), use_cache=False, heartbeat_s=0)
+    batch = tmp_path / "r.jsonl"
+    batch.write_text("".join(json.dumps({"prompt": f"Say {w}.", "images": [str(DEMO)]}) + "\n" for w in "abc"))
+    argv = ["infer", str(tmp_path / "art"), "--batch-file", str(batch), "--max-new-tokens", "4"]
+    monkeypatch.setenv("TERM", "dumb")
+    code, plain, plain_err = run_main(argv, capsys)
+    assert code == 0, plain_err
+    monkeypatch.setenv("TERM", "xterm")
+    events: list[str] = []
+    real = live.WorkDisplay.handle
+    monkeypatch.setattr(live.WorkDisplay, "handle", lambda self, e, f: (events.append(e), real(self, e, f)))
+    code, shown, err = run_main(argv, capsys)
+    assert code == 0, err
+    assert events[0] == "requests.start" and events.count("requests.batch") == 2  # batch_size 2: 2 batches
+    assert _mask(shown).splitlines() == _mask(plain).splitlines()  # the results, as today, whatever stderr shows
+    assert "requests" in ANSI.sub("", err)  # the bar was drawn on stderr
