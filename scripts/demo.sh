@@ -53,6 +53,17 @@ printf '%s\n' '{"width": 1280, "height": 720, "frames": 9000, "fps": 30}' '{"wid
   >"$RUNS/packing.jsonl"
 qvl bucket-plan --preset rebel100-1npu-vit-buckets --workload "$RUNS/packing.jsonl"
 
+step "pictures (--plot): where a mixed workload lands in the buckets, and the batch-4 / 262144 memory per device"
+mkdir -p qvl-out
+printf '%s\n' '{"width": 1280, "height": 720, "frames": 9000, "fps": 30}' '{"width": 320, "height": 240, "images": 8, "count": 20}' \
+  '{"width": 1920, "height": 1080, "count": 40}' '{"width": 800, "height": 600, "count": 120}' \
+  '{"width": 1024, "height": 768, "count": 60}' '{"width": 3000, "height": 2000, "count": 10}' >"$RUNS/mixed.jsonl"
+qvl bucket-plan --preset rebel100-1npu-vit-buckets --workload "$RUNS/mixed.jsonl" --optimize 3 \
+  --plot qvl-out/bucket-plan.png >/dev/null
+qvl compile --preset rebel100-1npu-batch4 --set max_seq_len=262144 --dry-run --plot qvl-out/memory.png >/dev/null \
+  || true  # exit 4: does not fit, which is what the picture shows
+echo "bucket plan: qvl-out/bucket-plan.png   memory: qvl-out/memory.png"
+
 step "ViT packing at run time: three images in one request on the emulator, unpacked then packed (emulated)"
 for flag in --no-vit-packing ""; do
   qvl infer --preset cpu-tiny-rbln --emulate $flag --image "$IMAGE" --image "$IMAGE" --image "$IMAGE" \

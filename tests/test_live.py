@@ -105,17 +105,23 @@ def test_compile_live_board_on_a_terminal_plain_lines_otherwise(tmp_path, monkey
     assert "graphs " not in err_json and "qvl compile [" in err_json
 
 
-def test_a_failing_compile_ends_with_its_error_line_after_the_board(tmp_path, monkeypatch, capsys, tty_stderr):
-    # fakes: a full disk half-way through optimum-rbln's save_pretrained
+@pytest.mark.parametrize(
+    ("behavior", "exit_code", "said"),
+    [({"save_error": "disk full"}, 5, "disk full"), ({"save_interrupt": True}, 130, "compile interrupted")],
+)
+def test_a_failing_compile_ends_with_its_error_line_after_the_board(
+    tmp_path, monkeypatch, capsys, tty_stderr, behavior, exit_code, said
+):
+    # fakes: a full disk, or Ctrl-C, half-way through optimum-rbln's save_pretrained
     model = write_hf_model(tmp_path / "Qwen3-VL-2B-Instruct")
     plan = build_plan("rebel100-1npu", model=str(model))
-    install(monkeypatch, make_auto(plan, save_error="disk full"))
+    install(monkeypatch, make_auto(plan, **behavior))
     code, out, err = run_main(_compile_argv(model, tmp_path / "out"), capsys)
-    assert code == 5 and out == ""
+    assert code == exit_code and out == ""
     screen = [ln for ln in ANSI.sub("", err).splitlines() if ln.strip()]
-    assert screen[-1].startswith("qvl: error:") and "disk full" in screen[-1]
+    assert screen[-1].startswith("qvl: error:") and said in screen[-1]
     assert any(ln.startswith("total ") for ln in screen[:-1])  # the board stopped above it
-    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["Qwen3-VL-2B-Instruct"]  # nothing half-written
 
 
 def test_work_display_requests_bar_lines_and_video_after_a_second():

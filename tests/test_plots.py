@@ -68,6 +68,11 @@ def test_bucket_plan_plot_numbers_are_the_reports(workload, tmp_path, capsys):
             assert r["padding_pct"] == pytest.approx(rows[r["bucket"]]["mean_padding_pct"], abs=0.01)
     assert sum(r["packed_calls"] for r in preset["rows"]) == report["summary"]["packed"]["vit_calls"]
     assert optimised["buckets"] == report["optimized"]["buckets"]
+    assert report["optimized"]["cost"] == "packed" and data["packing"]
+    assert sum(r["packed_calls"] for r in optimised["rows"]) == report["optimized"]["vit_calls_packed"]
+    for lst in data["lists"]:  # a packed call executes its whole bucket: padding = executed - useful
+        for r in lst["rows"]:
+            assert r["packed_padding_patches"] == r["packed_calls"] * r["bucket"] - r["useful_patches"] >= 0
     assert sum(s["segments"] for s in data["segments"]) == report["summary"]["vit_calls"]
 
     svg = tmp_path / "plan.svg"
@@ -75,7 +80,7 @@ def test_bucket_plan_plot_numbers_are_the_reports(workload, tmp_path, capsys):
     texts = _texts(svg)
     for r in preset["rows"]:
         if r["calls"]:
-            assert f"{r['padding_pct']:.1f}%" in texts  # the padding drawn is the report's
+            assert f"{r['packed_padding_pct']:.1f}%" in texts  # the padding drawn, as the report packs
             assert str(r["calls"]) in texts
     assert any(f"executed/useful {report['summary']['executed_over_useful']:.2f}x" in t for t in texts)
     again = tmp_path / "again.svg"

@@ -32,68 +32,98 @@ def _land(patches: int, buckets: list[int]) -> int | None:
     return next((b for b in sorted(buckets) if b >= patches), None)
 
 
-def _rows(landed: list[tuple[int, int, int | None]], buckets: list[int]) -> list[dict[str, Any]]:
-    """Per bucket: calls, useful and padding patches, padding % and the largest segment landing in it, from
-    (patches, segments, bucket) triples."""
-    rows = {b: {"bucket": b, "calls": 0, "useful_patches": 0, "padding_patches": 0, "largest": None} for b in buckets}
-    for p, n, b in landed:
+def _rows(landed: list[tuple[int, int, int | None, int | None]], buckets: list[int]) -> list[dict[str, Any]]:
+    """Per bucket, from (patches, segments, bucket, packed calls) of each item: calls one per segment and packed,
+    useful patches, padding patches either way (a call executes its whole bucket), and the largest segment in it."""
+    rows = {
+        b: {"bucket": b, "calls": 0, "packed_calls": 0, "useful_patches": 0, "padding_patches": 0, "largest": None}
+        for b in buckets
+    }
+    packing = all(packed is not None for *_, packed in landed)
+    for p, n, b, packed in landed:
         if b not in rows:
             continue
         r = rows[b]
         r["calls"] += n
+        r["packed_calls"] += packed or 0
         r["useful_patches"] += n * p
         r["padding_patches"] += n * (b - p)
         r["largest"] = p if r["largest"] is None else max(r["largest"], p)
     for r in rows.values():
         total = r["useful_patches"] + r["padding_patches"]
         r["padding_pct"] = round(100.0 * r["padding_patches"] / total, 2) if total else None
+        if not packing:
+            r["packed_calls"] = r["packed_padding_patches"] = r["packed_padding_pct"] = None
+            continue
+        executed = r["packed_calls"] * r["bucket"]
+        r["packed_padding_patches"] = executed - r["useful_patches"]
+        r["packed_padding_pct"] = round(100.0 * r["packed_padding_patches"] / executed, 2) if executed else None
     return [rows[b] for b in buckets]
+
+
+def _optimised_landing(items: list[dict[str, Any]], buckets: list[int], packing: bool) -> list[tuple]:
+    """Each item under the optimised list: its bucket and, with packing, its packed calls as the optimiser
+    counts them (``packing.uniform_cost``: identical segments of one request share calls in their own bucket)."""
+    from qwenvl_rbln.vision.packing import uniform_cost
+
+    out = []
+    for it in items:
+        p, n = it["patches"], it["vit_calls"]
+        packed = None
+        if packing:
+            res = uniform_cost(p, n, sorted(buckets), _no_cost)
+            packed = None if res is None else it["count"] * res[0]
+        out.append((p, it["count"] * n, _land(p, buckets), packed if packing else None))
+    return out
+
+
+def _no_cost(bucket: int) -> int:
+    return 0
 
 
 def bucket_plan_data(report: dict[str, Any]) -> dict[str, Any]:
     """What the picture draws, from the bucket-plan report alone (the tests compare it with the report)."""
     summary = report["summary"]
-    items = report.get("items") or []
+    items = [it for it in report.get("items") or [] if it.get("patches") is not None]
     segments = _segments(items)
+    packing = "packed" in summary
     preset = list(summary["vit_buckets"])
-    # the preset's list: each item's own bucket, as the report planned it
+    # the preset's list: each item's own bucket and packed calls, as the report planned them
     own = [
-        (it["patches"], it["count"] * it["vit_calls"], it["bucket"]) for it in items if it.get("patches") is not None
+        (
+            it["patches"],
+            it["count"] * it["vit_calls"],
+            it["bucket"],
+            it["count"] * it["vit_calls_packed"] if packing and it.get("vit_calls_packed") is not None else None,
+        )
+        for it in items
     ]
-    rows = _rows(own, preset)
-    packed: dict[int, int] = dict.fromkeys(preset, 0)
-    for it in items:
-        if it.get("bucket") in packed and it.get("vit_calls_packed") is not None:
-            packed[it["bucket"]] += it["count"] * it["vit_calls_packed"]
-    has_packed = "packed" in summary
-    for r in rows:
-        r["packed_calls"] = packed[r["bucket"]] if has_packed else None
     lists = [
         {
             "name": f"preset {summary['preset']}",
             "buckets": preset,
-            "rows": rows,
+            "rows": _rows(own, preset),
             "executed_over_useful": summary.get("executed_over_useful"),
             "packed_executed_over_useful": (summary.get("packed") or {}).get("executed_over_useful"),
         }
     ]
     opt = report.get("optimized")
     if opt and opt.get("buckets"):
+        buckets = list(opt["buckets"])
         lists.append(
             {
-                "name": f"optimised (K={opt.get('k', len(opt['buckets']))})",
-                "buckets": list(opt["buckets"]),
-                "rows": [
-                    {**r, "packed_calls": None}
-                    for r in _rows([(p, n, _land(p, opt["buckets"])) for p, n in segments.items()], opt["buckets"])
-                ],
+                "name": f"optimised (K={opt.get('k', len(buckets))})",
+                "buckets": buckets,
+                "rows": _rows(_optimised_landing(items, buckets, packing), buckets),
                 "executed_over_useful": opt.get("executed_over_useful"),
                 "packed_executed_over_useful": None,
+                "cost": opt.get("cost"),
                 "set": opt.get("set"),
             }
         )
     return {
         "unit": summary.get("unit"),
+        "packing": packing,
         "segments": [{"patches": p, "segments": n} for p, n in segments.items()],
         "lists": lists,
         "uncovered_calls": (summary.get("uncovered") or {}).get("calls", 0),
@@ -132,29 +162,33 @@ def _distribution(ax: Any, data: dict[str, Any]) -> None:
     handles += [Line2D([], [], color="#333333", label=f"{data['lists'][0]['name']} buckets")]
     if len(data["lists"]) > 1:
         handles += [Line2D([], [], color="#CC79A7", linestyle="--", label=f"{data['lists'][1]['name']} buckets")]
-    handles += [Patch(color="#D55E00", alpha=0.15, label="padding every call in the bucket pays")]
-    ax.legend(handles=handles, loc="best", fontsize=8, framealpha=0.9)
+    handles += [Patch(color="#D55E00", alpha=0.15, label="padding a lone segment in the bucket pays at least")]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, framealpha=0.9)
     ax.set_title("where the segments land")
 
 
 def _padding(ax: Any, data: dict[str, Any]) -> None:
     x, labels = 0.0, []
     ticks = []
+    key = "packed_padding" if data["packing"] else "padding"
     for i, lst in enumerate(data["lists"]):
         for r in lst["rows"]:
             useful = r["useful_patches"] / 1e6
-            pad = r["padding_patches"] / 1e6
+            pad = r[f"{key}_patches"] / 1e6
             ax.bar(x, useful, color="#0072B2" if i == 0 else "#CC79A7", width=0.8)
             ax.bar(x, pad, bottom=useful, color="#D55E00", alpha=0.35, hatch="//", width=0.8)
-            if r["padding_pct"] is not None:
-                ax.text(x, useful + pad, f"{r['padding_pct']:.1f}%", ha="center", va="bottom", fontsize=7)
+            if r[f"{key}_pct"] is not None:
+                ax.text(x, useful + pad, f"{r[f'{key}_pct']:.1f}%", ha="center", va="bottom", fontsize=7)
             ticks.append(x)
             labels.append(f"{r['bucket']}" + ("" if i == 0 else "*"))
             x += 1
         x += 0.6
     ax.set_xticks(ticks, labels, rotation=45, fontsize=7)
     ax.set_ylabel("patches over all calls (millions)")
-    ax.set_title("useful (solid) vs padding (hatched) per bucket" + ("; * optimised" if len(data["lists"]) > 1 else ""))
+    how = "packed calls" if data["packing"] else "one call per segment"
+    ax.set_title(f"useful vs padding (hatched), {how}")
+    if len(data["lists"]) > 1:
+        ax.set_xlabel("bucket (* optimised)")
 
 
 def _calls(ax: Any, data: dict[str, Any]) -> None:
