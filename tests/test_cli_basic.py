@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers_cli import REPO, run_qvl
 
-HEAVY = ("torch", "transformers", "optimum", "torchvision")
+HEAVY = ("torch", "transformers", "optimum", "torchvision", "matplotlib")
 
 
 def _imported_after(argv: list[str]) -> list[str]:

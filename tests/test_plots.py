@@ -203,3 +203,11 @@ def test_tune_plot_marks_the_chosen_and_the_reasons(tmp_path):
     two = {"candidates": [{**c, "chosen": True} for c in TUNE["candidates"]]}
     with pytest.raises(InputError, match=re.escape("4 candidates are marked chosen")):
         tune_data(two)
+
+
+def test_drawing_imports_matplotlib_and_nothing_heavy(tmp_path):
+    from tests.test_cli_basic import _imported_after
+
+    png = tmp_path / "p.png"
+    assert _imported_after(["bucket-plan", "--size", "640x480", "--plot", str(png)]) == ["matplotlib"]
+    assert png.stat().st_size > 10_000
