@@ -211,3 +211,45 @@ def test_drawing_imports_matplotlib_and_nothing_heavy(tmp_path):
     png = tmp_path / "p.png"
     assert _imported_after(["bucket-plan", "--size", "640x480", "--plot", str(png)]) == ["matplotlib"]
     assert png.stat().st_size > 10_000
+
+
+def test_emulated_read_out_with_the_planners_estimate_beside(tmp_path):
+    from qwenvl_rbln.views.plots.memory import draw_memory
+
+    gib = 1 << 30
+    estimate = {
+        "npu": "RBLN-CR13",
+        "verdict": "fits",
+        "devices": [
+            {
+                "device": 0,
+                "verdict": "fits",
+                "usable_bytes": 140 * gib,
+                "total_bytes": 3 * gib,
+                "items": [{"name": "lm.weights", "bytes": 3 * gib, "low_bytes": 3 * gib, "high_bytes": 3 * gib}],
+            }
+        ],
+    }
+    memory = {
+        "source": "emulated",
+        "fits": True,
+        "devices": [
+            {
+                "device": 0,
+                "graphs": ["prefill", "visual/compiled_model"],
+                "total_bytes": 2 * gib,
+                "per_chiplet_bytes": [gib, gib],
+                "usable_bytes": 140 * gib,
+                "usable_per_chiplet_bytes": 35 * gib,
+                "fits": True,
+            }
+        ],
+        "graphs": {"prefill": {"device": [0, 1], "by_key": {"Weight": gib}}},  # spans devices: not split by key
+        "estimate": estimate,
+    }
+    data = draw_memory(memory, tmp_path / "e.svg")
+    (dev,) = data["devices"]
+    assert [(p["category"], p["bytes"]) for p in dev["parts"]] == [("allocated", 2 * gib)]
+    assert data["estimate"]["devices"][0]["total"] == 3 * gib
+    texts = _texts(tmp_path / "e.svg")
+    assert "planner" in " ".join(texts) and any("(emulated): fits" in t for t in texts)
