@@ -103,6 +103,9 @@ def test_plot_never_changes_stdout_json_or_exit_code(workload, tmp_path, capsys)
     code_p, out_p, _ = run_main([*argv, "--plot", str(png)], capsys)
     assert code == code_p == 4 and out == out_p
     _png_ok(png)
+    again = tmp_path / "again.png"
+    run_main([*argv, "--plot", str(again)], capsys)
+    assert png.read_bytes() == again.read_bytes()  # PNG too: the same bytes on a rerun
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left beside it
 
 
