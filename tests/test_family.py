@@ -1,0 +1,216 @@
+"""The dense Qwen3-VL family (2B, 4B, 8B, 32B): built-in cited geometry, the exact numbers optimum-rbln 0.12's
+audit found, and hub ids resolved through the local Hugging Face cache (a temporary cache, offline)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.memory.kv import kv_block_bytes_per_tensor, kv_tensor_count
+from qwenvl_rbln.memory.params import lm_params, vision_params
+from qwenvl_rbln.planning.catalogue import modelinfo
+from qwenvl_rbln.planning.catalogue.devices import GiB, MiB
+from qwenvl_rbln.planning.catalogue.modelinfo import (
+    QWEN3_VL_4B,
+    QWEN3_VL_8B,
+    QWEN3_VL_32B,
+    ModelGeometry,
+    load_geometry,
+)
+from qwenvl_rbln.planning.plan import build_plan
+from tests.helpers_cli import run_qvl
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+def config_of(g: ModelGeometry) -> dict:
+    """A config.json in the released Qwen3-VL layout for a geometry."""
+    t, v = g.text, g.vision
+    text = {
+        "hidden_size": t.hidden_size,
+        "num_hidden_layers": t.num_hidden_layers,
+        "num_attention_heads": t.num_attention_heads,
+        "num_key_value_heads": t.num_key_value_heads,
+        "head_dim": t.head_dim,
+        "intermediate_size": t.intermediate_size,
+        "vocab_size": t.vocab_size,
+        "max_position_embeddings": t.max_position_embeddings,
+    }
+    vision = {
+        "depth": v.depth,
+        "hidden_size": v.hidden_size,
+        "num_heads": v.num_heads,
+        "intermediate_size": v.intermediate_size,
+        "out_hidden_size": v.out_hidden_size,
+        "deepstack_visual_indexes": [5, 11, 17] if v.depth == 24 else [8, 16, 24],
+    }
+    return {
+        "model_type": "qwen3_vl",
+        "tie_word_embeddings": t.tie_word_embeddings,
+        "text_config": text,
+        "vision_config": vision,
+        "dtype": "bfloat16",
+    }
+
+
+def make_hub_cache(hub: Path, repo_id: str, cfg: dict, sha: str = SHA, extra: dict | None = None) -> Path:
+    """The real Hugging Face cache layout: models--Org--Name/refs/main and snapshots/<sha>/config.json."""
+    repo = hub / ("models--" + repo_id.replace("/", "--"))
+    snap = repo / "snapshots" / sha
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(sha)
+    (snap / "config.json").write_text(json.dumps(cfg))
+    for name, body in (extra or {}).items():
+        (snap / name).write_text(body)
+    return snap
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An offline HF_HOME whose hub/ is the cache (HF_HUB_CACHE unset, so HF_HOME decides)."""
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub = tmp_path / "hf" / "hub"
+    hub.mkdir(parents=True)
+    return hub
+
+
+# --- 1. built-in, cited geometry --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("geometry", "lm_bytes", "kv_block"),
+    [
+        (QWEN3_VL_4B, 8_044_936_192, 1152 * MiB),
+        (QWEN3_VL_8B, 15_136_811_008, 1152 * MiB),
+        (QWEN3_VL_32B, 63_968_421_888, 2 * GiB),
+    ],
+    ids=["4B", "8B", "32B"],
+)
+def test_lm_weights_and_kv_block_are_the_audited_numbers(geometry, lm_bytes, kv_block):
+    """optimum-rbln 0.12's audit: LM bytes on the device and KV bytes per 8192-token block, exact."""
+    assert lm_params(geometry.text)["device"] * 2 == lm_bytes
+    assert kv_tensor_count(geometry) * kv_block_bytes_per_tensor(geometry, 8192) == kv_block
+
+
+@pytest.mark.parametrize(
+    ("geometry", "total", "vision"),
+    [
+        (QWEN3_VL_4B, 4_437_815_808, 415_347_712),
+        (QWEN3_VL_8B, 8_767_123_696, 576_388_336),
+        (QWEN3_VL_32B, 33_357_390_064, 595_266_800),
+    ],
+    ids=["4B", "8B", "32B"],
+)
+def test_parameter_totals_match_the_reference(geometry, total, vision):
+    """Unique parameters (tied head once) as transformers 5.15.1 builds them (reference section 5)."""
+    lp, vp = lm_params(geometry.text), vision_params(geometry.vision)
+    text = (
+        lp["layers"]
+        + lp["norm"]
+        + lp["embed_tokens_host"]
+        + (0 if geometry.text.tie_word_embeddings else lp["lm_head"])
+    )
+    vis = vp["device"] + vp["patch_embed_host"] + vp["pos_embed_host"]
+    assert vis == vision
+    assert text + vis == total
+
+
+@pytest.mark.parametrize("size", ["2B", "4B", "8B", "32B"])
+@pytest.mark.parametrize("kind", ["Instruct", "Thinking"])
+def test_every_dense_hub_id_is_built_in(size, kind, hub_cache):
+    geom, _ = load_geometry(f"Qwen/Qwen3-VL-{size}-{kind}")
+    assert geom is not None and "built-in" in geom.source
+    assert geom.text == modelinfo.DENSE_FAMILY[size].text
+
+
+def test_an_unknown_hub_id_is_still_refused(hub_cache):
+    with pytest.raises(InputError, match="no built-in geometry") as exc:
+        load_geometry("Qwen/Qwen3-VL-7B-Instruct")
+    assert "HF_HUB_OFFLINE" in exc.value.message
+    r = run_qvl("compile", "--preset", "rebel100-1npu", "--model", "acme/Unknown-VL", "--dry-run", env=_env(hub_cache))
+    assert r.exit_code == 2 and "acme/Unknown-VL" in r.stderr
+
+
+# --- 2. the hub id resolves through the local cache --------------------------------------------------------
+
+
+def _env(hub: Path) -> dict:
+    return {"HF_HOME": str(hub.parent), "HF_HUB_CACHE": "", "HF_HUB_OFFLINE": "1"}
+
+
+def test_cached_config_is_used_for_an_id_without_built_in_numbers(hub_cache):
+    snap = make_hub_cache(hub_cache, "acme/Qwen3-VL-8B-Finetune", config_of(QWEN3_VL_8B))
+    geom, _ = load_geometry("acme/Qwen3-VL-8B-Finetune")
+    assert geom.text == QWEN3_VL_8B.text and geom.vision == QWEN3_VL_8B.vision
+    assert geom.snapshot is not None and geom.snapshot.revision == SHA and geom.snapshot.path == snap
+    assert SHA in geom.source
+
+
+def test_cached_config_wins_over_the_built_in_table(hub_cache):
+    cfg = config_of(QWEN3_VL_8B)
+    cfg["text_config"]["num_hidden_layers"] = 40  # the checkpoint that will be compiled, not the table
+    make_hub_cache(hub_cache, "Qwen/Qwen3-VL-8B-Instruct", cfg)
+    geom, _ = load_geometry("Qwen/Qwen3-VL-8B-Instruct")
+    assert geom.text.num_hidden_layers == 40 and "built-in" not in geom.source
+
+
+def test_hf_hub_cache_beats_hf_home(tmp_path, hub_cache, monkeypatch):
+    other = tmp_path / "elsewhere"
+    make_hub_cache(other, "acme/Qwen3-VL-4B-X", config_of(QWEN3_VL_4B))
+    with pytest.raises(InputError):
+        load_geometry("acme/Qwen3-VL-4B-X")
+    monkeypatch.setenv("HF_HUB_CACHE", str(other))
+    assert load_geometry("acme/Qwen3-VL-4B-X")[0].text == QWEN3_VL_4B.text
+
+
+def test_cached_processor_config_gives_the_pixel_caps(hub_cache):
+    pre = json.dumps({"size": {"shortest_edge": 4096, "longest_edge": 1048576}})
+    make_hub_cache(hub_cache, "acme/Qwen3-VL-8B-Small", config_of(QWEN3_VL_8B), extra={"preprocessor_config.json": pre})
+    caps = modelinfo.processor_defaults("acme/Qwen3-VL-8B-Small")
+    assert caps["min_pixels"] == 4096 and caps["max_pixels"] == 1048576
+
+
+def test_dry_run_from_the_cache_records_the_snapshot(hub_cache):
+    make_hub_cache(hub_cache, "Qwen/Qwen3-VL-8B-Instruct", config_of(QWEN3_VL_8B))
+    r = run_qvl(
+        "compile",
+        "--preset",
+        "rebel100-1npu",
+        "--model",
+        "Qwen/Qwen3-VL-8B-Instruct",
+        "--dry-run",
+        "--json",
+        env=_env(hub_cache),
+    )
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["model_geometry"]["snapshot"]["revision"] == SHA
+    assert data["memory"]["verdict"] == "fits"
+
+
+def test_plan_of_a_cached_id_without_the_network(hub_cache):
+    make_hub_cache(hub_cache, "acme/Qwen3-VL-32B-Tuned", config_of(QWEN3_VL_32B))
+    plan = build_plan("rebel100-1npu", model="acme/Qwen3-VL-32B-Tuned")
+    assert plan.geometry.text.num_hidden_layers == 64
+
+
+def test_manifest_and_cache_key_record_the_snapshot(hub_cache):
+    from qwenvl_rbln.artifacts.cache import cache_key
+    from qwenvl_rbln.artifacts.manifest import model_fingerprint
+
+    cfg = config_of(QWEN3_VL_8B)
+    a = make_hub_cache(hub_cache, "acme/Qwen3-VL-8B-A", cfg, sha="a" * 40)
+    b = make_hub_cache(hub_cache, "acme/Qwen3-VL-8B-B", cfg, sha="b" * 40)
+    fa, fb = model_fingerprint("acme/Qwen3-VL-8B-A", a), model_fingerprint("acme/Qwen3-VL-8B-B", b)
+    assert fa["snapshot"] == {"repo_id": "acme/Qwen3-VL-8B-A", "revision": "a" * 40}
+    assert fa["sha256"] == fb["sha256"]  # same files ...
+    plan = build_plan("rebel100-1npu", model="Qwen/Qwen3-VL-8B-Instruct")
+    versions = {"optimum-rbln": "0.12.0"}
+    assert cache_key(plan, fa, versions)[0] != cache_key(plan, fb, versions)[0]  # ... another snapshot, another key
