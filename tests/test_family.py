@@ -214,3 +214,57 @@ def test_manifest_and_cache_key_record_the_snapshot(hub_cache):
     plan = build_plan("rebel100-1npu", model="Qwen/Qwen3-VL-8B-Instruct")
     versions = {"optimum-rbln": "0.12.0"}
     assert cache_key(plan, fa, versions)[0] != cache_key(plan, fb, versions)[0]  # ... another snapshot, another key
+
+
+# --- 3. a preset per model, each with the verdict `fits` ---------------------------------------------------
+
+FAMILY_PRESETS = {
+    # preset: (model, batch, context, ViT device, full KV blocks)
+    "rebel100-4b": ("Qwen/Qwen3-VL-4B-Instruct", 1, 262144, 0, 32),
+    "rebel100-4b-2npu-batch3": ("Qwen/Qwen3-VL-4B-Instruct", 3, 262144, 1, 96),
+    "rebel100-8b": ("Qwen/Qwen3-VL-8B-Instruct", 1, 262144, 0, 32),
+    "rebel100-8b-2npu-batch3": ("Qwen/Qwen3-VL-8B-Instruct", 3, 262144, 1, 96),
+    "rebel100-32b": ("Qwen/Qwen3-VL-32B-Instruct", 1, 40960, 0, 5),
+    "rebel100-32b-2npu": ("Qwen/Qwen3-VL-32B-Instruct", 1, 262144, 1, 32),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(FAMILY_PRESETS))
+def test_each_family_preset_dry_run_fits(preset, hub_cache):
+    model, batch, context, vit_device, blocks = FAMILY_PRESETS[preset]
+    r = run_qvl("compile", "--preset", preset, "--dry-run", "--json", env=_env(hub_cache))
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["model_id"] == model and data["memory"]["verdict"] == "fits"
+    assert (data["resolved"]["batch_size"], data["resolved"]["max_seq_len"]) == (batch, context)
+    assert data["placement"] == {"device": 0, "visual_device": vit_device}
+    assert data["memory"]["kv"]["outcome"] == "full" and data["memory"]["kv"]["num_blocks"] == blocks
+    assert "trades" in data["description"].lower()
+
+
+@pytest.mark.parametrize("preset", ["rebel100-4b", "rebel100-8b", "rebel100-32b"])
+def test_one_card_presets_are_the_largest_that_fit(preset):
+    """A larger context (one more 8192 block) or a larger batch at the same context is not `fits` on one card."""
+    _, batch, context, _, _ = FAMILY_PRESETS[preset]
+    from qwenvl_rbln.memory.planner import estimate_plan
+
+    def verdict(sets):
+        return estimate_plan(build_plan(preset, sets), calibration={}, suggest=False).verdict
+
+    assert verdict([]) == "fits"
+    if context < 262144:
+        assert verdict([f"max_seq_len={context + 8192}"]) != "fits"
+    assert verdict(["batch_size=2", "decoder_batch_sizes=[1,2]"]) != "fits"
+
+
+@pytest.mark.parametrize("preset", ["rebel100-4b-2npu-batch3", "rebel100-8b-2npu-batch3", "rebel100-32b-2npu"])
+def test_the_vit_on_device_1_buys_the_full_context_at_a_larger_batch(preset):
+    """One more row at 262144 no longer gets every KV block (or does not fit): the batch is the largest."""
+    from qwenvl_rbln.memory.planner import estimate_plan
+
+    _, batch, _, _, _ = FAMILY_PRESETS[preset]
+    b = batch + 1
+    r = estimate_plan(
+        build_plan(preset, [f"batch_size={b}", f"decoder_batch_sizes=[1,{b}]"]), calibration={}, suggest=False
+    )
+    assert r.verdict != "fits" or r.kv["outcome"] != "full"

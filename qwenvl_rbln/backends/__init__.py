@@ -168,11 +168,9 @@ def _cached_snapshot(model_id: str) -> Any:
     """The local Hugging Face cache's snapshot of a hub id, or None (not cached, or huggingface_hub missing)."""
     from pathlib import Path
 
-    from qwenvl_rbln.planning.catalogue.hub import hub_cache_dir
-
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(model_id, local_files_only=True, cache_dir=hub_cache_dir()))
+        return Path(snapshot_download(model_id, local_files_only=True))
     except Exception:  # noqa: BLE001 - not cached, offline, a malformed id, or huggingface_hub missing
         return None

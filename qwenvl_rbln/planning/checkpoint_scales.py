@@ -79,15 +79,11 @@ def _blockwise(directory: Path, tensors: dict[str, str] | None) -> bool:
 
 def check_scales(directory: Path | None, quant: dict[str, Any] | None, model: str) -> list[str]:
     """Refuse (InputError, exit 2) a quantization the checkpoint cannot feed; warnings for what was not checked."""
-    if directory is None:
-        return (
-            [f"quantization: {model} has no local weights, so its scales were not checked (optimum-rbln reads them)"]
-            if quant
-            else []
-        )
-    tensors = checkpoint_tensors(directory)
     if not quant:
-        return []
+        return []  # nothing to feed: the weights are never opened
+    if directory is None:
+        return [f"quantization: {model} has no local weights, so its scales were not checked (optimum-rbln reads them)"]
+    tensors = checkpoint_tensors(directory)
     if _blockwise(directory, tensors):
         raise InputError(
             f"quantization with {directory}: a block-wise FP8 checkpoint ({BLOCKWISE_SCALE} per 128x128 weight "
