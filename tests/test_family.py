@@ -17,43 +17,13 @@ from qwenvl_rbln.planning.catalogue.modelinfo import (
     QWEN3_VL_4B,
     QWEN3_VL_8B,
     QWEN3_VL_32B,
-    ModelGeometry,
     load_geometry,
 )
 from qwenvl_rbln.planning.plan import build_plan
+from tests.fakes_rbln import config_of
 from tests.helpers_cli import run_qvl
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
-
-
-def config_of(g: ModelGeometry) -> dict:
-    """A config.json in the released Qwen3-VL layout for a geometry."""
-    t, v = g.text, g.vision
-    text = {
-        "hidden_size": t.hidden_size,
-        "num_hidden_layers": t.num_hidden_layers,
-        "num_attention_heads": t.num_attention_heads,
-        "num_key_value_heads": t.num_key_value_heads,
-        "head_dim": t.head_dim,
-        "intermediate_size": t.intermediate_size,
-        "vocab_size": t.vocab_size,
-        "max_position_embeddings": t.max_position_embeddings,
-    }
-    vision = {
-        "depth": v.depth,
-        "hidden_size": v.hidden_size,
-        "num_heads": v.num_heads,
-        "intermediate_size": v.intermediate_size,
-        "out_hidden_size": v.out_hidden_size,
-        "deepstack_visual_indexes": [5, 11, 17] if v.depth == 24 else [8, 16, 24],
-    }
-    return {
-        "model_type": "qwen3_vl",
-        "tie_word_embeddings": t.tie_word_embeddings,
-        "text_config": text,
-        "vision_config": vision,
-        "dtype": "bfloat16",
-    }
 
 
 def make_hub_cache(hub: Path, repo_id: str, cfg: dict, sha: str = SHA, extra: dict | None = None) -> Path:
@@ -268,3 +238,53 @@ def test_the_vit_on_device_1_buys_the_full_context_at_a_larger_batch(preset):
         build_plan(preset, [f"batch_size={b}", f"decoder_batch_sizes=[1,{b}]"]), calibration={}, suggest=False
     )
     assert r.verdict != "fits" or r.kv["outcome"] != "full"
+
+
+# --- 5. nothing assumes the 2B: bucket-plan, load-check and serve on the 8B ---------------------------------
+
+
+def test_bucket_plan_on_the_8b_uses_its_vit_tower(hub_cache):
+    """Depth 27, hidden 1152 from the 8B up: FLOPs, workspace and the verdict come from the 8B's own ViT."""
+    from qwenvl_rbln.memory.workspaces import estimate_for_bucket
+    from qwenvl_rbln.vision.buckets import vit_cost_fn
+
+    r = run_qvl("bucket-plan", "--preset", "rebel100-8b", "--size", "1920x1080", "--json", env=_env(hub_cache))
+    assert r.exit_code == 0, r.stderr
+    (bucket,) = json.loads(r.stdout)["summary"]["buckets"]
+    assert bucket["flops_per_call"] == vit_cost_fn(QWEN3_VL_8B.vision)(16384)
+    assert bucket["flops_per_call"] != vit_cost_fn(modelinfo.QWEN3_VL_2B.vision)(16384)
+    assert bucket["workspace_bytes"] == estimate_for_bucket(QWEN3_VL_8B, 16384)["workspace_bytes"]
+
+
+def test_load_check_and_serve_of_an_8b_artifact_use_its_numbers(tmp_path, capsys, monkeypatch):
+    from qwenvl_rbln.artifacts.manifest import write_manifest
+    from tests.fakes_rbln import run_main, write_artifact
+
+    monkeypatch.setattr("os.execvpe", lambda *a, **k: (_ for _ in ()).throw(AssertionError("exec")))
+    plan = build_plan("rebel100-8b")
+    root = write_artifact(tmp_path / "art", plan)
+    manifest = {"format": 1, "npu": plan.npu, "placement": plan.placement, "model": {"id": plan.model_id}}
+    write_manifest(root, {**manifest, "rbln_config": plan.rbln_config})
+    code, out, err = run_main(["load-check", str(root), "--no-runtime", "--json"], capsys)
+    assert code == 0, err
+    items = {i["name"]: i["bytes"] for i in json.loads(out)["memory"]["devices"][0]["items"]}
+    assert items["lm.weights"] == 15_136_811_008
+    assert items["visual.weights"] == vision_params(QWEN3_VL_8B.vision)["device"] * 2
+    assert items["lm.kv_cache"] == 32 * 1152 * MiB
+    code, out, err = run_main(["serve", str(root), "--dry-run", "--json"], capsys)
+    assert code == 0, err
+    argv = json.loads(out)["argv"]
+    assert argv[argv.index("--served-model-name") + 1] == "Qwen/Qwen3-VL-8B-Instruct"
+    assert argv[argv.index("--max-model-len") + 1] == "262144"
+
+
+def test_serve_names_the_artifacts_own_model_where_files_are_missing(tmp_path, capsys):
+    from qwenvl_rbln.artifacts.manifest import write_manifest
+    from tests.fakes_rbln import run_main, write_artifact
+
+    plan = build_plan("rebel100-8b")
+    root = write_artifact(tmp_path / "art", plan)
+    (root / "processor_config.json").unlink()
+    write_manifest(root, {"format": 1, "npu": plan.npu, "placement": plan.placement, "model": {"id": plan.model_id}})
+    code, out, err = run_main(["serve", str(root), "--dry-run"], capsys)
+    assert code == 2 and "(Qwen/Qwen3-VL-8B-Instruct)" in err and "2B" not in err
