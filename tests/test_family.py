@@ -288,3 +288,23 @@ def test_serve_names_the_artifacts_own_model_where_files_are_missing(tmp_path, c
     write_manifest(root, {"format": 1, "npu": plan.npu, "placement": plan.placement, "model": {"id": plan.model_id}})
     code, out, err = run_main(["serve", str(root), "--dry-run"], capsys)
     assert code == 2 and "(Qwen/Qwen3-VL-8B-Instruct)" in err and "2B" not in err
+
+
+def test_without_a_cached_copy_a_dry_run_fetches_config_json_alone_when_online(hub_cache, monkeypatch):
+    """HF_HUB_OFFLINE unset: huggingface_hub's hf_hub_download is asked for config.json only (a stand-in here:
+    tests never touch the network), and the file it leaves in the cache is read."""
+    import huggingface_hub
+
+    asked = []
+
+    def fake_download(repo_id, filename, **kwargs):
+        asked.append((repo_id, filename))
+        snap = make_hub_cache(Path(kwargs["cache_dir"]), repo_id, config_of(QWEN3_VL_8B), sha="f" * 40)
+        return str(snap / filename)
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    geom, warnings = load_geometry("acme/Qwen3-VL-8B-New")
+    assert asked == [("acme/Qwen3-VL-8B-New", "config.json")]  # never weights
+    assert geom.text == QWEN3_VL_8B.text and geom.snapshot.fetched and geom.snapshot.revision == "f" * 40
+    assert any("no weights" in w for w in warnings)
