@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from qwenvl_rbln.paths import user_path
+
 CONFIG = "config.json"
 
 
@@ -40,11 +42,9 @@ def hub_cache_dir() -> Path:
     """The cache huggingface_hub uses, in its own order (``constants.py``): HF_HUB_CACHE, the legacy
     HUGGINGFACE_HUB_CACHE, HF_HOME/hub, XDG_CACHE_HOME/huggingface/hub, ~/.cache/huggingface/hub. Read at call
     time (huggingface_hub reads it once at import), and handed to its helpers as ``cache_dir``."""
-    home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
-    )
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
     hub = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub")
-    return Path(os.path.expanduser(os.path.expandvars(hub)))
+    return user_path(os.path.expandvars(hub), "Hugging Face cache")
 
 
 def _maybe_cached(repo_id: str) -> bool:
