@@ -64,6 +64,34 @@ QWEN3_VL_2B_CONFIG = {
     },
 }
 
+
+def config_of(geometry: Any) -> dict:
+    """The config.json of a family member (modelinfo geometry) in the released layout: the 2B's keys, its numbers."""
+    t, v = geometry.text, geometry.vision
+    cfg = json.loads(json.dumps(QWEN3_VL_2B_CONFIG))
+    cfg["tie_word_embeddings"] = t.tie_word_embeddings
+    cfg["text_config"].update(
+        hidden_size=t.hidden_size,
+        num_hidden_layers=t.num_hidden_layers,
+        num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads,
+        head_dim=t.head_dim,
+        intermediate_size=t.intermediate_size,
+        vocab_size=t.vocab_size,
+        max_position_embeddings=t.max_position_embeddings,
+        tie_word_embeddings=t.tie_word_embeddings,
+    )
+    cfg["vision_config"].update(
+        depth=v.depth,
+        hidden_size=v.hidden_size,
+        num_heads=v.num_heads,
+        intermediate_size=v.intermediate_size,
+        out_hidden_size=v.out_hidden_size,
+        deepstack_visual_indexes=[5, 11, 17] if v.depth == 24 else [8, 16, 24],
+    )
+    return cfg
+
+
 TINY_CONFIG = {
     "architectures": ["Qwen3VLForConditionalGeneration"],
     "model_type": "qwen3_vl",
@@ -256,6 +284,8 @@ def write_artifact(
     (root / "visual").mkdir(parents=True, exist_ok=True)
     cfg = cfg or rbln_config_json(plan)
     alloc = alloc or allocation_table(plan)
+    if config is None and plan.geometry.name != "Qwen3-VL-2B" and plan.geometry.dtype_bytes == 2:
+        config = config_of(plan.geometry)  # the plan's own model (4B, 8B, 32B), not the 2B's numbers
     (root / "rbln_config.json").write_text(json.dumps(cfg, indent=2))
     (root / "config.json").write_text(json.dumps(config or QWEN3_VL_2B_CONFIG, indent=2))
     (root / "generation_config.json").write_text('{"do_sample": false}')

@@ -313,5 +313,6 @@ def test_a_hub_id_in_the_local_hf_cache_is_hashed_and_cached(tmp_path, monkeypat
     assert auto.calls[0]["model_id"] == str(snapshot)
     model = json.loads((tmp_path / "o" / MANIFEST_NAME).read_text())["model"]
     assert model["id"] == "Qwen/Qwen3-VL-2B-Instruct" and len(model["sha256"]) == 64
+    assert model["snapshot"] == {"repo_id": "Qwen/Qwen3-VL-2B-Instruct", "revision": "0123abcd"}  # which snapshot
     code, stdout, stderr = run_main([*argv, "--force", "--json"], capsys)
     assert code == 0 and json.loads(stdout)["result"]["cache"] == "hit" and len(auto.calls) == 1

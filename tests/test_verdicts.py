@@ -77,17 +77,17 @@ def refused(preset: str, sets: list[str], *needles: str) -> str:
 
 
 def test_a_model_without_config_or_cited_numbers_is_refused_not_planned_with_2b_numbers():
-    r = run_qvl("compile", "--dry-run", "-p", "rebel100-1npu", "--model", "Qwen/Qwen3-VL-32B-Instruct")
+    r = run_qvl("compile", "--dry-run", "-p", "rebel100-1npu", "--model", "Qwen/Qwen3-VL-9B-Instruct")
     assert r.exit_code == 2, r.stdout + r.stderr
     line = r.stderr.strip()
-    assert "--model='Qwen/Qwen3-VL-32B-Instruct'" in line and "config.json" in line and "directory" in line
+    assert "--model='Qwen/Qwen3-VL-9B-Instruct'" in line and "config.json" in line and "directory" in line
     assert "fits" not in r.stdout
 
 
 def test_a_preset_model_key_without_config_names_the_key(tmp_path: Path):
     preset = tmp_path / "p.yaml"
-    preset.write_text("extends: rebel100-1npu\nmodel: Qwen/Qwen3-VL-8B-Instruct\n")
-    line = refused(str(preset), [], "model='Qwen/Qwen3-VL-8B-Instruct'", "config.json")
+    preset.write_text("extends: rebel100-1npu\nmodel: acme/Qwen3-VL-8B-Custom\n")
+    line = refused(str(preset), [], "model='acme/Qwen3-VL-8B-Custom'", "config.json")
     assert str(preset) in line or "p.yaml" in line
 
 

@@ -50,6 +50,8 @@ def cache_key(plan: Any, model: dict[str, Any], versions: dict[str, str]) -> tup
         "npu": plan.npu,
         "versions": {name: versions.get(name, NOT_INSTALLED) for name in VERSION_DISTS},
     }
+    if model.get("snapshot"):  # a hub id's cached snapshot: its revision is part of the key
+        payload["model_snapshot"] = model["snapshot"]
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:32], None
 

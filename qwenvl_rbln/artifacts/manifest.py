@@ -115,6 +115,7 @@ def hash_tree(root: Path, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
 def model_fingerprint(model_id: str, path: Path | None = None) -> dict[str, Any]:
     """Identity of the source model: a content hash of its local directory (``path``, else the directory the id
     names); a hub id without a local directory is reported as not hashed and is never downloaded."""
+    from qwenvl_rbln.planning.catalogue.hub import snapshot_of_dir
     from qwenvl_rbln.planning.catalogue.modelinfo import resolve_model_path
 
     path = Path(path) if path is not None else resolve_model_path(model_id)
@@ -129,7 +130,7 @@ def model_fingerprint(model_id: str, path: Path | None = None) -> dict[str, Any]
     tree = hash_tree(path)
     if not tree["files"]:
         raise InputError(f"model directory {path} has no files", "point --model at a Qwen3-VL model directory")
-    return {
+    out = {
         "id": model_id,
         "local_path": str(path.absolute()),
         "sha256": tree["sha256"],
@@ -137,6 +138,10 @@ def model_fingerprint(model_id: str, path: Path | None = None) -> dict[str, Any]
         "total_bytes": tree["total_bytes"],
         "note": "sha256 over sorted relative paths, sizes and file contents",
     }
+    snap = snapshot_of_dir(path.absolute())
+    if snap is not None:  # a hub id compiled from the local Hugging Face cache: which snapshot
+        out["snapshot"] = {"repo_id": snap.repo_id, "revision": snap.revision}
+    return out
 
 
 # -------------------------------------------------------------------------------------------- versions

@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
             False,
             "--force",
             help="Replace an existing artifact (never a directory of other files, the working dir or home); "
-            "compile even if the planner says it won't fit.",
+            "compile even if the planner says it won't fit, or num_devices > 1 on a Rebel100.",
         ),
         cache_dir: Path = typer.Option(None, "--cache-dir", help="Compile cache (default: $QVL_HOME/compile-cache)."),
         no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the compile cache."),
@@ -87,7 +87,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Compile Qwen3-VL with a preset (optimum-rbln on an RBLN host, transformers for backend torch)."""
         from qwenvl_rbln.commands.common import check_plot, plotted, print_warnings
-        from qwenvl_rbln.jobs.compile_request import compile_for_real, dry_run_gate, plan_for_compile
+        from qwenvl_rbln.jobs.compile_request import (
+            compile_for_real,
+            dry_run_gate,
+            plan_for_compile,
+            refuse_multi_device,
+        )
         from qwenvl_rbln.memory.planner import estimate_plan
         from qwenvl_rbln.views import live, render
         from qwenvl_rbln.views.memory import print_memory
@@ -95,6 +100,7 @@ def register(app: typer.Typer) -> None:
         plot = check_plot(plot)
         plan = plan_for_compile(preset, sets, model, output)
         print_warnings(plan.warnings)
+        refuse_multi_device(plan, force)
         memory = estimate_plan(plan, device_memory=device_memory)
         data = {**plan.to_dict(), "memory": memory.to_dict()}
         if plot is not None:  # the planner's picture: of the dry run, or of what is about to be compiled

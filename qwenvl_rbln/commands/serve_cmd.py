@@ -107,6 +107,9 @@ def register(app: typer.Typer) -> None:
             help="Packed ViT calls inside vLLM (default: the preset's runtime.vit_packing, else on).",
             show_default=False,
         ),
+        force: bool = typer.Option(
+            False, "--force", help="Serve an artifact compiled for num_devices > 1 on a Rebel100 anyway."
+        ),
         dry_run: bool = DryRunOpt,
         as_json: bool = JsonOpt,
     ) -> None:
@@ -128,6 +131,7 @@ def register(app: typer.Typer) -> None:
             served_model_name=served_model_name,
             vit_packing=vit_packing,
             extra=extra,
+            force=force,
         )
         launch, warnings = serve_command(opts, os.environ)
         _run(launch, warnings, dry_run=dry_run, as_json=as_json)

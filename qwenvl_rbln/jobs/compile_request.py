@@ -19,6 +19,16 @@ def plan_for_compile(preset: str, sets: list[str] | None, model: str | None, out
     return build_plan(preset, sets, model=model, output_dir=output)
 
 
+def refuse_multi_device(plan: Any, force: bool) -> None:
+    """num_devices > 1 on a Rebel100: refused (exit 2) before a dry run or a compile, unless --force."""
+    from qwenvl_rbln.planning.catalogue.multi_device import multi_device_refusal
+
+    r = plan.resolved
+    refusal = multi_device_refusal(plan.npu, r.num_devices, r.visual_num_devices, f"preset {plan.preset}")
+    if refusal is not None and not force:
+        raise refusal
+
+
 def dry_run_gate(memory: dict[str, Any], uncertain_ok: bool, as_json: bool) -> DoesNotFit | None:
     """A dry run is also a CI gate: exit 4 when it would not fit, and when the planner cannot tell (verdict
     uncertain) unless --uncertain-ok accepts that. None when the plan may load."""

@@ -34,6 +34,7 @@ def chiplet_view(ctx: Ctx, items: list[MemoryItem], kv: dict[str, Any], tensor_b
     usable_chiplet = ctx.usable // chiplets
     return {
         "count": chiplets,
+        "loads_bytes": loads,
         "usable_per_chiplet_bytes": usable_chiplet,
         "fullest_bytes": fullest,
         "free_bytes": usable_chiplet - fullest,

@@ -123,6 +123,15 @@ def evaluate(ctx: Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryReport
         dev.total_low_bytes, dev.total_high_bytes = min(totals), max(totals)
         oks = [o.ok for o in others]
         dev.verdict = FITS if all(oks) else DOES_NOT_FIT if not any(oks) else UNCERTAIN
+        split = _split_here(resolved, placement, dev.device)
+        if split and dev.verdict == FITS:
+            dev.verdict = UNCERTAIN
+            dev.notes.append(
+                f"at most uncertain: {' and '.join(split)} on this device, and optimum-rbln splits nothing in Python "
+                "(modeling_base.py passes num_devices to rebel.compile_from_torch): the compiler decides the "
+                "split, so the planner cannot vouch for it (it fits even with norms, lm_head and inputs whole on "
+                "every device)"
+            )
         chip_high = max(o.chiplets["fullest_bytes"] for o in others)
         chip_low = min(o.chiplets["fullest_bytes"] for o in others)
         dev.chiplets["fullest_low_bytes"], dev.chiplets["fullest_high_bytes"] = chip_low, chip_high
@@ -145,6 +154,18 @@ def evaluate(ctx: Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryReport
     low_kv, high_kv = runs["low"].kv["num_blocks"], runs["high"].kv["num_blocks"]
     report.kv["num_blocks_range"] = [min(low_kv, high_kv, report.kv["num_blocks"]), max(low_kv, high_kv)]
     return report
+
+
+def _split_here(resolved: Any, placement: dict[str, Any], dev: int) -> list[str]:
+    """The submodules compiled for more than one device that have a share on ``dev``."""
+    lm_devs = device_list(placement["device"])
+    vis_devs = device_list(placement.get("visual_device", placement["device"]))
+    out = []
+    if getattr(resolved, "num_devices", 1) > 1 and dev in lm_devs:
+        out.append(f"the LM split over num_devices={resolved.num_devices}")
+    if getattr(resolved, "visual_num_devices", 1) > 1 and dev in vis_devs:
+        out.append(f"the ViT split over visual.num_devices={resolved.visual_num_devices}")
+    return out
 
 
 def _failure_note(

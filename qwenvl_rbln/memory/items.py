@@ -33,20 +33,48 @@ from qwenvl_rbln.memory.workspaces import (
 )
 from qwenvl_rbln.planning.catalogue.devices import MiB
 
+SPLIT_NOTE = (
+    "num_devices {n}: optimum-rbln splits nothing in Python (modeling_base.py passes num_devices to "
+    "rebel.compile_from_torch) and the compiler decides"
+)
+
+
+def _split(total: int, replicated: int, n: int, scenario: str) -> int:
+    """One device's share of ``total`` bytes over ``n`` devices: an even split, except at the high end, where
+    the ``replicated`` part (norms, lm_head, inputs) sits whole on every device."""
+    if n <= 1:
+        return total
+    if scenario == "high":
+        return replicated + -(-(total - replicated) // n)
+    return -(-total // n)
+
+
+def _lm_replicated_params(g: Any) -> int:
+    """What a split cannot shard below one copy per device: every RMSNorm (per layer, q/k norms, final) and lm_head."""
+    t = g.text
+    lp = lm_params(t)
+    return lp["norm"] + lp["lm_head"] + t.num_hidden_layers * (2 * t.hidden_size + 2 * t.head_dim)
+
 
 def _lm_weights_item(ctx: Ctx, resolved: Any, n_lm: int) -> MemoryItem:
     g = ctx.geometry
     lp = lm_params(g.text)
     q = quant(resolved)
+    split_note = (
+        f"; {SPLIT_NOTE.format(n=n_lm)}: low = an even split, high = norms and lm_head whole on every device"
+        if n_lm > 1
+        else ""
+    )
     if not q:
         d = ctx.dtype_bytes
         return MemoryItem(
             "lm.weights",
-            -(-lp["device"] * d // n_lm),
-            True,
+            _split(lp["device"] * d, _lm_replicated_params(g) * d, n_lm, ctx.scenario),
+            n_lm == 1,
             f"(layers {g.text.num_hidden_layers} x {lp['layer']:,} + norm {lp['norm']:,} + lm_head {lp['lm_head']:,}) "
             f"params x {d} B" + (f" / {n_lm} devices" if n_lm > 1 else ""),
-            f"{lp['device']:,} params; embed_tokens ({lp['embed_tokens_host']:,} params) stays on the host",
+            f"{lp['device']:,} params; embed_tokens ({lp['embed_tokens_host']:,} params) stays on the host"
+            + split_note,
         )
     wbytes = QUANT_WEIGHT_BYTES[q["weights"]]
     if ctx.scenario == "high" and q["weights"] == "int4":
@@ -57,13 +85,13 @@ def _lm_weights_item(ctx: Ctx, resolved: Any, n_lm: int) -> MemoryItem:
     total = int(lp["quantizable"] * wbytes) + scales + rest * rest_d
     return MemoryItem(
         "lm.weights",
-        -(-total // n_lm),
+        _split(total, _lm_replicated_params(g) * rest_d, n_lm, ctx.scenario),
         False,
         f"quantized q/k/v/o/gate/up/down {lp['quantizable']:,} params x {wbytes:g} B ({q['weights']}) + fp32 "
         f"weight_scale per output channel ({scales:,} B) + the rest ({rest:,} params: norms, lm_head) x {rest_d} B"
         + (f" / {n_lm} devices" if n_lm > 1 else ""),
         "quantization (optimum-rbln 0.12 rbln_quantization.py: QUANTIZED_WEIGHTS, get_quantized_model loads the "
-        "model in float32); modelled from the source, not measured",
+        "model in float32); modelled from the source, not measured" + split_note,
     )
 
 
@@ -114,14 +142,15 @@ def _attention_mask_item(ctx: Ctx, resolved: Any, n_lm: int) -> MemoryItem | Non
     prefill = rows * L * d
     decoders = sum(b * L * d for b in resolved.decoder_batch_sizes)
     total = prefill + decoders
+    whole = prefill if n_lm == 1 or ctx.scenario == "high" else -(-prefill // n_lm)
     return MemoryItem(
         "lm.attention_mask",
-        -(-total // n_lm),
+        _split(total, total, n_lm, ctx.scenario),  # an input: whole on every device at the high end
         True,
         f"prefill attention_mask [1, 1, {rows}, {L}] x {d} B + decoder masks [B, 1, 1, {L}] x {d} B for B in "
         f"{resolved.decoder_batch_sizes}",
         f"use_attention_mask: prefill input {prefill / MiB:.0f} MiB, decoder inputs {decoders / MiB:.1f} MiB",
-        whole=[prefill],
+        whole=[whole],  # split like the item (never more of the tensor than the item holds)
     )
 
 
@@ -179,14 +208,15 @@ def _kv_cache_item(ctx: Ctx, resolved: Any, kv: dict[str, Any], n_lm: int) -> tu
     dtype_note = {1: "fp8 (kv_caches: fp8)", 2: "bf16", 4: "fp32"}.get(kv_d, f"{kv_d} B")
     if quant(resolved) and kv_d == 4:
         dtype_note += " (a quantized model compiles in float32 and its KV follows the model dtype without fp8)"
+    split = f"; {SPLIT_NOTE.format(n=n_lm)}: modelled as the kv heads split over the devices" if n_lm > 1 else ""
     item = MemoryItem(
         "lm.kv_cache",
         kv_total,
-        kv["outcome"] != "partial",
+        kv["outcome"] != "partial" and n_lm == 1,
         f"2 x {g.text.num_hidden_layers} layers x align_2MiB({shown_blocks} blocks x "
         f"{-(-g.text.num_key_value_heads // n_lm)} kv_heads x {kv['block_size']} x {g.text.head_dim} x {kv_d} B) "
         f"= {kv['tensors']} x {tensor_bytes / MiB:.0f} MiB",
-        _kv_note(resolved, kv) + f"; {per_block * kv['tensors'] / MiB:.0f} MiB per block; {dtype_note}",
+        _kv_note(resolved, kv) + f"; {per_block * kv['tensors'] / MiB:.0f} MiB per block; {dtype_note}" + split,
     )
     return item, tensor_bytes
 
@@ -196,12 +226,19 @@ def build_lm_items(ctx: Ctx, resolved: Any, n_lm: int) -> tuple[list[MemoryItem]
     bytes."""
     lm_weights = _lm_weights_item(ctx, resolved, n_lm)
     lm_ws_total, lm_ws = _lm_workspace_item(ctx, resolved)
-    lm_ws.bytes = -(-lm_ws_total // n_lm)
+    lm_ws.bytes = _split(lm_ws_total, lm_ws_total, n_lm, ctx.scenario)  # high: activations replicated
     mask = _attention_mask_item(ctx, resolved, n_lm)
     lm_nonkv = lm_weights.bytes + lm_ws.bytes + (mask.bytes if mask else 0)
     kv = kv_blocks(ctx, resolved, lm_nonkv, n_lm)
     lm_kv, tensor_bytes = _kv_cache_item(ctx, resolved, kv, n_lm)
     return [lm_weights, lm_kv, lm_ws] + ([mask] if mask else []), kv, tensor_bytes
+
+
+def _vit_replicated_params(g: Any) -> int:
+    """The ViT's LayerNorms (2 per block, the merger's, the deepstack mergers'): whole on every device at worst."""
+    v = g.vision
+    merged = v.hidden_size * v.spatial_merge_size**2
+    return v.depth * 2 * 2 * v.hidden_size + 2 * v.hidden_size + v.num_deepstack * 2 * merged
 
 
 def build_visual_items(ctx: Ctx, resolved: Any, n_vis: int) -> list[MemoryItem]:
@@ -211,18 +248,27 @@ def build_visual_items(ctx: Ctx, resolved: Any, n_vis: int) -> list[MemoryItem]:
     vis_w = vp["device"] * d
     vis_weights = MemoryItem(
         "visual.weights",
-        -(-vis_w // n_vis),
-        not quant(resolved),
+        _split(vis_w, _vit_replicated_params(g) * d, n_vis, ctx.scenario),
+        not quant(resolved) and n_vis == 1,
         f"({g.vision.depth} blocks x {vp['block']:,} + merger {vp['merger']:,} + {g.vision.num_deepstack} deepstack "
         f"mergers {vp['deepstack_mergers']:,}) params x {d} B" + (f" / {n_vis} devices" if n_vis > 1 else ""),
         f"{vp['device']:,} params; patch_embed ({vp['patch_embed_host']:,}) and pos_embed "
         f"({vp['pos_embed_host']:,}) stay on the host"
-        + ("; fp32: a quantized model is loaded in float32 and the ViT is not quantized" if quant(resolved) else ""),
+        + ("; fp32: a quantized model is loaded in float32 and the ViT is not quantized" if quant(resolved) else "")
+        + (
+            f"; {SPLIT_NOTE.format(n=n_vis)}: low = an even split, high = norms whole on every device"
+            if n_vis > 1
+            else ""
+        ),
     )
     if quant(resolved) and ctx.scenario == "low":
         vis_weights.bytes = -(-vp["device"] * 2 // n_vis)
     vis_ws = _visual_workspace_item(ctx, resolved)
-    vis_ws.bytes = -(-vis_ws.bytes // n_vis)
+    if n_vis > 1 and ctx.scenario != "high":  # high: the compiler may keep the activations whole on each device
+        vis_ws.bytes = -(-vis_ws.bytes // n_vis)
+        # Its single tensors are split like the item (a [heads, S, S] buffer by heads over the devices); dividing
+        # the total but not its tensors made the rest negative and the chiplet loads below zero.
+        vis_ws.whole = [-(-w // n_vis) for w in vis_ws.whole]
     return [vis_weights, vis_ws]
 
 

@@ -18,7 +18,13 @@ from typing import Any
 
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.planning.catalogue.devices import NpuSpec, npu_spec
-from qwenvl_rbln.planning.catalogue.modelinfo import ModelGeometry, load_geometry, processor_defaults
+from qwenvl_rbln.planning.catalogue.modelinfo import (
+    ModelGeometry,
+    load_geometry,
+    model_directory,
+    processor_defaults,
+)
+from qwenvl_rbln.planning.checkpoint_scales import check_scales
 from qwenvl_rbln.planning.lm.resolved import ResolvedLM
 from qwenvl_rbln.planning.presets import LoadedPreset, closest, load_preset
 
@@ -309,6 +315,7 @@ def plan_from_loaded(loaded: LoadedPreset, *, model: str | None = None, output_d
     warnings.extend(geo_warnings)
 
     resolved = ResolvedLM.from_preset(chk, rbln, visual, spec, geometry, warnings)
+    warnings.extend(check_scales(model_directory(model_id), resolved.quantization, model_id))
 
     # Compile dict: the preset's rbln_config, exactly, plus the target NPU at the top level.
     compile_cfg = copy.deepcopy(rbln)

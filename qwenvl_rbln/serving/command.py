@@ -16,6 +16,7 @@ from qwenvl_rbln.artifacts.layout import compile_target, placement_from_artifact
 from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.paths import user_path
+from qwenvl_rbln.planning.catalogue.multi_device import multi_device_refusal
 from qwenvl_rbln.serving.flags import check_pass_through
 from qwenvl_rbln.serving.options import PACKING_ENV, PLUGIN_GROUP, PLUGIN_NAME, Artifact, Launch, ServeOptions
 from qwenvl_rbln.serving.preflight import ok, preflight
@@ -55,8 +56,11 @@ def _ids(value: Any, n: int, flag: str) -> list[int]:
     return list(range(value, value + n))  # an int with num_devices > 1: that many consecutive devices
 
 
-def placement(art: Artifact, device: Any, visual_device: Any, preset_placement: dict | None) -> dict[str, Any]:
-    """Requested LM/ViT devices (default: as compiled), RBLN_VISIBLE_DEVICES and the overrides vllm-rbln reads."""
+def placement(
+    art: Artifact, device: Any, visual_device: Any, preset_placement: dict | None, force: bool = False
+) -> dict[str, Any]:
+    """Requested LM/ViT devices (default: as compiled), RBLN_VISIBLE_DEVICES and the overrides vllm-rbln reads;
+    a submodule compiled for num_devices > 1 on a Rebel100 is refused unless ``force``."""
     recorded = placement_from_artifact(art.cfg, art.manifest)
     source = recorded.pop("source")
     if source != MANIFEST_NAME and preset_placement:
@@ -69,6 +73,9 @@ def placement(art: Artifact, device: Any, visual_device: Any, preset_placement: 
     else:
         vis = lm
     target = compile_target(art.cfg, art.manifest)
+    refusal = multi_device_refusal(target["npu"], target["num_devices"], target["visual_num_devices"], "qvl serve")
+    if refusal is not None and not force:
+        raise refusal
     lm_ids = _ids(lm, target["num_devices"], "--device")
     vis_ids = _ids(vis, target["visual_num_devices"], "--visual-device")
     visible = sorted(set(lm_ids) | set(vis_ids))
@@ -160,7 +167,7 @@ def serve_command(opts: ServeOptions, environ: Mapping[str, str]) -> tuple[Launc
     plan = _preset_plan(opts.preset)
     checks = list(art.checks)
     replaced = check_pass_through(opts.extra, art, SERVE_OWNED)
-    where = placement(art, opts.device, opts.visual_device, getattr(plan, "placement", None))
+    where = placement(art, opts.device, opts.visual_device, getattr(plan, "placement", None), opts.force)
     env = _placement_env(where, environ, checks)
     cfg = art.cfg
     argv = ["vllm", "serve", str(art.root), "--host", opts.host, "--port", str(opts.port)]

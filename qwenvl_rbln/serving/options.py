@@ -80,6 +80,7 @@ class ServeOptions:
     served_model_name: str | None = None
     vit_packing: bool | None = None  # None: the manifest's / preset's runtime.vit_packing, else on
     extra: list[str] = field(default_factory=list)
+    force: bool = False  # serve a num_devices > 1 artifact on a Rebel100 anyway
 
 
 @dataclass

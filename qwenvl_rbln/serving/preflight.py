@@ -72,7 +72,7 @@ def preflight(directory: Path, *, verify_hashes: bool = True) -> Artifact:
     cfg, manifest = _load(root, checks)
     _check_config(cfg, root / RBLN_CONFIG_NAME, checks)
     _check_graphs(root, cfg, checks)
-    _check_processor(root, checks)
+    _check_processor(root, checks, _source_model(manifest))
     if manifest is None:
         ok(checks, "manifest hashes", "no qvl-manifest.json: edits after compile cannot be detected")
     elif verify_hashes:
@@ -192,14 +192,21 @@ def _check_graphs(root: Path, cfg: dict[str, Any], checks: list[dict[str, Any]])
     ok(checks, "graph files", ", ".join(graphs))
 
 
-def _check_processor(root: Path, checks: list[dict[str, Any]]) -> None:
+def _source_model(manifest: dict[str, Any] | None) -> str:
+    """The model the artifact was compiled from (the manifest's id), for the hints that say where to copy from."""
+    model = (manifest or {}).get("model")
+    ident = model.get("id") if isinstance(model, dict) else None
+    return ident if isinstance(ident, str) and ident else "the model it was compiled from"
+
+
+def _check_processor(root: Path, checks: list[dict[str, Any]], source: str) -> None:
     """What vLLM loads from --model: processor config, tokenizer, chat template."""
     for what, groups in PROCESSOR_GROUPS:
         if _missing_group(root, groups):
             names = " or ".join("+".join(g) for g in groups)
             raise InputError(
                 f"{root}: no {what} file ({names}); vLLM loads the processor from the artifact directory",
-                f"copy it from the source model directory (e.g. Qwen/Qwen3-VL-2B-Instruct) into {root}",
+                f"copy it from the source model directory ({source}) into {root}",
             )
     template = _has_chat_template(root)
     if template is None:

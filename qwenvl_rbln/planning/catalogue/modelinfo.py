@@ -1,9 +1,10 @@
 """Model geometry: the numbers every planner needs, read from config.json or built in.
 
-Reading a local config.json is the truth, for any dense Qwen3-VL size. The built-in table exists so
-a build host can plan a hub id (no downloads ever) before the weights are on disk, and it holds only
-model ids whose config facts are cited below; any other id without a local config.json is refused
-(exit 2) rather than planned with another model's numbers.
+Reading a config.json is the truth, for any dense Qwen3-VL size: a local directory's, or the one in the
+local Hugging Face cache for a hub id (``hub.py``: the checkpoint that will be compiled). The built-in table
+exists so a build host can plan a hub id before the weights are on disk, and it holds only model ids whose
+config facts are cited below; any other id with neither a local nor a cached config.json (nor one a dry run
+could fetch) is refused (exit 2) rather than planned with another model's numbers.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.paths import user_path
+from qwenvl_rbln.planning.catalogue.hub import HubSnapshot, cached_snapshot, fetch_config, is_hub_id
 
 TINY_MODEL_ID = "qvl:tiny"
 
@@ -55,21 +57,54 @@ class ModelGeometry:
     vision: VisionGeometry
     dtype_bytes: int = 2  # bf16 on the NPU
     source: str = "built-in"
+    snapshot: HubSnapshot | None = None  # the Hugging Face cache snapshot config.json was read from, if any
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "source": self.source, "text": asdict(self.text), "vision": asdict(self.vision)}
+        out = {"name": self.name, "source": self.source, "text": asdict(self.text), "vision": asdict(self.vision)}
+        if self.snapshot is not None:
+            out["snapshot"] = self.snapshot.to_dict()
+        return out
 
 
+# Config facts of the dense Qwen3-VL family, from shared/reference/qwen3-vl-family.md (sections 1, 3, 7), each
+# seen in at least two independent copies of the model's config.json:
+# - every size: head_dim 128, vocab 151936, max_position_embeddings 262144; vision 16 heads, patch 16, merge 2,
+#   temporal patch 2, 2304 position embeddings, 3 deepstack mergers; out_hidden_size = the text hidden size.
+# - 2B  text 2048 / 28 layers / 16 q / 8 kv heads / intermediate 6144, tied; vision depth 24, hidden 1024,
+#   intermediate 4096, deepstack [5, 11, 17] ([TT] torchtitan qwen3_vl, [XI] xorbitsai/inference#4592; also
+#   shared/reference/optimum-rbln-0.12-qwen3vl.md section 6).
+# - 4B  text 2560 / 36 / 32 / 8 / 9728, tied; vision as the 2B ([SE4] swedishembedded/brain qwen3vl config.rs,
+#   [DS] a verbatim 4B config.json copy).
+# - 8B  text 4096 / 36 / 32 / 8 / 12288, untied; vision depth 27, hidden 1152, intermediate 4304, deepstack
+#   [8, 16, 24] ([TT], [XT] InternLM/xtuner qwen3_vl_config.py, [BL]); untied is also what the published 8.77B
+#   parameter total requires.
+# - 32B text 5120 / 64 / 64 / 8 / 25600, untied; vision as the 8B ([IT] a block-level check against the 32B
+#   config.json, [MX] MiniMax-H3's SHIPPED_CONFIG test).
+# - -Thinking: the same architecture as -Instruct (same classes, parameter totals and GQA in every listing that
+#   gives both, reference section 7); only the chat template and generation config differ.
+# Parameter totals and the LM bytes the optimum-rbln 0.12 audit found (4B 8,044,936,192 B, 8B 15,136,811,008 B,
+# 32B 63,968,421,888 B) are pinned by tests/test_family.py.
+_VIT_SMALL = dict(depth=24, hidden_size=1024, num_heads=16, intermediate_size=4096)
+_VIT_LARGE = dict(depth=27, hidden_size=1152, num_heads=16, intermediate_size=4304)
 QWEN3_VL_2B = ModelGeometry(
     name="Qwen3-VL-2B",
     text=TextGeometry(2048, 28, 16, 8, 128, 6144, 151936, 262144, True),
-    vision=VisionGeometry(depth=24, hidden_size=1024, num_heads=16, intermediate_size=4096, out_hidden_size=2048),
+    vision=VisionGeometry(**_VIT_SMALL, out_hidden_size=2048),
 )
-# Another Qwen3-VL shape, for tests of the formulas only: its numbers are not cited, so no model id maps to it.
+QWEN3_VL_4B = ModelGeometry(
+    name="Qwen3-VL-4B",
+    text=TextGeometry(2560, 36, 32, 8, 128, 9728, 151936, 262144, True),
+    vision=VisionGeometry(**_VIT_SMALL, out_hidden_size=2560),
+)
 QWEN3_VL_8B = ModelGeometry(
     name="Qwen3-VL-8B",
     text=TextGeometry(4096, 36, 32, 8, 128, 12288, 151936, 262144, False),
-    vision=VisionGeometry(depth=27, hidden_size=1152, num_heads=16, intermediate_size=4304, out_hidden_size=4096),
+    vision=VisionGeometry(**_VIT_LARGE, out_hidden_size=4096),
+)
+QWEN3_VL_32B = ModelGeometry(
+    name="Qwen3-VL-32B",
+    text=TextGeometry(5120, 64, 64, 8, 128, 25600, 151936, 262144, False),
+    vision=VisionGeometry(**_VIT_LARGE, out_hidden_size=5120),
 )
 # Geometry of the offline tiny model (qvl tiny-model), used when it has not been created yet.
 QWEN3_VL_TINY = ModelGeometry(
@@ -79,13 +114,14 @@ QWEN3_VL_TINY = ModelGeometry(
     dtype_bytes=4,
 )
 
-# Hub ids (compared case-insensitively) -> built-in geometry, each with the source of its config facts.
-# Qwen/Qwen3-VL-2B-Instruct config.json: text hidden 2048, 28 layers, 16 heads, 8 kv heads, head_dim 128,
-# intermediate 6144, vocab 151936, max_position_embeddings 262144, tied embeddings; vision depth 24, hidden 1024,
-# 16 heads, intermediate 4096, out_hidden 2048, deepstack [5, 11, 17] (shared/reference/optimum-rbln-0.12-qwen3vl.md
-# section 6; parameter totals checked against transformers 5.15.1 modules in tests/test_memory.py).
-BUILTIN = {"qwen/qwen3-vl-2b-instruct": QWEN3_VL_2B}
-BUILTIN_IDS = {"qwen/qwen3-vl-2b-instruct": "Qwen/Qwen3-VL-2B-Instruct"}
+# Hub ids (compared case-insensitively) -> built-in geometry (sources above).
+DENSE_FAMILY = {"2B": QWEN3_VL_2B, "4B": QWEN3_VL_4B, "8B": QWEN3_VL_8B, "32B": QWEN3_VL_32B}
+BUILTIN_IDS = {
+    f"qwen/qwen3-vl-{size.lower()}-{kind.lower()}": f"Qwen/Qwen3-VL-{size}-{kind}"
+    for size in DENSE_FAMILY
+    for kind in ("Instruct", "Thinking")
+}
+BUILTIN = {key: DENSE_FAMILY[hub_id.split("-")[2]] for key, hub_id in BUILTIN_IDS.items()}
 MOE_MODEL_TYPE = "qwen3_vl_moe"
 
 
@@ -176,6 +212,8 @@ def read_model_config(path: Path) -> dict[str, Any]:
 def load_geometry(model: str, what: str = "--model") -> tuple[ModelGeometry, list[str]]:
     """Geometry for a model id or directory, plus warnings about how it was obtained.
 
+    A hub id reads, in order: its config.json in the local Hugging Face cache (the checkpoint that will be
+    compiled), the built-in table, config.json alone fetched from the hub (only when HF_HUB_OFFLINE is unset).
     ``what`` names where the id came from (``--model`` or the preset's ``model`` key) for the refusal.
     """
     path = resolve_model_path(model)
@@ -184,23 +222,48 @@ def load_geometry(model: str, what: str = "--model") -> tuple[ModelGeometry, lis
     if path is not None:
         cfg = read_model_config(path)
         return geometry_from_config(cfg, name=path.name, source=str(path / "config.json")), []
+    snap = cached_snapshot(model)
+    if snap is not None:
+        return _from_snapshot(snap, "the local Hugging Face cache"), []
     key = model.strip().lower()
     if key in BUILTIN:
         geom = BUILTIN[key]
         return replace(geom, source=f"built-in numbers for {BUILTIN_IDS[key]} (config facts cited in modelinfo.py)"), []
-    ids = ", ".join(BUILTIN_IDS[k] for k in BUILTIN)
+    why = "not a hub id"
+    if is_hub_id(model):
+        snap, why = fetch_config(model)
+        if snap is not None:
+            geom = _from_snapshot(snap, "the hub (config.json alone, no weights)")
+            return geom, [f"{model}: config.json fetched from the hub into the local cache (no weights)"]
+    ids = ", ".join(dict.fromkeys(BUILTIN_IDS[k] for k in BUILTIN))
     raise InputError(
-        f"{what}={model!r}: no local config.json and no built-in geometry for it (built-in, with cited config "
-        f"facts: {ids}); qvl does not plan one model with another model's numbers",
+        f"{what}={model!r}: no local config.json, none in the Hugging Face cache ({why}) and no built-in geometry "
+        f"for it (built-in, with cited config facts: {ids}); qvl does not plan one model with another model's numbers",
         f"pass {'--model' if what == '--model' else 'model: (or --model)'} DIR, a directory holding the model's "
-        "config.json (e.g. its downloaded snapshot)",
+        f"config.json, or put it in the cache first (`hf download {model} config.json`)",
     )
+
+
+def _from_snapshot(snap: HubSnapshot, where: str) -> ModelGeometry:
+    cfg = read_model_config(snap.path)
+    geom = geometry_from_config(cfg, name=snap.repo_id.split("/")[-1], source=str(snap.path / "config.json"))
+    source = f"{snap.path / 'config.json'} ({where}: {snap.repo_id} snapshot {snap.revision})"
+    return replace(geom, source=source, snapshot=snap)
+
+
+def model_directory(model: str) -> Path | None:
+    """The local directory a model's files are read from: a local path, or a hub id's cached snapshot."""
+    path = resolve_model_path(model)
+    if path is not None:
+        return path
+    snap = cached_snapshot(model)
+    return snap.path if snap is not None else None
 
 
 def processor_defaults(model: str) -> dict[str, int]:
     """Pixel caps from a local preprocessor_config.json when present, else Qwen3-VL's shipped values."""
     caps = {"min_pixels": 65536, "max_pixels": 16777216, "video_min_pixels": 4096, "video_max_pixels": 25165824}
-    path = resolve_model_path(model)
+    path = model_directory(model)
     if path is None:
         return caps
     for fname, lo, hi in (
