@@ -13,11 +13,11 @@ from qwenvl_rbln.memory import calibration as cal
 from qwenvl_rbln.memory.calibration import model_key
 from qwenvl_rbln.memory.context import Ctx, model_dtype, quant
 from qwenvl_rbln.memory.kv import kv_block_bytes_per_tensor, kv_blocks, kv_tensor_bytes
+from qwenvl_rbln.memory.moe import glu_workspace_item, weights_formula, weights_note
 from qwenvl_rbln.memory.params import (
     QUANT_MODEL_DTYPE,
     QUANT_WEIGHT_BYTES,
     lm_params,
-    quantized_out_features,
     vision_params,
 )
 from qwenvl_rbln.memory.report import MemoryItem, fmt_gib
@@ -38,6 +38,12 @@ def _lm_weights_item(ctx: Ctx, resolved: Any, n_lm: int) -> MemoryItem:
     g = ctx.geometry
     lp = lm_params(g.text)
     q = quant(resolved)
+    if not q and g.text.moe is not None:
+        d = ctx.dtype_bytes
+        div = f" / {n_lm} devices" if n_lm > 1 else ""
+        return MemoryItem(
+            "lm.weights", -(-lp["device"] * d // n_lm), True, weights_formula(g, lp, d) + div, weights_note(lp)
+        )
     if not q:
         d = ctx.dtype_bytes
         return MemoryItem(
@@ -52,7 +58,7 @@ def _lm_weights_item(ctx: Ctx, resolved: Any, n_lm: int) -> MemoryItem:
     if ctx.scenario == "high" and q["weights"] == "int4":
         wbytes = 1.0  # if the compiler kept int4 weights in int8 containers
     rest_d = 2 if ctx.scenario == "low" else QUANT_MODEL_DTYPE
-    scales = g.text.num_hidden_layers * quantized_out_features(g.text) * QUANT_MODEL_DTYPE
+    scales = lp["scale_channels"] * QUANT_MODEL_DTYPE
     rest = lp["device"] - lp["quantizable"]
     total = int(lp["quantizable"] * wbytes) + scales + rest * rest_d
     return MemoryItem(
@@ -60,7 +66,9 @@ def _lm_weights_item(ctx: Ctx, resolved: Any, n_lm: int) -> MemoryItem:
         -(-total // n_lm),
         False,
         f"quantized q/k/v/o/gate/up/down {lp['quantizable']:,} params x {wbytes:g} B ({q['weights']}) + fp32 "
-        f"weight_scale per output channel ({scales:,} B) + the rest ({rest:,} params: norms, lm_head) x {rest_d} B"
+        f"weight_scale per output channel ({scales:,} B) + the rest ({rest:,} params: norms, lm_head"
+        + (", experts, router" if g.text.moe is not None else "")
+        + f") x {rest_d} B"
         + (f" / {n_lm} devices" if n_lm > 1 else ""),
         "quantization (optimum-rbln 0.12 rbln_quantization.py: QUANTIZED_WEIGHTS, get_quantized_model loads the "
         "model in float32); modelled from the source, not measured",
@@ -198,10 +206,12 @@ def build_lm_items(ctx: Ctx, resolved: Any, n_lm: int) -> tuple[list[MemoryItem]
     lm_ws_total, lm_ws = _lm_workspace_item(ctx, resolved)
     lm_ws.bytes = -(-lm_ws_total // n_lm)
     mask = _attention_mask_item(ctx, resolved, n_lm)
-    lm_nonkv = lm_weights.bytes + lm_ws.bytes + (mask.bytes if mask else 0)
+    moe_ws = glu_workspace_item(ctx, resolved, n_lm)  # Qwen3-VL-MoE only
+    extra = [i for i in (mask, moe_ws) if i is not None]
+    lm_nonkv = lm_weights.bytes + lm_ws.bytes + sum(i.bytes for i in extra)
     kv = kv_blocks(ctx, resolved, lm_nonkv, n_lm)
     lm_kv, tensor_bytes = _kv_cache_item(ctx, resolved, kv, n_lm)
-    return [lm_weights, lm_kv, lm_ws] + ([mask] if mask else []), kv, tensor_bytes
+    return [lm_weights, lm_kv, lm_ws] + extra, kv, tensor_bytes
 
 
 def build_visual_items(ctx: Ctx, resolved: Any, n_vis: int) -> list[MemoryItem]:

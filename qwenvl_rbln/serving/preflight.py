@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.artifacts.emulated import emulated_graph_files, manifest_marks_emulated
-from qwenvl_rbln.artifacts.layout import QWEN3_VL_CONFIG_CLS, expected_graph_names, read_json
+from qwenvl_rbln.artifacts.layout import QWEN3_VL_CONFIG_CLSES, expected_graph_names, read_json
 from qwenvl_rbln.artifacts.manifest import (
     MANIFEST_NAME,
     RBLN_CONFIG_NAME,
@@ -115,9 +115,9 @@ def _load(root: Path, checks: list[dict[str, Any]]) -> tuple[dict[str, Any], dic
 def _check_config(cfg: dict[str, Any], path: Path, checks: list[dict[str, Any]]) -> None:
     """Qwen3-VL, optimum-rbln 0.12.x, and every key vllm-rbln asserts on."""
     cls_name = cfg.get("cls_name")
-    if cls_name != QWEN3_VL_CONFIG_CLS:
+    if cls_name not in QWEN3_VL_CONFIG_CLSES:
         raise InputError(
-            f"{path}: cls_name={cls_name!r}, not {QWEN3_VL_CONFIG_CLS} (not a Qwen3-VL artifact)",
+            f"{path}: cls_name={cls_name!r}, not {' or '.join(QWEN3_VL_CONFIG_CLSES)} (not a Qwen3-VL artifact)",
             "serve a Qwen3-VL artifact compiled by `qvl compile` (or optimum-rbln 0.12 for Qwen3-VL)",
         )
     ok(checks, "cls_name", str(cls_name))
