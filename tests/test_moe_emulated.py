@@ -104,6 +104,22 @@ def test_compile_uses_the_moe_class_and_the_expert_op(art: Path):
         assert header.count('"rbln_custom_ops::custom_moe_glu.default"') == 2, graph
 
 
+def test_the_planner_counts_the_weights_the_compiled_graph_holds(art: Path):
+    """Every expert of every sparse layer, the routers, the dense layer's MLP, attention, norms and lm_head: the
+    planner's lm.weights for the tiny MoE (fp32) equals the tensors of the emulated prefill graph (0-d constants,
+    the attention scales, aside)."""
+    from qwenvl_rbln.backends.emulator.graph import load_file
+    from qwenvl_rbln.memory.params import lm_params
+    from qwenvl_rbln.planning.catalogue.modelinfo import load_geometry
+
+    header, tensors = load_file(art / "prefill.rbln")
+    aliases = header.get("aliases") or {}
+    held = sum(t.numel() * t.element_size() for k, t in tensors.items() if k not in aliases and t.dim() > 0)
+    geometry, _ = load_geometry(str(art))
+    assert geometry.text.moe is not None
+    assert held == lm_params(geometry.text)["device"] * 4
+
+
 def test_load_check_accepts_the_moe_artifact(art: Path, capsys):
     code, out, err = run_main(["load-check", str(art), "--emulate", "--json"], capsys)
     assert code == 0, err
@@ -183,3 +199,41 @@ def test_negative_control_wrong_routing_renormalisation_fails(art_wrong_routing,
     _, logits = _emulated_logits(art_wrong_routing, logits_inputs)
     _, ref_logits = reference_logits
     assert (logits - ref_logits).abs().max().item() > 1e-2
+
+
+# ------------------------------------------------------------------------------------- the op on its own
+
+
+def test_custom_moe_glu_equals_transformers_sparse_moe_block():
+    """The emulated op, called as optimum-rbln calls it, against transformers' Qwen3VLMoeTextSparseMoeBlock."""
+    import torch
+    from optimum.rbln.transformers.utils.moe import compute_masked_routing_weight_softmax_first, split_fused_experts
+    from transformers.models.qwen3_vl_moe.configuration_qwen3_vl_moe import Qwen3VLMoeTextConfig
+    from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeTextSparseMoeBlock
+
+    cfg = Qwen3VLMoeTextConfig(hidden_size=32, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=16)
+    torch.manual_seed(0)
+    block = Qwen3VLMoeTextSparseMoeBlock(cfg).eval()
+    for p in block.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    x = torch.randn(1, 7, 32)
+    with torch.no_grad():
+        want = block(x)[0]
+        logits = torch.nn.functional.linear(x[0], block.gate.weight)
+        gate, up, down = split_fused_experts(block.experts)
+        routing = compute_masked_routing_weight_softmax_first(logits, top_k=2, renormalize=True)
+        got = torch.ops.rbln_custom_ops.custom_moe_glu(
+            hidden_states=x[0],
+            gate_proj_weight=gate,
+            up_proj_weight=up,
+            down_proj_weight=down,
+            masked_routing_weight=routing,
+            hidden_act="silu",
+        )
+        assert (got - want).abs().max().item() < 1e-5
+        assert ((routing > 0).sum(dim=0) == 2).all()  # top-2 of 6 experts per token
+        wrong = compute_masked_routing_weight_softmax_first(logits, top_k=2, renormalize=False)
+        off = torch.ops.rbln_custom_ops.custom_moe_glu(x[0], gate, up, down, wrong, "silu")
+        assert (off - want).abs().max().item() > 1e-2
+        with pytest.raises(NotImplementedError, match="gelu"):
+            torch.ops.rbln_custom_ops.custom_moe_glu(x[0], gate, up, down, routing, "gelu")
