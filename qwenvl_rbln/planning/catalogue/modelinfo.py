@@ -225,6 +225,22 @@ def geometry_from_config(cfg: dict[str, Any], name: str, source: str) -> ModelGe
     return ModelGeometry(name=name, text=tg, vision=vg, dtype_bytes=4 if "32" in dtype else 2, source=source)
 
 
+def moe_summary(geometry: ModelGeometry) -> str | None:
+    """The numbers in which a Qwen3-VL-MoE differs from the dense models, in one line (None for a dense model):
+    bucket-plan, load-check and serve print it, because its ViT (depth 27, hidden 1152) and ``out_hidden_size``
+    are not the 2B's."""
+    t, v, m = geometry.text, geometry.vision, geometry.text.moe
+    if m is None:
+        return None
+    sparse = m.sparse_layers(t.num_hidden_layers)
+    return (
+        f"{geometry.name}: Qwen3-VL-MoE, {t.num_hidden_layers} layers ({sparse} with {m.num_experts} experts, top "
+        f"{m.num_experts_per_tok}, moe_intermediate_size {m.moe_intermediate_size}), hidden {t.hidden_size}, "
+        f"{t.num_attention_heads} q / {t.num_key_value_heads} KV heads; ViT depth {v.depth}, hidden {v.hidden_size}, "
+        f"out_hidden_size {v.out_hidden_size}"
+    )
+
+
 def read_model_config(path: Path) -> dict[str, Any]:
     cfg_path = path / "config.json"
     if not path.is_dir():
