@@ -217,3 +217,20 @@ def test_235b_dry_run_exits_4_without_a_suggestion():
         'quantization={"weights":"int8"}',
     )
     assert quant.exit_code == 4 and json.loads(quant.stdout)["memory"]["suggestions"] == []
+
+
+def test_more_rebel100s_do_not_make_235b_fit():
+    """One model spans one Rebel100 in optimum-rbln 0.12: num_devices=4 does not split the experts in the plan."""
+    plan = build_plan("rebel100-1npu", ["num_devices=4", "placement.visual_device=4"], model=ID_235B)
+    report = estimate_plan(plan)
+    assert report.verdict == "does_not_fit" and report.suggestions == []
+    weights = _item(report, "lm.weights")
+    assert weights.bytes == lm_params(QWEN3_VL_235B_A22B.text)["device"] * 2 and "one Rebel100" in weights.note
+
+
+def test_30b_a3b_dry_run_exits_0():
+    for preset in ("rebel100-30b-a3b", "rebel100-30b-a3b-vit-npu1"):
+        res = run_qvl("compile", "--dry-run", "--json", "-p", preset)
+        assert res.exit_code == 0, res.stderr
+        data = json.loads(res.stdout)
+        assert data["memory"]["verdict"] == "fits" and data["memory"]["suggestions"] == []

@@ -112,3 +112,17 @@ def test_tiny_model_moe_cli(tmp_path: Path):
     assert json.loads(again.stdout)["created"] is False
     dense = run_qvl("tiny-model", str(tmp_path / "m"), "--json")  # another variant in the same place: --force
     assert dense.exit_code == 2 and "--force" in dense.stderr
+
+
+def test_reference_backend_compiles_and_loads_the_tiny_moe(tmp_path: Path, capsys):
+    """cpu-tiny-moe (torch backend): the artifact records the MoE config class, load-check loads it with
+    transformers' Qwen3VLMoeForConditionalGeneration."""
+    out = tmp_path / "ref"
+    res = run_qvl("compile", "--preset", "cpu-tiny-moe", "-o", str(out), "--json")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads((out / "qvl-rbln-config.json").read_text())["cls_name"] == MOE_CLS
+    code, stdout, err = run_main(["load-check", str(out), "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(stdout)
+    assert data["runtime"]["ok"] is True and data["runtime"]["class"] == "Qwen3VLMoeForConditionalGeneration"
+    assert "4 experts, top 2" in data["target"]["model_moe"]

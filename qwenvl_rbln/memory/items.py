@@ -13,7 +13,7 @@ from qwenvl_rbln.memory import calibration as cal
 from qwenvl_rbln.memory.calibration import model_key
 from qwenvl_rbln.memory.context import Ctx, model_dtype, quant
 from qwenvl_rbln.memory.kv import kv_block_bytes_per_tensor, kv_blocks, kv_tensor_bytes
-from qwenvl_rbln.memory.moe import glu_workspace_item, weights_formula, weights_note
+from qwenvl_rbln.memory.moe import glu_workspace_item, moe_weight_shards, weights_formula, weights_note
 from qwenvl_rbln.memory.params import (
     QUANT_MODEL_DTYPE,
     QUANT_WEIGHT_BYTES,
@@ -38,12 +38,14 @@ def _lm_weights_item(ctx: Ctx, resolved: Any, n_lm: int) -> MemoryItem:
     g = ctx.geometry
     lp = lm_params(g.text)
     q = quant(resolved)
+    if g.text.moe is not None:
+        n_lm = moe_weight_shards(ctx, n_lm)  # on a Rebel100 one MoE model is not split over cards (moe.py)
     if not q and g.text.moe is not None:
         d = ctx.dtype_bytes
         div = f" / {n_lm} devices" if n_lm > 1 else ""
-        return MemoryItem(
-            "lm.weights", -(-lp["device"] * d // n_lm), True, weights_formula(g, lp, d) + div, weights_note(lp)
-        )
+        whole = resolved.num_devices > 1 and n_lm == 1
+        note = weights_note(lp) + ("; all of it planned on each LM device: one model spans one Rebel100" * whole)
+        return MemoryItem("lm.weights", -(-lp["device"] * d // n_lm), True, weights_formula(g, lp, d) + div, note)
     if not q:
         d = ctx.dtype_bytes
         return MemoryItem(

@@ -60,6 +60,13 @@ def weights_formula(g: ModelGeometry, lp: dict[str, int], d: int) -> str:
     )
 
 
+def moe_weight_shards(ctx: Ctx, n_lm: int) -> int:
+    """Over how many devices the MoE weights are split: ``num_devices`` on an ATOM; 1 on a Rebel100, where one model
+    spans one card in optimum-rbln 0.12 (its support matrix lists RSD as not supported on Rebel100) and how the
+    compiler would shard custom_moe_glu's expert buffers is unknown, so every device is planned with all of them."""
+    return 1 if ctx.spec.family == "REBEL" else n_lm
+
+
 def weights_note(lp: dict[str, int]) -> str:
     return (
         f"{lp['device']:,} params, of which experts {lp['experts']:,} (every expert on the device as dense "
@@ -119,7 +126,7 @@ def moe_notes(ctx: Ctx, resolved: Any, n_lm: int) -> list[str]:
         f"{fmt_gib(saving)} of the {fmt_gib(bf16)} LM weights ({100 * saving / bf16:.1f} %)"
         + (", and a quantized model is loaded in float32, so the experts may take twice their bf16 size" if q else "")
     ]
-    weights = bf16 // n_lm
+    weights = bf16 // moe_weight_shards(ctx, n_lm)
     if weights > ctx.usable:
         cards = -(-bf16 // ctx.usable)
         notes.append(
