@@ -69,3 +69,19 @@ for flag in --no-vit-packing ""; do
   qvl infer --preset cpu-tiny-rbln --emulate $flag --image "$IMAGE" --image "$IMAGE" --image "$IMAGE" \
     --prompt "Compare them." --max-new-tokens 8 | grep "ViT:"
 done
+
+step "Qwen3-VL-MoE on the emulator: the tiny MoE (4 experts, top 2, one dense layer) through optimum-rbln's RBLNQwen3VLMoeForConditionalGeneration and custom_moe_glu (emulated), against the reference backend"
+qvl tiny-model --moe
+qvl compile --preset cpu-tiny-moe-rbln --emulate --force
+qvl load-check --emulate
+qvl infer --preset cpu-tiny-moe-rbln --emulate --image "$IMAGE" --prompt "Describe this image." --max-new-tokens 24 \
+  --json >"$RUNS/moe-emulated.json"
+qvl compile --preset cpu-tiny-moe --force
+qvl infer --preset cpu-tiny-moe --image "$IMAGE" --prompt "Describe this image." --max-new-tokens 24 \
+  --json >"$RUNS/moe-reference.json"
+qvl compare "$RUNS/moe-emulated.json" "$RUNS/moe-reference.json"
+
+step "Qwen3-VL-30B-A3B on one Rebel100 (every expert in bf16 on the card), and 235B-A22B answered honestly"
+qvl compile --preset rebel100-30b-a3b --dry-run
+qvl compile --preset rebel100-1npu --model Qwen/Qwen3-VL-235B-A22B-Instruct --dry-run >/dev/null \
+  || echo "(exit $?: 235B-A22B does not fit one Rebel100: its weights alone are 437 GiB)"

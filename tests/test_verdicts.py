@@ -103,11 +103,11 @@ def test_dense_32b_from_its_config_json_is_planned_with_its_own_numbers(tmp_path
     assert res.exit_code == 4 and json.loads(res.stdout)["memory"]["verdict"] in ("does_not_fit", "uncertain")
 
 
-def test_qwen3_vl_moe_is_refused_rather_than_miscounted(tmp_path: Path):
+def test_qwen3_vl_moe_without_expert_fields_is_refused_rather_than_counted_dense(tmp_path: Path):
     (tmp_path / "config.json").write_text(json.dumps({**CFG_32B, "model_type": "qwen3_vl_moe"}))
     with pytest.raises(InputError) as exc:
         build_plan("rebel100-1npu", model=str(tmp_path))
-    assert "qwen3_vl_moe" in exc.value.one_line() and "expert" in exc.value.one_line()
+    assert "num_experts" in exc.value.one_line() and "config.json" in exc.value.one_line()
 
 
 # --- 2. quantization -------------------------------------------------------------------------------

@@ -31,6 +31,9 @@ from qwenvl_rbln.planning.lm.resolved import ResolvedLM
 
 EXPECTED_OPTIMUM_RBLN = "0.12.0"
 QWEN3_VL_CONFIG_CLS = "RBLNQwen3VLForConditionalGenerationConfig"
+# Qwen3-VL-MoE (optimum-rbln 0.12: a subclass of the dense config, reached from model_type qwen3_vl_moe)
+QWEN3_VL_MOE_CONFIG_CLS = "RBLNQwen3VLMoeForConditionalGenerationConfig"
+QWEN3_VL_CONFIG_CLSES = (QWEN3_VL_CONFIG_CLS, QWEN3_VL_MOE_CONFIG_CLS)
 
 # A file of the processor and one of the tokenizer must be present (transformers 5 saves
 # processor_config.json; the Qwen hub repos ship preprocessor_config.json).
@@ -241,9 +244,10 @@ def check_layout(artifact_dir: Path, kind: str, cfg: dict[str, Any], manifest: d
 
     if kind == "rbln":
         cls_name = cfg.get("cls_name")
-        if cls_name != QWEN3_VL_CONFIG_CLS:
+        if cls_name not in QWEN3_VL_CONFIG_CLSES:
             problems.append(
-                f"rbln_config.json cls_name={cls_name!r}, not {QWEN3_VL_CONFIG_CLS} (not a Qwen3-VL artifact)"
+                f"rbln_config.json cls_name={cls_name!r}, not {' or '.join(QWEN3_VL_CONFIG_CLSES)} "
+                "(not a Qwen3-VL artifact)"
             )
         version = cfg.get("optimum_rbln_version")
         if version and version != EXPECTED_OPTIMUM_RBLN:

@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln.artifacts.layout import QWEN3_VL_CONFIG_CLS
+from qwenvl_rbln.artifacts.layout import QWEN3_VL_CONFIG_CLS, QWEN3_VL_MOE_CONFIG_CLS
 from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME, TORCH_CONFIG_NAME, list_files
 from qwenvl_rbln.errors import BackendError, DependencyMissing, InputError
 
@@ -40,7 +40,7 @@ def torch_rbln_config(plan: Any, *, dtype: str | None = None) -> dict[str, Any]:
         for name in r.graph_names
     ]
     return {
-        "cls_name": QWEN3_VL_CONFIG_CLS,
+        "cls_name": QWEN3_VL_MOE_CONFIG_CLS if plan.geometry.text.moe is not None else QWEN3_VL_CONFIG_CLS,
         "qvl_backend": "torch",
         "dtype": dtype or "float32",
         "_compile_cfgs": lm_cfgs,
@@ -60,7 +60,9 @@ def torch_rbln_config(plan: Any, *, dtype: str | None = None) -> dict[str, Any]:
         "decoder_batch_sizes": sorted(r.decoder_batch_sizes, reverse=True),
         "memory_budget": r.memory_budget,
         "visual": {
-            "cls_name": "RBLNQwen3VLVisionModelConfig",
+            "cls_name": "RBLNQwen3VLMoeVisionModelConfig"
+            if plan.geometry.text.moe is not None
+            else "RBLNQwen3VLVisionModelConfig",
             "dtype": dtype or "float32",
             "_compile_cfgs": [
                 {

@@ -14,7 +14,8 @@ def _human(console: Console, data: dict[str, Any]) -> None:
 
     verb = "wrote" if data["created"] else "already present:"
     size = render.fmt_bytes(data["total_bytes"])
-    console.print(f"{verb} tiny Qwen3-VL (seed {data['seed']}, {size}) at {data['path']}", markup=False)
+    kind = "Qwen3-VL-MoE" if data.get("moe") else "Qwen3-VL"
+    console.print(f"{verb} tiny {kind} (seed {data['seed']}, {size}) at {data['path']}", markup=False)
     console.print(f"note: {data['note']}", markup=False)
     if not data["created"]:
         console.print("pass --force to rebuild it", markup=False)
@@ -24,11 +25,15 @@ def tiny_model(
     directory: Path | None = typer.Argument(
         None,
         metavar="DIR",
-        help="Where to write it (default: $QVL_HOME/tiny-qwen3-vl, QVL_HOME defaults to ~/.cache/qvl).",
+        help="Where to write it (default: $QVL_HOME/tiny-qwen3-vl, or tiny-qwen3-vl-moe with --moe; QVL_HOME "
+        "defaults to ~/.cache/qvl).",
         show_default=False,
     ),
     seed: int = typer.Option(0, "--seed", help="Seed for the random weights (same seed, same bytes)."),
     force: bool = typer.Option(False, "--force", help="Replace DIR if it already exists and is not empty."),
+    moe: bool = typer.Option(
+        False, "--moe", help="A tiny Qwen3-VL-MoE instead (4 experts, top 2, layer 1 dense): model id qvl:tiny-moe."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
     """Write a tiny Qwen3-VL (real architecture, random weights, full processor) for offline use.
@@ -38,7 +43,7 @@ def tiny_model(
     from qwenvl_rbln.backends.tiny.model import build_or_reuse
     from qwenvl_rbln.views import render
 
-    data = build_or_reuse(directory, seed=seed, force=force, notify=None if as_json else render.info)
+    data = build_or_reuse(directory, seed=seed, force=force, notify=None if as_json else render.info, moe=moe)
     render.emit(data, as_json=as_json, human=_human)
 
 

@@ -103,7 +103,7 @@ def load_reference(model_dir: Path, device: str | None = None) -> tuple[Any, Any
     from qwenvl_rbln.planning.catalogue.modelinfo import read_model_config
 
     model_dir = user_path(model_dir).absolute()
-    read_model_config(model_dir)  # InputError unless config.json says qwen3_vl
+    cfg = read_model_config(model_dir)  # InputError unless config.json says qwen3_vl or qwen3_vl_moe
     _require_torch()
     dev = torch_device(device)
     key = (str(model_dir), model_stamp(model_dir), dev)
@@ -111,13 +111,15 @@ def load_reference(model_dir: Path, device: str | None = None) -> tuple[Any, Any
         model, processor = _CACHE[key]
         return model, processor, dev
 
-    from transformers import Qwen3VLForConditionalGeneration
     from transformers.utils import logging as hf_logging
+
+    from qwenvl_rbln.backends.tiny.moe import model_class
 
     bar_was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        model = Qwen3VLForConditionalGeneration.from_pretrained(str(model_dir), dtype="auto", local_files_only=True)
+        cls = model_class(cfg.get("model_type") == "qwen3_vl_moe")  # Qwen3VL(Moe)ForConditionalGeneration
+        model = cls.from_pretrained(str(model_dir), dtype="auto", local_files_only=True)
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as exc:

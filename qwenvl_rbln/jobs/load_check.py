@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from qwenvl_rbln.artifacts.layout import QWEN3_VL_MOE_CONFIG_CLS
 from qwenvl_rbln.errors import DoesNotFit, InputError, QvlError
 from qwenvl_rbln.memory.placement import check_placement, vit_shares_a_device
 from qwenvl_rbln.paths import user_path
@@ -123,6 +124,17 @@ def _unknown_npus(target: dict[str, Any]) -> list[str]:
             where = "visual " if key == "visual_npu" else ""
             problems.append(f"{where}graphs were compiled for an unknown NPU {name!r} (optimum-rbln: Unknown npu name)")
     return problems
+
+
+def _moe_line(root: Path) -> str:
+    """The MoE numbers of the artifact's own config.json (ViT depth, out_hidden_size, experts), for the summary."""
+    from qwenvl_rbln.artifacts.layout import read_json
+    from qwenvl_rbln.planning.catalogue.modelinfo import geometry_from_config, moe_summary
+
+    try:
+        return moe_summary(geometry_from_config(read_json(root / "config.json"), root.name, "config.json")) or ""
+    except QvlError as exc:
+        return f"Qwen3-VL-MoE ({exc.message})"
 
 
 def _target(
@@ -455,6 +467,8 @@ def run_load_check(
     _announce(manifest, progress)
     layout, guard = _layout(root, kind, cfg, manifest)
     target = _target(cfg, manifest, layout, device_memory)
+    if cfg.get("cls_name") == QWEN3_VL_MOE_CONFIG_CLS:
+        target["model_moe"] = _moe_line(root)  # its ViT and out_hidden_size are not the dense 2B's
     placement = check_placement(device, visual_device, manifest, target, fallback, cfg)
     memory = _memory(root, kind, cfg, layout, target, placement["requested"], device_memory, guard is not None)
     if layout["ok"] and memory.get("source") == "unavailable" and memory.get("problem"):

@@ -64,6 +64,7 @@ def model_key(geometry: ModelGeometry) -> str:
         f"qwen3_vl/text-L{t.num_hidden_layers}-H{t.hidden_size}-h{t.num_attention_heads}-kv{t.num_key_value_heads}"
         f"-d{t.head_dim}-I{t.intermediate_size}-V{t.vocab_size}"
         f"/vision-D{v.depth}-H{v.hidden_size}-h{v.num_heads}-I{v.intermediate_size}-O{v.out_hidden_size}"
+        + (f"/moe-E{t.moe.num_experts}-k{t.moe.num_experts_per_tok}-I{t.moe.moe_intermediate_size}" if t.moe else "")
     )
 
 

@@ -13,6 +13,7 @@ from qwenvl_rbln.memory.calibration import model_key
 from qwenvl_rbln.memory.chiplets import chiplet_view
 from qwenvl_rbln.memory.context import Ctx, quant
 from qwenvl_rbln.memory.items import build_lm_items, build_visual_items, items_by_device
+from qwenvl_rbln.memory.moe import moe_notes
 from qwenvl_rbln.memory.placement import device_list
 from qwenvl_rbln.memory.report import (
     ASSUMPTIONS,
@@ -275,5 +276,5 @@ def _estimate(ctx: Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryRepor
         kv=kv,
         suggestions=[],
         assumptions=list(ASSUMPTIONS),
-        notes=_report_notes(ctx, resolved),
+        notes=_report_notes(ctx, resolved) + moe_notes(ctx, resolved, len(lm_devs)),
     )

@@ -13,11 +13,11 @@ from qwenvl_rbln.memory import calibration as cal
 from qwenvl_rbln.memory.calibration import model_key
 from qwenvl_rbln.memory.context import Ctx, model_dtype, quant
 from qwenvl_rbln.memory.kv import kv_block_bytes_per_tensor, kv_blocks, kv_tensor_bytes
+from qwenvl_rbln.memory.moe import glu_workspace_item, moe_weight_shards, weights_formula, weights_note
 from qwenvl_rbln.memory.params import (
     QUANT_MODEL_DTYPE,
     QUANT_WEIGHT_BYTES,
     lm_params,
-    quantized_out_features,
     vision_params,
 )
 from qwenvl_rbln.memory.report import MemoryItem, fmt_gib
@@ -60,11 +60,20 @@ def _lm_weights_item(ctx: Ctx, resolved: Any, n_lm: int) -> MemoryItem:
     g = ctx.geometry
     lp = lm_params(g.text)
     q = quant(resolved)
+    if g.text.moe is not None:
+        n_lm = moe_weight_shards(ctx, n_lm)  # on a Rebel100 one MoE model is not split over cards (moe.py)
     split_note = (
         f"; {SPLIT_NOTE.format(n=n_lm)}: low = an even split, high = norms and lm_head whole on every device"
         if n_lm > 1
         else ""
     )
+    if not q and g.text.moe is not None:
+        d = ctx.dtype_bytes
+        div = f" / {n_lm} devices" if n_lm > 1 else ""
+        whole = resolved.num_devices > 1 and n_lm == 1
+        note = weights_note(lp) + ("; all of it planned on each LM device: one model spans one Rebel100" * whole)
+        share = _split(lp["device"] * d, _lm_replicated_params(g) * d, n_lm, ctx.scenario)
+        return MemoryItem("lm.weights", share, n_lm == 1, weights_formula(g, lp, d) + div, note + split_note)
     if not q:
         d = ctx.dtype_bytes
         return MemoryItem(
@@ -80,7 +89,7 @@ def _lm_weights_item(ctx: Ctx, resolved: Any, n_lm: int) -> MemoryItem:
     if ctx.scenario == "high" and q["weights"] == "int4":
         wbytes = 1.0  # if the compiler kept int4 weights in int8 containers
     rest_d = 2 if ctx.scenario == "low" else QUANT_MODEL_DTYPE
-    scales = g.text.num_hidden_layers * quantized_out_features(g.text) * QUANT_MODEL_DTYPE
+    scales = lp["scale_channels"] * QUANT_MODEL_DTYPE
     rest = lp["device"] - lp["quantizable"]
     total = int(lp["quantizable"] * wbytes) + scales + rest * rest_d
     return MemoryItem(
@@ -88,7 +97,9 @@ def _lm_weights_item(ctx: Ctx, resolved: Any, n_lm: int) -> MemoryItem:
         _split(total, _lm_replicated_params(g) * rest_d, n_lm, ctx.scenario),
         False,
         f"quantized q/k/v/o/gate/up/down {lp['quantizable']:,} params x {wbytes:g} B ({q['weights']}) + fp32 "
-        f"weight_scale per output channel ({scales:,} B) + the rest ({rest:,} params: norms, lm_head) x {rest_d} B"
+        f"weight_scale per output channel ({scales:,} B) + the rest ({rest:,} params: norms, lm_head"
+        + (", experts, router" if g.text.moe is not None else "")
+        + f") x {rest_d} B"
         + (f" / {n_lm} devices" if n_lm > 1 else ""),
         "quantization (optimum-rbln 0.12 rbln_quantization.py: QUANTIZED_WEIGHTS, get_quantized_model loads the "
         "model in float32); modelled from the source, not measured" + split_note,
@@ -228,10 +239,12 @@ def build_lm_items(ctx: Ctx, resolved: Any, n_lm: int) -> tuple[list[MemoryItem]
     lm_ws_total, lm_ws = _lm_workspace_item(ctx, resolved)
     lm_ws.bytes = _split(lm_ws_total, lm_ws_total, n_lm, ctx.scenario)  # high: activations replicated
     mask = _attention_mask_item(ctx, resolved, n_lm)
-    lm_nonkv = lm_weights.bytes + lm_ws.bytes + (mask.bytes if mask else 0)
+    moe_ws = glu_workspace_item(ctx, resolved, n_lm)  # Qwen3-VL-MoE only
+    extra = [i for i in (mask, moe_ws) if i is not None]
+    lm_nonkv = lm_weights.bytes + lm_ws.bytes + sum(i.bytes for i in extra)
     kv = kv_blocks(ctx, resolved, lm_nonkv, n_lm)
     lm_kv, tensor_bytes = _kv_cache_item(ctx, resolved, kv, n_lm)
-    return [lm_weights, lm_kv, lm_ws] + ([mask] if mask else []), kv, tensor_bytes
+    return [lm_weights, lm_kv, lm_ws] + extra, kv, tensor_bytes
 
 
 def _vit_replicated_params(g: Any) -> int:

@@ -42,7 +42,22 @@ def quantized_out_features(t: TextGeometry) -> int:
 
 
 def lm_params(t: TextGeometry) -> dict[str, int]:
-    """LM parameters by where they live: layers + norm + lm_head on the device, embed_tokens on the host."""
+    """LM parameters by where they live: layers + norm + lm_head on the device, embed_tokens on the host.
+
+    Qwen3-VL-MoE (``t.moe``): its layers are counted apart (attention in every layer,
+    router + experts in the sparse ones, a dense MLP in the others: ``moe_counts``), with its extra keys."""
+    if t.moe is not None:
+        attn = (
+            quantizable_layer_params(t) - 3 * t.hidden_size * t.intermediate_size + 2 * t.head_dim + 2 * t.hidden_size
+        )
+        moe = moe_counts(t, attention_layer=attn)
+        return {
+            **moe,
+            "norm": t.hidden_size,
+            "lm_head": t.vocab_size * t.hidden_size,
+            "device": moe["layers"] + t.hidden_size + t.vocab_size * t.hidden_size,
+            "embed_tokens_host": t.vocab_size * t.hidden_size,
+        }
     layers = t.num_hidden_layers * text_layer_params(t)
     norm = t.hidden_size
     lm_head = t.vocab_size * t.hidden_size  # a copy in the graph even when tied to embed_tokens
@@ -55,6 +70,7 @@ def lm_params(t: TextGeometry) -> dict[str, int]:
         "lm_head": lm_head,
         "device": layers + norm + lm_head,
         "embed_tokens_host": embed,
+        "scale_channels": t.num_hidden_layers * quantized_out_features(t),
     }
 
 
@@ -93,4 +109,35 @@ def vision_params(v: VisionGeometry) -> dict[str, int]:
         "device": blocks + merger + deepstack,
         "patch_embed_host": patch,
         "pos_embed_host": pos,
+    }
+
+
+def moe_counts(t: TextGeometry, *, attention_layer: int) -> dict[str, int]:
+    """Qwen3-VL-MoE text layers as optimum-rbln 0.12 places them (memory/moe.py says how): ``attention_layer`` is
+    the attention + norms every layer has; experts and router in the sparse layers, a dense MLP in the others."""
+    m = t.moe
+    assert m is not None
+    sparse = m.sparse_layers(t.num_hidden_layers)
+    dense = t.num_hidden_layers - sparse
+    experts_layer = m.num_experts * 3 * m.moe_intermediate_size * t.hidden_size
+    router_layer = m.num_experts * t.hidden_size
+    dense_mlp_layer = 3 * t.hidden_size * t.intermediate_size
+    attn_linears = attention_layer - 2 * t.head_dim - 2 * t.hidden_size  # q/k/v/o only
+    return {
+        "layer": attention_layer,  # the part every layer has
+        "layers": t.num_hidden_layers * attention_layer
+        + sparse * (experts_layer + router_layer)
+        + dense * dense_mlp_layer,
+        "sparse_layers": sparse,
+        "dense_layers": dense,
+        "experts": sparse * experts_layer,
+        "experts_layer": experts_layer,
+        "router": sparse * router_layer,
+        "dense_mlp": dense * dense_mlp_layer,
+        "active_experts": sparse * m.num_experts_per_tok * 3 * m.moe_intermediate_size * t.hidden_size,
+        # what rbln_quantization replaces: q/k/v/o everywhere, gate/up/down of the dense MLP layers
+        "quantizable": t.num_hidden_layers * attn_linears + dense * dense_mlp_layer,
+        "scale_channels": t.num_hidden_layers
+        * (t.num_attention_heads * t.head_dim + 2 * t.num_key_value_heads * t.head_dim + t.hidden_size)
+        + dense * (2 * t.intermediate_size + t.hidden_size),
     }

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from qwenvl_rbln.errors import DoesNotFit
+from qwenvl_rbln.memory.moe import TOO_LARGE_HINT, WEIGHTS_ALONE
 from qwenvl_rbln.memory.report import DOES_NOT_FIT, FITS, UNCERTAIN, MemoryReport, fmt_gib
 from qwenvl_rbln.planning.catalogue.devices import GiB
 
@@ -60,6 +61,8 @@ def fit_hint(data: dict[str, Any], more_where: str = "in `qvl compile --dry-run`
     if hints:
         more = f" ({len(hints) - 1} more {more_where})" if len(hints) > 1 else ""
         return f"try {hints[0]}{more}, or pass --force to compile anyway"
+    if any(str(n).startswith(WEIGHTS_ALONE) for n in data.get("notes") or []):
+        return TOO_LARGE_HINT  # nothing to change: no setting of this model fits (an MoE too large for the card)
     return (
         "no single change the planner tries fits with margin to spare (context, batch, ViT bucket, ViT placement, "
         "memory_budget): see the items per device in `qvl compile --dry-run`, combine changes, or pass "

@@ -27,13 +27,15 @@ def lm_graph_workspace(
     """
     t, d = geometry.text, dtype_bytes
     attention = t.num_attention_heads * rows * block * (FP32 + d)
+    # a Qwen3-VL-MoE layer without a dense MLP has none of its activations (its experts: memory/moe.py)
+    dense_mlp = t.moe is None or t.moe.sparse_layers(t.num_hidden_layers) < t.num_hidden_layers
     linear = (
         rows
         * d
         * (
             3 * t.hidden_size
             + (t.num_attention_heads + 2 * t.num_key_value_heads) * t.head_dim
-            + 3 * t.intermediate_size
+            + (3 * t.intermediate_size if dense_mlp else 0)
         )
     )
     inputs = rows * d * t.hidden_size * (1 + (geometry.vision.num_deepstack if prefill else 0))

@@ -12,7 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.artifacts.emulated import emulated_graph_files, manifest_marks_emulated
-from qwenvl_rbln.artifacts.layout import QWEN3_VL_CONFIG_CLS, expected_graph_names, read_json
+from qwenvl_rbln.artifacts.layout import (
+    QWEN3_VL_CONFIG_CLSES,
+    QWEN3_VL_MOE_CONFIG_CLS,
+    expected_graph_names,
+    read_json,
+)
 from qwenvl_rbln.artifacts.manifest import (
     MANIFEST_NAME,
     RBLN_CONFIG_NAME,
@@ -78,7 +83,21 @@ def preflight(directory: Path, *, verify_hashes: bool = True) -> Artifact:
     elif verify_hashes:
         _check_hashes(root, manifest, checks)
     model_config = read_json(root / "config.json")
+    if cfg.get("cls_name") == QWEN3_VL_MOE_CONFIG_CLS:
+        _note_moe(model_config, checks)
     return Artifact(root=root, cfg=cfg, manifest=manifest, model_config=model_config, checks=checks)
+
+
+def _note_moe(model_config: Any, checks: list[dict[str, Any]]) -> None:
+    """A Qwen3-VL-MoE artifact: its numbers where they differ from the dense models (ViT depth, out_hidden_size,
+    experts), read from its config.json; vllm-rbln loads it through the same optimum-rbln auto class."""
+    from qwenvl_rbln.planning.catalogue.modelinfo import geometry_from_config, moe_summary
+
+    try:
+        line = moe_summary(geometry_from_config(model_config, "model", "config.json"))
+    except InputError as exc:
+        raise InputError(exc.message, RECOMPILE) from None
+    ok(checks, "model", line or "Qwen3-VL-MoE")
 
 
 def _load(root: Path, checks: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -115,9 +134,9 @@ def _load(root: Path, checks: list[dict[str, Any]]) -> tuple[dict[str, Any], dic
 def _check_config(cfg: dict[str, Any], path: Path, checks: list[dict[str, Any]]) -> None:
     """Qwen3-VL, optimum-rbln 0.12.x, and every key vllm-rbln asserts on."""
     cls_name = cfg.get("cls_name")
-    if cls_name != QWEN3_VL_CONFIG_CLS:
+    if cls_name not in QWEN3_VL_CONFIG_CLSES:
         raise InputError(
-            f"{path}: cls_name={cls_name!r}, not {QWEN3_VL_CONFIG_CLS} (not a Qwen3-VL artifact)",
+            f"{path}: cls_name={cls_name!r}, not {' or '.join(QWEN3_VL_CONFIG_CLSES)} (not a Qwen3-VL artifact)",
             "serve a Qwen3-VL artifact compiled by `qvl compile` (or optimum-rbln 0.12 for Qwen3-VL)",
         )
     ok(checks, "cls_name", str(cls_name))

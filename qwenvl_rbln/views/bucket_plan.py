@@ -38,6 +38,8 @@ def _print_header(console: Any, data: dict[str, Any]) -> None:
             s["unit"],
         )
     )
+    if s.get("model_moe"):
+        console.print(f"model: {s['model_moe']} (ViT FLOPs and workspaces use these)", markup=False)
     console.print(
         f"processor: images {p['min_pixels']:,}..{p['max_pixels']:,} px, videos {p['video_min_pixels']:,}.."
         f"{p['video_max_pixels']:,} px over all frames, {p['fps']:g} fps",

@@ -59,6 +59,8 @@ def _summary(console: Any, d: dict[str, Any]) -> None:
         f"{escape(str(target.get('npu')))}, num_devices {target['num_devices']} "
         f"(visual {target['visual_num_devices']})",
     )
+    if target.get("model_moe"):
+        table.add_row("model", escape(target["model_moe"]))
     table.add_row("layout", _layout_cell(layout))
     man = layout["manifest"]
     if man.get("present"):

@@ -32,6 +32,8 @@ from NPU documentation or hardware:
   in how the NPU tiles the work (``partition``); on a CPU the maths is the same. Output: ``[B, Hkv, G, Q, D]``.
   fp8 KV (``_kv_fp8`` variants, ``k_scale``/``v_scale``) and attention sinks (``s_aux``) are not emulated and
   raise.
+* ``custom_moe_glu(hidden_states, gate_proj_weight, up_proj_weight, down_proj_weight, masked_routing_weight,
+  hidden_act)``: the MoE expert block of Qwen3-VL-MoE; its semantics and call site are in ``moe.py``.
 * ``rbln_cache_update(cache, value, position, axis)``: writes ``value`` into ``cache`` at ``position`` along
   ``axis`` in place and returns the updated cache (a copy). Not used by Qwen3-VL; inferred from
   ``transformers/models/whisper/whisper_architecture.py:72`` and ``seq2seq/seq2seq_architecture.py:109``.
@@ -73,6 +75,9 @@ def register() -> None:
         lib.impl(name, _attn_meta, "Meta")
     lib.define("rbln_cache_update(Tensor(a!) cache, Tensor value, Tensor position, int axis) -> Tensor")
     lib.impl("rbln_cache_update", _cache_update, "CPU")
+    from qwenvl_rbln.backends.emulator import moe
+
+    moe.register(lib)  # custom_moe_glu: the MoE expert block (moe.py)
     _LIB = lib
 
 

@@ -37,9 +37,9 @@ FORMAT_VERSION = 1
 DEFAULT_DIR_NAME = "tiny-qwen3-vl"
 
 
-def default_tiny_model_dir() -> Path:
-    """The shared tiny model location, so every command and test reuses one copy."""
-    return tiny_model_dir()
+def default_tiny_model_dir(moe: bool = False) -> Path:
+    """The shared tiny model location, so every command and test reuses one copy (one per variant)."""
+    return tiny_model_dir(moe=moe)
 
 
 def read_marker(path: Path) -> dict[str, Any] | None:
@@ -56,11 +56,12 @@ def is_tiny_model(path: Path) -> bool:
     return read_marker(path) is not None
 
 
-def _is_complete(path: Path) -> bool:
+def _is_complete(path: Path, moe: bool = False) -> bool:
     marker = read_marker(path)
     return (
         marker is not None
         and marker.get("format") == FORMAT_VERSION
+        and bool(marker.get("moe", False)) == moe
         and (path / "config.json").is_file()
         and (path / "model.safetensors").is_file()
     )
@@ -80,9 +81,9 @@ def _require_heavy() -> None:
         )
 
 
-def _write_model(tmp: Path, seed: int) -> None:
+def _write_model(tmp: Path, seed: int, moe: bool = False) -> None:
     """The model files, then the marker that says the weights are random; everything readable by others."""
-    write_checkpoint(tmp, seed)
+    write_checkpoint(tmp, seed, moe=moe)
     marker = {
         "qvl_tiny_model": True,
         "seed": seed,
@@ -91,6 +92,8 @@ def _write_model(tmp: Path, seed: int) -> None:
         "dtype": "float32",
         "vocab_size": VOCAB_SIZE,
     }
+    if moe:
+        marker["moe"] = True  # Qwen3-VL-MoE (backends/tiny/moe.py)
     (tmp / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
     for f in tmp.iterdir():
         f.chmod(0o644)  # safetensors writes 0600; a shared cache should be readable by others
@@ -133,7 +136,7 @@ def _raced(out_dir: Path) -> InputError:
     )
 
 
-def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False) -> Path:
+def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False, moe: bool = False) -> Path:
     """Write the tiny model to ``out_dir`` atomically (temp sibling + rename); return the path.
 
     Refuses to replace an existing non-empty directory unless ``overwrite``, so a typo never
@@ -155,15 +158,18 @@ def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False) 
     old = out_dir.parent / f".{out_dir.name}.old-{tag}"
     with _writing(out_dir):
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(out_dir, tmp, old, seed, overwrite)
+        _write_atomically(out_dir, tmp, old, seed, overwrite, moe)
     return out_dir
 
 
-def _write_atomically(out_dir: Path, tmp: Path, old: Path, seed: int, overwrite: bool) -> None:
+def _write_atomically(out_dir: Path, tmp: Path, old: Path, seed: int, overwrite: bool, moe: bool = False) -> None:
     """Build in ``tmp``, then swap it in (the old directory, if any, goes to ``old`` and is removed)."""
     try:
         tmp.mkdir()
-        _write_model(tmp, seed)
+        if moe:
+            _write_model(tmp, seed, moe=True)
+        else:
+            _write_model(tmp, seed)
         if out_dir.is_dir() and not _non_empty_dir(out_dir):
             out_dir.rmdir()
         elif out_dir.exists():
@@ -188,14 +194,14 @@ def _not_a_tiny_model(target: Path) -> InputError:
     )
 
 
-def ensure_tiny_model(path: Path | None = None, *, seed: int = 0) -> Path:
+def ensure_tiny_model(path: Path | None = None, *, seed: int = 0, moe: bool = False) -> Path:
     """Return a ready tiny model at ``path`` (default: :func:`default_tiny_model_dir`), creating it once.
 
     A file lock next to the directory serialises concurrent callers: the first builds it, the
     others wait and reuse the result. ``seed`` only matters when the model has to be built.
     """
-    target = user_path(path).absolute() if path is not None else default_tiny_model_dir()
-    if _is_complete(target):
+    target = user_path(path).absolute() if path is not None else default_tiny_model_dir(moe)
+    if _is_complete(target, moe):
         return target
     if _non_empty_dir(target) and not is_tiny_model(target):
         raise _not_a_tiny_model(target)
@@ -207,11 +213,11 @@ def ensure_tiny_model(path: Path | None = None, *, seed: int = 0) -> Path:
         lock = FileLock(str(target.parent / f".{target.name}.lock"), timeout=600)
         lock.acquire()
     try:
-        if not _is_complete(target):
+        if not _is_complete(target, moe):
             if _non_empty_dir(target) and not is_tiny_model(target):
                 raise _not_a_tiny_model(target)
             # an older-format or half-written qvl tiny model is ours to replace
-            create_tiny_model(target, seed=seed, overwrite=True)
+            create_tiny_model(target, seed=seed, overwrite=True, moe=moe)
     finally:
         lock.release()
     return target
@@ -229,30 +235,35 @@ def describe(path: Path) -> dict[str, Any]:
     }
 
 
-def build_or_reuse(directory: Path | None, *, seed: int = 0, force: bool = False, notify: Any = None) -> dict[str, Any]:
-    """`qvl tiny-model`: reuse DIR when it already holds this seed's model in this format (unless ``force``),
-    else build it (``notify(line)`` hears that first); returns what was done, for the renderer."""
+def build_or_reuse(
+    directory: Path | None, *, seed: int = 0, force: bool = False, notify: Any = None, moe: bool = False
+) -> dict[str, Any]:
+    """`qvl tiny-model [--moe]`: reuse DIR when it already holds this seed's model of this variant in this format
+    (unless ``force``), else build it (``notify(line)`` hears that first); returns what was done, for the renderer."""
     import time
 
-    target = user_path(directory if directory is not None else default_tiny_model_dir(), "directory").absolute()
+    default = default_tiny_model_dir(moe)
+    target = user_path(directory if directory is not None else default, "directory").absolute()
     marker = read_marker(target)
     reuse = (
         not force
         and marker is not None
         and marker.get("seed") == seed
         and marker.get("format") == FORMAT_VERSION
+        and bool(marker.get("moe", False)) == moe
         and (target / "model.safetensors").is_file()
     )
     start = time.perf_counter()
     if not reuse:
         if notify is not None:
-            notify(f"building tiny Qwen3-VL in {target} ...")
-        create_tiny_model(target, seed=seed, overwrite=force)
+            notify(f"building tiny Qwen3-VL{'-MoE' if moe else ''} in {target} ...")
+        create_tiny_model(target, seed=seed, overwrite=force, moe=moe)
     info = describe(target)
     return {
         "path": str(target),
         "created": not reuse,
         "seed": seed,
+        "moe": moe,
         "seconds": round(time.perf_counter() - start, 3),
         "total_bytes": info["total_bytes"],
         "files": info["files"],

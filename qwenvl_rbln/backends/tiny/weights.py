@@ -147,18 +147,21 @@ def _add_legacy_rope_keys(config_path: Path) -> None:
     config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def write_checkpoint(tmp: Path, seed: int) -> None:
+def write_checkpoint(tmp: Path, seed: int, moe: bool = False) -> None:
     """The Hugging Face files of the tiny model in ``tmp``: seeded random weights, config, generation config,
-    tokenizer and processor (the qvl marker is written by ``tiny_model``)."""
+    tokenizer and processor (the qvl marker is written by ``tiny_model``); ``moe``: the Qwen3-VL-MoE variant."""
     import torch
-    from transformers import Qwen3VLForConditionalGeneration
     from transformers.utils import logging as hf_logging
+
+    from qwenvl_rbln.backends.tiny.moe import model_class, moe_config_from
 
     tokenizer = build_tokenizer()
     config = build_config(tokenizer)
+    if moe:
+        config = moe_config_from(config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3VLForConditionalGeneration(config).to(torch.float32).eval()
+        model = model_class(moe)(config).to(torch.float32).eval()
     model.generation_config = _generation_config(tokenizer)
     bar_was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar on stderr for a 3 MB file

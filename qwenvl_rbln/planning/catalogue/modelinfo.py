@@ -1,9 +1,9 @@
 """Model geometry: the numbers every planner needs, read from config.json or built in.
 
-Reading a config.json is the truth, for any dense Qwen3-VL size: a local directory's, or the one in the
-local Hugging Face cache for a hub id (``hub.py``: the checkpoint that will be compiled). The built-in table
-exists so a build host can plan a hub id before the weights are on disk, and it holds only model ids whose
-config facts are cited below; any other id with neither a local nor a cached config.json (nor one a dry run
+Reading a config.json is the truth, for any Qwen3-VL size, dense or MoE (``qwen3_vl_moe``): a local directory's,
+or the one in the local Hugging Face cache for a hub id (``hub.py``: the checkpoint that will be compiled). The
+built-in table exists so a build host can plan a hub id before the weights are on disk, and it holds only model ids
+whose config facts are cited below; any other id with neither a local nor a cached config.json (nor one a dry run
 could fetch) is refused (exit 2) rather than planned with another model's numbers.
 """
 
@@ -20,6 +20,30 @@ from qwenvl_rbln.paths import user_path
 from qwenvl_rbln.planning.catalogue.hub import HubSnapshot, cached_snapshot, fetch_config, is_hub_id
 
 TINY_MODEL_ID = "qvl:tiny"
+TINY_MOE_MODEL_ID = "qvl:tiny-moe"
+
+
+@dataclass(frozen=True)
+class MoEGeometry:
+    """The expert fields of a ``qwen3_vl_moe`` text config (Qwen3VLMoeTextConfig); None on a dense model.
+
+    A layer is sparse (router + ``num_experts`` experts) unless it is in ``mlp_only_layers`` or
+    ``(layer + 1) % decoder_sparse_step != 0``; then it keeps a dense MLP of ``intermediate_size``
+    (transformers' ``Qwen3VLMoeTextDecoderLayer``, which optimum-rbln 0.12's ``Qwen3VLMoeLayer`` follows).
+    """
+
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    def is_sparse(self, layer: int) -> bool:
+        step = self.decoder_sparse_step
+        return layer not in self.mlp_only_layers and self.num_experts > 0 and (layer + 1) % step == 0
+
+    def sparse_layers(self, num_layers: int) -> int:
+        return sum(1 for i in range(num_layers) if self.is_sparse(i))
 
 
 @dataclass(frozen=True)
@@ -33,6 +57,7 @@ class TextGeometry:
     vocab_size: int
     max_position_embeddings: int
     tie_word_embeddings: bool
+    moe: MoEGeometry | None = None
 
 
 @dataclass(frozen=True)
@@ -60,7 +85,10 @@ class ModelGeometry:
     snapshot: HubSnapshot | None = None  # the Hugging Face cache snapshot config.json was read from, if any
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"name": self.name, "source": self.source, "text": asdict(self.text), "vision": asdict(self.vision)}
+        text = asdict(self.text)
+        if text.get("moe") is None:
+            text.pop("moe", None)  # a dense model's text geometry reads as before
+        out = {"name": self.name, "source": self.source, "text": text, "vision": asdict(self.vision)}
         if self.snapshot is not None:
             out["snapshot"] = self.snapshot.to_dict()
         return out
@@ -113,16 +141,49 @@ QWEN3_VL_TINY = ModelGeometry(
     vision=VisionGeometry(depth=3, hidden_size=64, num_heads=4, intermediate_size=128, out_hidden_size=64),
     dtype_bytes=4,
 )
+# The offline tiny Qwen3-VL-MoE (qvl tiny-model --moe; backends/tiny/moe.py): the tiny dims plus 4 experts, top 2.
+QWEN3_VL_TINY_MOE = replace(
+    QWEN3_VL_TINY,
+    name="qvl-tiny-moe",
+    text=replace(QWEN3_VL_TINY.text, moe=MoEGeometry(4, 2, 32, 1, (1,))),
+)
+# Qwen3-VL-MoE (model_type qwen3_vl_moe), from shared/reference/qwen3-vl-family.md sections 1-3: text head_dim 128,
+# vocab 151936, max_position_embeddings 262144, untied head; every layer sparse (decoder_sparse_step 1,
+# mlp_only_layers []), 128 experts, top 8; vision depth 27, hidden 1152, 16 heads, intermediate 4304,
+# deepstack [8, 16, 24], out_hidden_size = the text hidden size. 30B-A3B: hidden 2048, 48 layers, 32 q / 4 KV heads,
+# moe_intermediate_size 768 (its config.json transcribed verbatim in [SE30], also [TT] [XT] [SL]). 235B-A22B: hidden
+# 4096, 94 layers, 64 q / 4 KV heads, moe_intermediate_size 1536 ([TT] [XT] [SL]). The unused dense
+# intermediate_size (6144 / 12288) is kept as the config carries it. Totals checked against transformers 5.15.1's
+# Qwen3VLMoeForConditionalGeneration on the meta device in tests/test_moe_memory.py.
+_MOE_VISION = VisionGeometry(depth=27, hidden_size=1152, num_heads=16, intermediate_size=4304, out_hidden_size=2048)
+QWEN3_VL_30B_A3B = ModelGeometry(
+    name="Qwen3-VL-30B-A3B",
+    text=TextGeometry(2048, 48, 32, 4, 128, 6144, 151936, 262144, False, MoEGeometry(128, 8, 768)),
+    vision=_MOE_VISION,
+)
+QWEN3_VL_235B_A22B = ModelGeometry(
+    name="Qwen3-VL-235B-A22B",
+    text=TextGeometry(4096, 94, 64, 4, 128, 12288, 151936, 262144, False, MoEGeometry(128, 8, 1536)),
+    vision=replace(_MOE_VISION, out_hidden_size=4096),
+)
 
 # Hub ids (compared case-insensitively) -> built-in geometry (sources above).
 DENSE_FAMILY = {"2B": QWEN3_VL_2B, "4B": QWEN3_VL_4B, "8B": QWEN3_VL_8B, "32B": QWEN3_VL_32B}
+MOE_FAMILY = {"30B-A3B": QWEN3_VL_30B_A3B, "235B-A22B": QWEN3_VL_235B_A22B}
+# Instruct and Thinking share the architecture (qwen3-vl-family.md section 7).
+_FAMILY = {**DENSE_FAMILY, **MOE_FAMILY}
 BUILTIN_IDS = {
     f"qwen/qwen3-vl-{size.lower()}-{kind.lower()}": f"Qwen/Qwen3-VL-{size}-{kind}"
-    for size in DENSE_FAMILY
+    for size in _FAMILY
     for kind in ("Instruct", "Thinking")
 }
-BUILTIN = {key: DENSE_FAMILY[hub_id.split("-")[2]] for key, hub_id in BUILTIN_IDS.items()}
+BUILTIN = {
+    f"qwen/qwen3-vl-{size.lower()}-{kind.lower()}": geom
+    for size, geom in _FAMILY.items()
+    for kind in ("Instruct", "Thinking")
+}
 MOE_MODEL_TYPE = "qwen3_vl_moe"
+MODEL_TYPES = ("qwen3_vl", MOE_MODEL_TYPE)
 
 
 def qvl_home() -> Path:
@@ -130,22 +191,39 @@ def qvl_home() -> Path:
     return user_path(home, "QVL_HOME") if home else Path.home() / ".cache" / "qvl"
 
 
-def tiny_model_dir() -> Path:
-    return qvl_home() / "tiny-qwen3-vl"
+def tiny_model_dir(moe: bool = False) -> Path:
+    return qvl_home() / ("tiny-qwen3-vl-moe" if moe else "tiny-qwen3-vl")
 
 
 def resolve_model_path(model: str) -> Path | None:
     """The local directory a model id refers to, or None for a hub id."""
-    if model == TINY_MODEL_ID:
-        return tiny_model_dir()
+    if model in (TINY_MODEL_ID, TINY_MOE_MODEL_ID):
+        return tiny_model_dir(moe=model == TINY_MOE_MODEL_ID)
     path = user_path(model, "model")
     if path.exists() or model.startswith((".", "/", "~")):
         return path
     return None
 
 
+def moe_from_text_config(text: dict[str, Any]) -> MoEGeometry:
+    """The expert fields of a ``qwen3_vl_moe`` text config; KeyError names a missing one (never counted as dense).
+
+    transformers 5 saves ``num_experts`` as ``num_local_experts`` (an attribute alias); both are read.
+    """
+    experts = text.get("num_experts", text.get("num_local_experts"))
+    if experts is None:
+        raise KeyError("text_config.num_experts")
+    return MoEGeometry(
+        num_experts=int(experts),
+        num_experts_per_tok=int(text["num_experts_per_tok"]),
+        moe_intermediate_size=int(text["moe_intermediate_size"]),
+        decoder_sparse_step=int(text.get("decoder_sparse_step") or 1),
+        mlp_only_layers=tuple(int(i) for i in (text.get("mlp_only_layers") or [])),
+    )
+
+
 def geometry_from_config(cfg: dict[str, Any], name: str, source: str) -> ModelGeometry:
-    """Parse a Qwen3-VL config.json (model_type qwen3_vl)."""
+    """Parse a Qwen3-VL config.json (model_type qwen3_vl, or qwen3_vl_moe with its expert fields)."""
     text = cfg.get("text_config") or {}
     vision = cfg.get("vision_config") or {}
     try:
@@ -161,6 +239,7 @@ def geometry_from_config(cfg: dict[str, Any], name: str, source: str) -> ModelGe
             vocab_size=int(text["vocab_size"]),
             max_position_embeddings=int(text["max_position_embeddings"]),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+            moe=moe_from_text_config(text) if cfg.get("model_type") == MOE_MODEL_TYPE else None,
         )
         vg = VisionGeometry(
             depth=int(vision["depth"]),
@@ -184,6 +263,22 @@ def geometry_from_config(cfg: dict[str, Any], name: str, source: str) -> ModelGe
     return ModelGeometry(name=name, text=tg, vision=vg, dtype_bytes=4 if "32" in dtype else 2, source=source)
 
 
+def moe_summary(geometry: ModelGeometry) -> str | None:
+    """The numbers in which a Qwen3-VL-MoE differs from the dense models, in one line (None for a dense model):
+    bucket-plan, load-check and serve print it, because its ViT (depth 27, hidden 1152) and ``out_hidden_size``
+    are not the 2B's."""
+    t, v, m = geometry.text, geometry.vision, geometry.text.moe
+    if m is None:
+        return None
+    sparse = m.sparse_layers(t.num_hidden_layers)
+    return (
+        f"{geometry.name}: Qwen3-VL-MoE, {t.num_hidden_layers} layers ({sparse} with {m.num_experts} experts, top "
+        f"{m.num_experts_per_tok}, moe_intermediate_size {m.moe_intermediate_size}), hidden {t.hidden_size}, "
+        f"{t.num_attention_heads} q / {t.num_key_value_heads} KV heads; ViT depth {v.depth}, hidden {v.hidden_size}, "
+        f"out_hidden_size {v.out_hidden_size}"
+    )
+
+
 def read_model_config(path: Path) -> dict[str, Any]:
     cfg_path = path / "config.json"
     if not path.is_dir():
@@ -194,17 +289,12 @@ def read_model_config(path: Path) -> dict[str, Any]:
         raise InputError(f"{path} has no config.json", "point --model at a Hugging Face model directory") from None
     except (OSError, ValueError) as exc:
         raise InputError(f"{cfg_path}: unreadable config.json ({exc})", "re-download or re-save the model") from None
-    if isinstance(cfg, dict) and cfg.get("model_type") == MOE_MODEL_TYPE:
-        raise InputError(
-            f"{cfg_path}: model_type 'qwen3_vl_moe' (Qwen3-VL-MoE): qvl does not count its expert weights, so it "
-            "refuses to plan or compile it rather than give a wrong memory verdict",
-            "point --model at a dense Qwen3-VL directory (config.json with model_type qwen3_vl, any size)",
-        )
-    if not isinstance(cfg, dict) or cfg.get("model_type") != "qwen3_vl":
+    if not isinstance(cfg, dict) or cfg.get("model_type") not in MODEL_TYPES:
         got = cfg.get("model_type") if isinstance(cfg, dict) else type(cfg).__name__
         raise InputError(
-            f"{cfg_path}: model_type is {got!r}, not 'qwen3_vl'",
-            "qvl compiles Qwen3-VL models (Qwen3VLForConditionalGeneration); point --model at one",
+            f"{cfg_path}: model_type is {got!r}, not 'qwen3_vl' or 'qwen3_vl_moe'",
+            "qvl compiles Qwen3-VL models (Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration); "
+            "point --model at one",
         )
     return cfg
 
@@ -217,8 +307,9 @@ def load_geometry(model: str, what: str = "--model") -> tuple[ModelGeometry, lis
     ``what`` names where the id came from (``--model`` or the preset's ``model`` key) for the refusal.
     """
     path = resolve_model_path(model)
-    if model == TINY_MODEL_ID and (path is None or not (path / "config.json").is_file()):
-        return replace(QWEN3_VL_TINY, source="built-in (tiny model not created yet)"), []
+    if model in (TINY_MODEL_ID, TINY_MOE_MODEL_ID) and (path is None or not (path / "config.json").is_file()):
+        tiny = QWEN3_VL_TINY_MOE if model == TINY_MOE_MODEL_ID else QWEN3_VL_TINY
+        return replace(tiny, source="built-in (tiny model not created yet)"), []
     if path is not None:
         cfg = read_model_config(path)
         return geometry_from_config(cfg, name=path.name, source=str(path / "config.json")), []

@@ -153,8 +153,11 @@ def summarize(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], 
         )
     executed = sum(r["executed"] for r in per.values())
     useful = sum(r["useful"] for r in per.values())
+    from qwenvl_rbln.planning.catalogue.modelinfo import moe_summary
+
     return {
         "preset": plan.preset,
+        **({"model_moe": moe_summary(plan.geometry)} if plan.geometry.text.moe else {}),  # ViT depth 27, out 2048
         "vit_buckets": buckets,
         "unit": "pre-merge patches (16x16 px) per image or per temporal patch (2 video frames)",
         "processor": plan.processor.to_dict(),
