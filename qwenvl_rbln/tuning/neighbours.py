@@ -10,23 +10,27 @@ from typing import Any
 
 from qwenvl_rbln.tuning.search import Checker, Config, Needs, largest, need_len, partitions_for
 
+TIE = "ties go to fewer NPUs, the documented partition 8192, the smaller batch, then the larger margin"
 
-def _slower(best: dict[str, Any], other: dict[str, Any], objective: str) -> str:
+
+def _slower(best: dict[str, Any], other: dict[str, Any], objective: str, tie: str) -> str:
     pct = (other["score"] / best["score"] - 1) * 100 if best["score"] else 0.0
     what = "latency" if objective == "latency" else "throughput"
     if pct > 0.05:
         return f"slower by {pct:.1f} % ({what}, roofline estimate)"
-    return f"no faster ({pct:+.1f} % {what}); the chosen one leaves more memory margin or uses fewer NPUs"
+    return f"no faster ({pct:+.1f} % {what}, roofline estimate); {tie}"
 
 
-def _lost(checker: Checker, best: dict[str, Any], cfg: Config, change: str, why: str | None = None) -> dict[str, Any]:
+def _lost(
+    checker: Checker, best: dict[str, Any], cfg: Config, change: str, why: str | None = None, tie: str = TIE
+) -> dict[str, Any]:
     row = checker.describe(cfg, change=change)
     if why is not None:
         row["why"] = why
     elif not row["counts"]:
         row["why"] = row["reason"]
     else:
-        row["why"] = _slower(best, row, checker.needs.objective)
+        row["why"] = _slower(best, row, checker.needs.objective, tie)
     return row
 
 
@@ -77,7 +81,9 @@ def neighbours(checker: Checker, best_cfg: Config, best: dict[str, Any]) -> list
 
             alt = tuple(decoder_powers_of_two(b))
         if list(alt) != graphs:
-            out.append(_lost(checker, best, replace(best_cfg, graphs=alt), f"decoder graphs {list(alt)} ({label})"))
+            tie = "decode is weight-bound, so padded rows cost little time; the chosen graphs compute the fewest rows"
+            row = _lost(checker, best, replace(best_cfg, graphs=alt), f"decoder graphs {list(alt)} ({label})", tie=tie)
+            out.append(row)
     return out
 
 

@@ -77,3 +77,29 @@ def commands(preset_ref: str, data: dict[str, Any], max_len: int, batch: int) ->
         "vllm": vllm,
         "env": {"RBLN_VISIBLE_DEVICES": ",".join(map(str, visible))},
     }
+
+
+def write_preset(path: Path, text: str) -> None:
+    """Write the preset whole or not at all: a temporary file beside it, then a rename."""
+    import os
+    import tempfile
+
+    from qwenvl_rbln.errors import InputError
+    from qwenvl_rbln.paths import user_path
+
+    target = user_path(path, "-o preset file")
+    if target.is_dir():
+        raise InputError(f"-o {path} is a directory", "give a file name, e.g. -o tuned.yaml")
+    if target.suffix not in (".yaml", ".yml"):
+        raise InputError(f"-o {path} does not end in .yaml", "name the preset e.g. tuned.yaml (--preset reads .yaml)")
+    parent = target.parent if str(target.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise InputError(
+            f"-o {path}: cannot write the preset ({exc.strerror or exc})", "choose a writable path"
+        ) from None

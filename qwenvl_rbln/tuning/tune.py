@@ -69,6 +69,17 @@ def _search(checker: Checker) -> tuple[list[tuple[Config, dict[str, Any]]], list
     return found, frontier
 
 
+def _table(found: list[tuple[Config, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The best rows, one per placement and batch (its best partition): the table shows choices, not repeats."""
+    seen: set[tuple[bool, int]] = set()
+    rows = []
+    for cfg, row in found:
+        if (cfg.split, cfg.batch) not in seen:
+            seen.add((cfg.split, cfg.batch))
+            rows.append(row)
+    return rows[:TABLE_ROWS]
+
+
 def _rank_key(item: tuple[Config, dict[str, Any]]) -> tuple:
     cfg, row = item
     # the objective, then fewer NPUs, the documented partition, the smaller batch, the larger margin
@@ -109,7 +120,7 @@ def run_tune(
             "(docs/tuning.md) to replace the roofline graph by graph",
         },
         "frontier": frontier,
-        "candidates": [r for _, r in found[:TABLE_ROWS]],
+        "candidates": _table(found),
         "searched": 0,
     }
     error = None
