@@ -244,3 +244,33 @@ def test_measured_timings_replace_the_roofline(tmp_path):
     path.write_text("{}")
     with pytest.raises(InputError):
         load_timings(model_key(QWEN3_VL_2B), "RBLN-CR13", path)
+
+
+def test_roofline_moe_reads_the_routed_experts_only():
+    from dataclasses import dataclass, field
+
+    from qwenvl_rbln.planning.catalogue.modelinfo import ModelGeometry, TextGeometry
+
+    @dataclass(frozen=True)
+    class Moe:
+        num_experts: int = 128
+        num_experts_per_tok: int = 8
+        moe_intermediate_size: int = 768
+
+        def sparse_layers(self, layers: int) -> int:
+            return layers
+
+    @dataclass(frozen=True)
+    class MoeText(TextGeometry):
+        moe: Moe = field(default_factory=Moe)
+
+    base = QWEN3_VL_2B.text
+    text = MoeText(**{k: getattr(base, k) for k in TextGeometry.__dataclass_fields__ if k != "moe"})
+    roof = Roofline(ModelGeometry("moe", text, QWEN3_VL_2B.vision), REBEL100_COMPUTE)
+    per_token, read_one = roof.lm_params_read(1)
+    _, read_many = roof.lm_params_read(64)
+    assert per_token == read_one  # one row reads exactly the experts it computes
+    assert read_one < read_many  # more rows route to more distinct experts
+    every = roof.lm_params_read(10_000)[1]  # so many rows route to every expert
+    expert = 3 * text.hidden_size * 768
+    assert read_many < every and every - read_one == pytest.approx(text.num_hidden_layers * (128 - 8) * expert)

@@ -237,7 +237,7 @@ def batch_choices(min_batch: int, bmax: int, trace: dict[int, int] | None) -> li
 def check_needs(needs: Needs, max_position: int) -> None:
     if needs.context < 1:
         raise InputError(f"--context {needs.context} is not a length", "give the longest request in tokens, e.g. 32768")
-    if needs.context > max_position:
+    if needs.context > max_position or not partitions_for(needs, max_position):
         raise InputError(
             f"--context {needs.context} is above the model's max_position_embeddings ({max_position})",
             f"the longest context this model serves is {max_position}: use --context {max_position} or less",

@@ -34,12 +34,18 @@ from qwenvl_rbln.tuning.workload import read_work
 def _setup(needs: Needs, workload: Path, trace: Path | None, prompt_tokens: int, output_tokens: int) -> Checker:
     from qwenvl_rbln.memory.calibration import model_key
     from qwenvl_rbln.planning.catalogue.devices import compute_spec
+    from qwenvl_rbln.planning.catalogue.modelinfo import load_geometry
     from qwenvl_rbln.planning.plan import build_plan
+    from qwenvl_rbln.planning.presets import load_preset
     from qwenvl_rbln.tuning.measured import load_timings
 
-    base = build_plan(BASE_PRESET, [], model=needs.model)
-    max_position = base.geometry.text.max_position_embeddings
+    model = needs.model or load_preset(BASE_PRESET).data["model"]
+    max_position = load_geometry(model, "--model")[0].text.max_position_embeddings
     check_needs(needs, max_position)
+    # the base plan at a context the model has (the base preset's 262144 is above a small model's positions)
+    p = partitions_for(needs, max_position)[0]
+    base = build_plan(BASE_PRESET, [f"kvcache_partition_len={p}", f"max_seq_len={need_len(needs.context, p)}"],
+                      model=needs.model)  # fmt: skip
     work = read_work(base, workload, needs.max_buckets, trace, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
     roof = Roofline(
         base.geometry,
@@ -60,7 +66,13 @@ def _search(checker: Checker) -> tuple[list[tuple[Config, dict[str, Any]]], list
             length = need_len(needs.context, p)
             bmax = largest(lambda b, s=split, p=p, n=length: checker.fits(Config(s, p, n, b)), 1, BATCH_CAP)
             frontier.append(
-                {"vit_on_own_npu": split, "kvcache_partition_len": p, "max_seq_len": length, "largest_batch": bmax}
+                {
+                    "vit_on_own_npu": split,
+                    "kvcache_partition_len": p,
+                    "max_seq_len": length,
+                    "largest_batch": bmax,
+                    "batch_cap_reached": bmax == BATCH_CAP,  # the search stops at BATCH_CAP: at least this many
+                }
             )
             for b in batch_choices(needs.min_batch, bmax, checker.work.trace):
                 cfg = Config(split, p, length, b)
