@@ -2,7 +2,7 @@
 
 Why: tune is meant to run before the first compile, on real request logs; it must answer as fast as a dry run
 does, not sweep like a GPU autotuner. Each run is a fresh `python -m qwenvl_rbln tune ... --json` process
-(startup, workload read, bucket DP and every planner check included); the JSON's own ``search_seconds`` and
+(startup, workload read, bucket DP and every planner check included); the JSON's own ``search_s`` and
 ``searched`` (planner calls) are reported beside the wall time.
 
 * workload: 10,000 JSONL lines, seeded: common photo sizes with jitter and random sizes up to 4096 px, counts
@@ -85,7 +85,7 @@ def main() -> None:
             for _ in range(a.runs):
                 wall, doc = run(["--workload", str(workload), "--batch-trace", str(trace), *extra])
                 walls.append(wall)
-                inner.append(doc["search_seconds"])
+                inner.append(doc["search_s"])
             best = doc.get("best")
             answer = (
                 f"best batch {best['batch_size']} at {best['max_seq_len']}, ViT on device "

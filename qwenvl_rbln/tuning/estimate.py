@@ -11,16 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 from qwenvl_rbln.tuning.roofline import Roofline
-from qwenvl_rbln.tuning.workload import Work, clamp_trace, vit_seconds_per_request
+from qwenvl_rbln.tuning.workload import Work, chunks, clamp_trace, vit_seconds_per_request
 from qwenvl_rbln.vision.buckets import select_bucket
 
 
-def _prefill_per_request(work: Work, roof: Roofline, block: int) -> float:
+def _prefill_per_request(work: Work, roof: Roofline, block: int) -> tuple[float, float]:
+    """(mean prefill seconds, mean prefill chunks) per request of the workload."""
     count = sum(work.chunks_hist.values())
     if not count:
-        return roof.prefill(work.prompt_tokens, block)
-    total = sum(n * roof.prefill(tokens + work.prompt_tokens, block) for tokens, n in work.chunks_hist.items())
-    return total / count
+        return roof.prefill(work.prompt_tokens, block), float(chunks(work.prompt_tokens, roof.chunk))
+    seconds = sum(n * roof.prefill(t + work.prompt_tokens, block) for t, n in work.chunks_hist.items())
+    pieces = sum(n * chunks(t + work.prompt_tokens, roof.chunk) for t, n in work.chunks_hist.items())
+    return seconds / count, pieces / count
 
 
 def estimate(
@@ -35,7 +37,7 @@ def estimate(
 ) -> dict[str, Any]:
     """The candidate's figures (seconds, tokens/s), as plain data."""
     vit_s = vit_seconds_per_request(work, vit_buckets, roof.vit_call)
-    prefill_s = _prefill_per_request(work, roof, block)
+    prefill_s, prefill_chunks = _prefill_per_request(work, roof, block)
     context = work.mean_input_tokens + work.output_tokens / 2  # mean tokens each row attends to while decoding
     ordered = sorted(graphs)
     per_graph = [
@@ -63,6 +65,8 @@ def estimate(
     return {
         "vit_s_per_request": vit_s,
         "prefill_s_per_request": prefill_s,
+        "prefill_chunks_per_request": prefill_chunks,
+        "prefill_s_per_chunk": prefill_s / prefill_chunks,
         "ttft_s": ttft,
         "tpot_s": tpot,
         "decode_graphs": per_graph,

@@ -104,6 +104,7 @@ def print_human(console: Any, data: dict[str, Any]) -> None:
         rows = [_config_row(i + 1, r) for i, r in enumerate(data["candidates"])]
         print_table(console, _config_cols(), rows, title="best configurations (every one fits)")
         console.print(markup("decoder graphs: {}", data.get("decoder_graphs_from") or ""))
+        _breakdown(console, data["best"])
         _neighbours(console, data["neighbours"])
         _searched(console, data)
         _hand_over(console, data)
@@ -120,7 +121,26 @@ def _searched(console: Any, data: dict[str, Any]) -> None:
         markup(
             "[dim]searched {} configurations with the memory planner in {} s[/dim]",
             data["searched"],
-            data["search_seconds"],
+            data["search_s"],
+        )
+    )
+
+
+def _breakdown(console: Any, best: dict[str, Any]) -> None:
+    """Where #1's time goes, per request and per graph (all roofline bounds)."""
+    est = best["estimate"]
+    graphs = ", ".join(f"{g['graph']}: {g['step_s'] * 1000:.2f} ms" for g in est["decode_graphs"])
+    console.print(
+        markup(
+            "#1 per request: ViT {} ms (packed), prefill {} ms ({} chunks of {} ms), decode step by graph {}; "
+            "mean running batch {}, bottleneck: {}",
+            f"{est['vit_s_per_request'] * 1000:.2f}",
+            f"{est['prefill_s_per_request'] * 1000:.2f}",
+            f"{est['prefill_chunks_per_request']:.1f}",
+            f"{est['prefill_s_per_chunk'] * 1000:.2f}",
+            graphs,
+            f"{est['mean_running_batch']:.2f}",
+            est["bottleneck"],
         )
     )
 
