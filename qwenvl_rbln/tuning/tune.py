@@ -203,6 +203,7 @@ def _unmet(needs: Needs, near: list[dict[str, Any]]) -> DoesNotFit:
 
 
 def _near_text(row: dict[str, Any]) -> str:
-    sets = " ".join("--set " + s for s in row["set"] if s.startswith(_NEED_KEYS))
+    keys = _NEED_KEYS if row["kvcache_partition_len"] == 8192 else ("kvcache_partition_len", *_NEED_KEYS)
+    sets = " ".join("--set " + s for s in row["set"] if s.startswith(keys))
     where = " (ViT on device 1)" if row["npus"] == 2 else ""
     return f"{sets}{where} gives up {', '.join(row['gives_up'])}"
