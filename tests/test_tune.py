@@ -186,7 +186,10 @@ def test_largest_is_a_binary_search():
     assert largest(lambda x: False, 1, 256) == 0
 
 
-@pytest.mark.parametrize("bad", [{"context": 300000}, {"devices": 3}, {"min_batch": 0}, {"objective": "cost"}])
+@pytest.mark.parametrize(
+    "bad",
+    [{"context": 300000}, {"devices": 3}, {"min_batch": 0}, {"objective": "cost"}, {"device_memory": "120"}],
+)
 def test_bad_needs_are_input_errors(files, bad):
     needs = {"context": 32768, **bad}
     with pytest.raises(InputError):
@@ -274,3 +277,29 @@ def test_roofline_moe_reads_the_routed_experts_only():
     every = roof.lm_params_read(10_000)[1]  # so many rows route to every expert
     expert = 3 * text.hidden_size * 768
     assert read_many < every and every - read_one == pytest.approx(text.num_hidden_layers * (128 - 8) * expert)
+
+
+def test_device_memory_shrinks_what_fits(files):
+    full, _ = _tune(files, context=32768)
+    less, _ = _tune(files, context=32768, device_memory="100GiB")
+    assert less["frontier"][0]["largest_batch"] < full["frontier"][0]["largest_batch"]
+
+
+def test_a_local_model_directory_is_tuned_with_its_own_geometry(files, tmp_path):
+    from dataclasses import asdict
+
+    from qwenvl_rbln.planning.catalogue.modelinfo import QWEN3_VL_8B
+
+    text, vision = asdict(QWEN3_VL_8B.text), asdict(QWEN3_VL_8B.vision)
+    text.pop("moe", None)
+    tied = text.pop("tie_word_embeddings")
+    config = {"model_type": "qwen3_vl", "tie_word_embeddings": tied, "text_config": text, "vision_config": vision}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    big, error = _tune(files, model=str(tmp_path), context=32768, min_batch=4)
+    small, _ = _tune(files, context=32768, min_batch=4)
+    assert error is None and big["preset"]["model"] == str(tmp_path) and big["preset_verdict"] == "fits"
+    # a larger model leaves less room for KV and reads more weights per decode step
+    assert big["frontier"][0]["largest_batch"] < small["frontier"][0]["largest_batch"]
+    assert (
+        big["best"]["estimate"]["decode_graphs"][0]["step_s"] > small["best"]["estimate"]["decode_graphs"][0]["step_s"]
+    )

@@ -116,10 +116,6 @@ class Roofline:
         flops = 2 * per_token * graph + 4 * self._attn * rows * context
         return self._time(flops, read * self.dtype_bytes + rows * context * self._kv_per_token)
 
-    def bound(self, flops: float, nbytes: float) -> str:
-        """Which roof a call sits under (for the table)."""
-        return "compute" if flops / self.compute.fp16_flops >= nbytes / self.compute.hbm_bytes_per_s else "memory"
-
     def label(self) -> str:
         if self.used_measured:
             return f"{LABEL}, except measured graphs: {', '.join(sorted(self.used_measured))}"

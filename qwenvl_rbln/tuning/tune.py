@@ -42,6 +42,11 @@ def _setup(needs: Needs, workload: Path, trace: Path | None, prompt_tokens: int,
     model = needs.model or load_preset(BASE_PRESET).data["model"]
     max_position = load_geometry(model, "--model")[0].text.max_position_embeddings
     check_needs(needs, max_position)
+    if needs.device_memory is not None:  # a bad --device-memory is the user's error, not a configuration's
+        from qwenvl_rbln.memory.report import parse_device_memory
+        from qwenvl_rbln.planning.catalogue.devices import npu_spec
+
+        parse_device_memory(needs.device_memory, npu_spec(load_preset(BASE_PRESET).data["npu"]))
     # the base plan at a context the model has (the base preset's 262144 is above a small model's positions)
     p = partitions_for(needs, max_position)[0]
     base = build_plan(BASE_PRESET, [f"kvcache_partition_len={p}", f"max_seq_len={need_len(needs.context, p)}"],
