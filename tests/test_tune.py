@@ -301,3 +301,8 @@ def test_a_local_model_directory_is_tuned_with_its_own_geometry(files, tmp_path)
     # a larger model leaves less room for KV and reads more weights per decode step
     assert big["frontier"][0]["largest_batch"] < small["frontier"][0]["largest_batch"]
     assert big["best"]["estimate"]["tpot_s"] > small["best"]["estimate"]["tpot_s"]
+
+
+def test_output_must_be_a_yaml_file(files):
+    res = run_qvl("tune", "-w", str(files["workload"]), "--context", "32768", "-o", str(files["root"] / "x.txt"))
+    assert res.exit_code == 2 and ".yaml" in res.stderr and not (files["root"] / "x.txt").exists()

@@ -44,12 +44,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Search batch, context, KV partition, ViT buckets, decoder graphs and placement for a workload; every
         configuration checked by the memory planner, ranked by a roofline estimate (a bound, not measured)."""
-        from qwenvl_rbln.tuning.result import write_preset
+        from qwenvl_rbln.tuning.result import check_output, write_preset
         from qwenvl_rbln.tuning.search import Needs
         from qwenvl_rbln.tuning.tune import run_tune
         from qwenvl_rbln.views import render
         from qwenvl_rbln.views.tune import print_human
 
+        if output is not None:
+            check_output(output)
         needs = Needs(
             model=model,
             context=context,

@@ -79,11 +79,8 @@ def commands(preset_ref: str, data: dict[str, Any], max_len: int, batch: int) ->
     }
 
 
-def write_preset(path: Path, text: str) -> None:
-    """Write the preset whole or not at all: a temporary file beside it, then a rename."""
-    import os
-    import tempfile
-
+def check_output(path: Path) -> Path:
+    """-o names a .yaml file (what --preset reads), checked before the search runs."""
     from qwenvl_rbln.errors import InputError
     from qwenvl_rbln.paths import user_path
 
@@ -92,6 +89,17 @@ def write_preset(path: Path, text: str) -> None:
         raise InputError(f"-o {path} is a directory", "give a file name, e.g. -o tuned.yaml")
     if target.suffix not in (".yaml", ".yml"):
         raise InputError(f"-o {path} does not end in .yaml", "name the preset e.g. tuned.yaml (--preset reads .yaml)")
+    return target
+
+
+def write_preset(path: Path, text: str) -> None:
+    """Write the preset whole or not at all: a temporary file beside it, then a rename."""
+    import os
+    import tempfile
+
+    from qwenvl_rbln.errors import InputError
+
+    target = check_output(path)
     parent = target.parent if str(target.parent) else Path(".")
     try:
         parent.mkdir(parents=True, exist_ok=True)
