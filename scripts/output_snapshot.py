@@ -1,4 +1,4 @@
-"""Capture every command's human and --json output (173 runs), to prove a refactor changes no byte a user sees.
+"""Capture every command's human and --json output (175 runs), to prove a refactor changes no byte a user sees.
 
     git worktree add --detach /tmp/qvl-old <old commit>                       # the code before the change
     PYTHONPATH=/tmp/qvl-old .venv/bin/python scripts/output_snapshot.py capture /tmp/snap-before
@@ -159,6 +159,8 @@ SINGLE = [
         "bp-optimize-nopack",
         "bucket-plan --preset rebel100-1npu --workload {ws}/sizes.jsonl --optimize 3 --no-vit-packing",
     ),
+    ("tune", "tune --workload {ws}/sizes.jsonl --batch-trace {ws}/trace.txt --context 32768 --min-batch 4"),
+    ("tune-unmet-json", "tune --workload {ws}/sizes.jsonl --context 262144 --min-batch 64 --json"),
     ("bp-max-bucket", "bucket-plan --preset rebel100-1npu --workload {ws}/sizes.jsonl --optimize 3 --max-bucket 8192"),
     ("bp-decoder", "bucket-plan --preset rebel100-1npu-batch4 --batch-trace {ws}/trace.txt --optimize-decoder 2"),
     (

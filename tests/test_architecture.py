@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("qwenvl_rbln.inference",),
     ("qwenvl_rbln.jobs",),
     ("qwenvl_rbln.serving",),
+    ("qwenvl_rbln.tuning",),
     ("qwenvl_rbln.views",),
     ("qwenvl_rbln.commands",),
     ("qwenvl_rbln.cli", "qwenvl_rbln.entry", "qwenvl_rbln.__main__"),

@@ -12,6 +12,7 @@ COMMAND_MODULES = [
     "load_check_cmd",
     "infer_cmd",
     "bucket_plan_cmd",
+    "tune_cmd",
     "compare_cmd",
     "serve_cmd",
     "presets_cmd",

@@ -128,3 +128,68 @@ def optimum_size_text(nbytes: int) -> str:
         if nbytes >= size:
             return f"{nbytes // size}{unit}"
     return f"{nbytes}B"
+
+
+# --- compute and bandwidth: the figures a roofline is drawn from (qvl tune) ------------------------------------
+
+TOMS_HARDWARE_ISSCC = (
+    "Tom's Hardware, 'ISSCC 2026: Rebellions details ... Rebel 100' (2026-03-02): 2 FP8 PFLOPS or 1 FP16 PFLOPS "
+    "without sparsity at 600 W; four NPU dies, each with one 12-Hi HBM3E 36 GB stack"
+)
+HBM_BANDWIDTH_SOURCE = (
+    "Rebel Quad press coverage (AMD AI news weekly recap, 2025-12-28): 4.8 TB/s aggregate HBM3E bandwidth"
+)
+EFFECTIVE_BANDWIDTH_SOURCE = (
+    "rebellions.ai, 'Peta-Scale SoC for Massive AI Serving: REBEL-Quad': 2.7 TB/s effective bandwidth with "
+    "software-tuned DMA (a vendor figure for what DMA sustains, not the HBM peak)"
+)
+
+
+@dataclass(frozen=True)
+class ComputeSpec:
+    """Published peak figures of one NPU card, each with its source: what a roofline bound is drawn from.
+    Peak figures, not measured: a roofline from them is a lower bound on time (an upper bound on speed)."""
+
+    sku: str
+    fp16_flops: float  # dense FP16/BF16 FLOP/s
+    fp8_flops: float  # dense FP8 FLOP/s
+    hbm_bytes_per_s: float  # peak HBM bandwidth, all chiplets together
+    effective_bytes_per_s: float  # what the vendor says its DMA sustains
+    chiplets: int
+    sources: tuple[tuple[str, str], ...]  # (figure, citation)
+
+    def to_dict(self) -> dict:
+        return {
+            "sku": self.sku,
+            "fp16_flops": self.fp16_flops,
+            "fp8_flops": self.fp8_flops,
+            "hbm_bytes_per_s": self.hbm_bytes_per_s,
+            "effective_bytes_per_s": self.effective_bytes_per_s,
+            "chiplets": self.chiplets,
+            "sources": [{"figure": f, "source": s} for f, s in self.sources],
+        }
+
+
+REBEL100_COMPUTE = ComputeSpec(
+    sku="RBLN-CR13",
+    fp16_flops=1.0e15,
+    fp8_flops=2.0e15,
+    hbm_bytes_per_s=4.8e12,
+    effective_bytes_per_s=2.7e12,
+    chiplets=4,
+    sources=(
+        ("1 PFLOPS dense FP16, 2 PFLOPS dense FP8, 4 chiplets", TOMS_HARDWARE_ISSCC),
+        ("4.8 TB/s HBM3E", HBM_BANDWIDTH_SOURCE),
+        ("2.7 TB/s effective (DMA)", EFFECTIVE_BANDWIDTH_SOURCE),
+    ),
+)
+
+
+def compute_spec(sku: str) -> ComputeSpec:
+    """The published compute figures of an SKU; only Rebel100 (RBLN-CR13) has cited ones."""
+    if sku == "RBLN-CR13":
+        return REBEL100_COMPUTE
+    raise InputError(
+        f"npu {sku!r}: no published compute and bandwidth figures in qvl's catalogue (only RBLN-CR13 has cited ones)",
+        "tune for npu RBLN-CR13 (Rebel100)",
+    )

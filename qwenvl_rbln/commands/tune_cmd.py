@@ -1,0 +1,76 @@
+"""`qvl tune`: from a workload and its needs to the preset that fits and costs least, with the commands.
+
+Options only: ``qwenvl_rbln/tuning/`` searches (the memory planner checks every configuration, a roofline bound
+ranks them) and ``qwenvl_rbln/views/tune.py`` renders the result.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from qwenvl_rbln.commands.common import JsonOpt, ModelOpt
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("tune")
+    def tune_cmd(
+        model: str = ModelOpt,
+        workload: Path = typer.Option(
+            ...,
+            "--workload",
+            "-w",
+            help='Image sizes from logs, as bucket-plan reads them: JSONL {"width","height","count"} (+ "images": '
+            'N for N images in one request, "frames"/"fps" for videos) or CSV.',
+        ),
+        batch_trace: Path = typer.Option(
+            None, "--batch-trace", help="Observed running-batch sizes: a JSON list or one integer per line."
+        ),
+        context: int = typer.Option(..., "--context", help="The longest request (tokens) the deployment must serve."),
+        min_batch: int = typer.Option(1, "--min-batch", help="Requests that must run at once, each at --context."),
+        devices: int = typer.Option(1, "--devices", help="NPUs to use: 2 allows the ViT on its own NPU (device 1)."),
+        objective: str = typer.Option("throughput", "--objective", help="throughput (output tokens/s) or latency."),
+        max_buckets: int = typer.Option(
+            3, "--max-buckets", "-k", help="At most K ViT buckets, and K decoder graphs (each is a compiled graph)."
+        ),
+        prompt_tokens: int = typer.Option(128, "--prompt-tokens", min=0, help="Text tokens per request (estimate)."),
+        output_tokens: int = typer.Option(256, "--output-tokens", min=1, help="Generated tokens per request."),
+        device_memory: str = typer.Option(
+            None, "--device-memory", help="Usable memory per NPU if not the nominal 140 GiB (e.g. 120GiB)."
+        ),
+        output: Path = typer.Option(None, "--output", "-o", help="Write the tuned preset here (default: stdout)."),
+        as_json: bool = JsonOpt,
+    ) -> None:
+        """Search batch, context, KV partition, ViT buckets, decoder graphs and placement for a workload; every
+        configuration checked by the memory planner, ranked by a roofline estimate (a bound, not measured)."""
+        from qwenvl_rbln.tuning.result import check_output, write_preset
+        from qwenvl_rbln.tuning.search import Needs
+        from qwenvl_rbln.tuning.tune import run_tune
+        from qwenvl_rbln.views import render
+        from qwenvl_rbln.views.tune import print_human
+
+        if output is not None:
+            check_output(output)
+        needs = Needs(
+            model=model,
+            context=context,
+            min_batch=min_batch,
+            devices=devices,
+            objective=objective,
+            max_buckets=max_buckets,
+            device_memory=device_memory,
+        )
+        data, error = run_tune(
+            needs,
+            workload,
+            batch_trace,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            output=output,
+        )
+        if error is None and output is not None:
+            write_preset(output, data["preset_yaml"])
+        render.emit(data, as_json=as_json, human=print_human, error=error)
+        if error is not None:
+            raise error

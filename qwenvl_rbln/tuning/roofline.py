@@ -1,0 +1,122 @@
+"""The cost model: a roofline bound from the NPU's published peak figures, labelled for what it is.
+
+Each graph call takes ``max(FLOPs / peak FLOP/s, bytes read / peak HBM bandwidth)``: the time it could not beat
+on this card (``planning.catalogue.devices.ComputeSpec``, cited there). Real calls are slower (launch overhead,
+the compiler's tiling, DMA that sustains less than the peak: Rebellions quotes 2.7 TB/s effective against the
+4.8 TB/s peak), so every figure is a bound, not a measurement, and is printed as one. A graph with a measured
+time in ``$QVL_HOME/timings.json`` (``measured``) uses that instead and says so.
+
+- ViT call in bucket S: the executed FLOPs of S patches (``vision.buckets.vit_flops``, the cost ``--optimize``
+  minimises) against the ViT weights and the S x S mask read once.
+- Prefill chunk: 2 x params x chunk rows + attention over the context so far, against weights + KV read.
+- Decode step on graph G with b real rows at context c: 2 x params x G + attention 4 x layers x heads x head_dim
+  x b x c, against weights (MoE: the experts the rows route to) + b x c x KV bytes per token.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from qwenvl_rbln.memory.calibration import decoder_key, prefill_key
+from qwenvl_rbln.memory.params import lm_params, vision_params
+from qwenvl_rbln.planning.catalogue.devices import ComputeSpec
+from qwenvl_rbln.planning.catalogue.modelinfo import ModelGeometry
+from qwenvl_rbln.tuning.measured import visual_call_key
+from qwenvl_rbln.vision.buckets import vit_flops
+
+LABEL = "roofline bound, not measured"
+MEASURED = "measured"
+
+
+@dataclass
+class Roofline:
+    geometry: ModelGeometry
+    compute: ComputeSpec
+    dtype_bytes: int = 2
+    chunk: int = 512
+    timings: dict[str, float] = field(default_factory=dict)  # graph key -> measured seconds
+    used_measured: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        t = self.geometry.text
+        self._lm_params = lm_params(t)["device"]
+        self._vit_bytes = vision_params(self.geometry.vision)["device"] * self.dtype_bytes
+        self._kv_per_token = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * self.dtype_bytes
+        self._attn = t.num_hidden_layers * t.num_attention_heads * t.head_dim
+        self._cache: dict[Any, float] = {}
+
+    # --- figures ---------------------------------------------------------------------------------
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self._kv_per_token
+
+    def _time(self, flops: float, nbytes: float) -> float:
+        return max(flops / self.compute.fp16_flops, nbytes / self.compute.hbm_bytes_per_s)
+
+    def _measured(self, key: str) -> float | None:
+        value = self.timings.get(key)
+        if value is not None:
+            self.used_measured.add(key)
+        return value
+
+    def _experts(self) -> tuple[int, float, float, int]:
+        """(sparse layers, params per expert, experts per token, experts) of a MoE text model; zeros when dense."""
+        t = self.geometry.text
+        moe = getattr(t, "moe", None)
+        if not moe:
+            return 0, 0.0, 0.0, 0
+        sparse = moe.sparse_layers(t.num_hidden_layers)
+        return sparse, 3.0 * t.hidden_size * moe.moe_intermediate_size, moe.num_experts_per_tok, moe.num_experts
+
+    def lm_params_read(self, rows: int) -> tuple[float, float]:
+        """(params per token, params read per call) for ``rows`` rows: all of them for a dense model; a MoE model
+        computes its top-k experts per token and reads the experts its rows route to (expected distinct ones)."""
+        sparse, expert, k, experts = self._experts()
+        if not sparse:
+            return float(self._lm_params), float(self._lm_params)
+        shared = max(self._lm_params - sparse * experts * expert, 0.0)
+        distinct = experts * (1 - (1 - k / experts) ** rows)
+        return shared + sparse * k * expert, shared + sparse * distinct * expert
+
+    # --- graphs ----------------------------------------------------------------------------------
+    def vit_call(self, bucket: int) -> float:
+        key = ("vit", bucket)
+        if key not in self._cache:
+            measured = self._measured(visual_call_key(bucket))
+            flops = vit_flops(bucket, self.geometry.vision)
+            self._cache[key] = measured or self._time(flops, self._vit_bytes + bucket * bucket * self.dtype_bytes)
+        return self._cache[key]
+
+    def prefill_chunk(self, before: int, block: int) -> float:
+        """One prefill chunk (a full ``chunk`` of rows: the graph is compiled at that size) after ``before`` tokens."""
+        measured = self._measured(prefill_key(self.chunk, block))
+        if measured:
+            return measured
+        per_token, read = self.lm_params_read(self.chunk)
+        ctx = before + self.chunk
+        flops = 2 * per_token * self.chunk + 4 * self._attn * self.chunk * (before + self.chunk / 2)
+        return self._time(flops, read * self.dtype_bytes + ctx * self._kv_per_token)
+
+    def prefill(self, tokens: int, block: int) -> float:
+        """All chunks of one request's prompt."""
+        chunks = max(1, math.ceil(tokens / self.chunk))
+        key = ("prefill", chunks, block)
+        if key not in self._cache:
+            self._cache[key] = sum(self.prefill_chunk(i * self.chunk, block) for i in range(chunks))
+        return self._cache[key]
+
+    def decode_step(self, graph: int, rows: int, context: float, block: int) -> float:
+        """One decode step of graph ``graph`` with ``rows`` real rows, each attending to ``context`` tokens."""
+        measured = self._measured(decoder_key(graph, block))
+        if measured:
+            return measured
+        per_token, read = self.lm_params_read(graph)
+        flops = 2 * per_token * graph + 4 * self._attn * rows * context
+        return self._time(flops, read * self.dtype_bytes + rows * context * self._kv_per_token)
+
+    def label(self) -> str:
+        if self.used_measured:
+            return f"{LABEL}, except measured graphs: {', '.join(sorted(self.used_measured))}"
+        return LABEL

@@ -1,0 +1,214 @@
+"""``qvl tune`` as data: read the workload once, search, rank, explain, and hand over the tuned preset.
+
+``run_tune`` returns ``(document, error)``: the document is what ``--json`` prints (and what a plot reads:
+``candidates`` and ``neighbours`` are plain rows with their estimate); ``error`` is the ``DoesNotFit`` to raise
+after printing it when no configuration meets the needs (exit 4).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln.errors import DoesNotFit
+from qwenvl_rbln.tuning.neighbours import nearest, neighbours
+from qwenvl_rbln.tuning.result import commands, output_dir_for, preset_data, preset_yaml
+from qwenvl_rbln.tuning.roofline import LABEL, Roofline
+from qwenvl_rbln.tuning.search import (
+    BASE_PRESET,
+    BATCH_CAP,
+    TABLE_ROWS,
+    Checker,
+    Config,
+    Needs,
+    batch_choices,
+    check_needs,
+    largest,
+    need_len,
+    partitions_for,
+)
+from qwenvl_rbln.tuning.workload import read_work
+
+
+def _setup(needs: Needs, workload: Path, trace: Path | None, prompt_tokens: int, output_tokens: int) -> Checker:
+    from qwenvl_rbln.memory.calibration import model_key
+    from qwenvl_rbln.planning.catalogue.devices import compute_spec
+    from qwenvl_rbln.planning.catalogue.modelinfo import load_geometry
+    from qwenvl_rbln.planning.plan import build_plan
+    from qwenvl_rbln.planning.presets import load_preset
+    from qwenvl_rbln.tuning.measured import load_timings
+
+    model = needs.model or load_preset(BASE_PRESET).data["model"]
+    max_position = load_geometry(model, "--model")[0].text.max_position_embeddings
+    check_needs(needs, max_position)
+    if needs.device_memory is not None:  # a bad --device-memory is the user's error, not a configuration's
+        from qwenvl_rbln.memory.report import parse_device_memory
+        from qwenvl_rbln.planning.catalogue.devices import npu_spec
+
+        parse_device_memory(needs.device_memory, npu_spec(load_preset(BASE_PRESET).data["npu"]))
+    # the base plan at a context the model has (the base preset's 262144 is above a small model's positions)
+    p = partitions_for(needs, max_position)[0]
+    base = build_plan(BASE_PRESET, [f"kvcache_partition_len={p}", f"max_seq_len={need_len(needs.context, p)}"],
+                      model=needs.model)  # fmt: skip
+    work = read_work(base, workload, needs.max_buckets, trace, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+    roof = Roofline(
+        base.geometry,
+        compute_spec(base.npu),
+        chunk=base.resolved.prefill_chunk_size,
+        timings=load_timings(model_key(base.geometry), base.npu),
+    )
+    return Checker(needs, work, roof, base)
+
+
+def _search(checker: Checker) -> tuple[list[tuple[Config, dict[str, Any]]], list[dict[str, Any]]]:
+    """Every configuration that meets the needs and fits (described), and the frontier per placement/partition."""
+    needs = checker.needs
+    found: list[tuple[Config, dict[str, Any]]] = []
+    frontier = []
+    for split in (False, True)[: needs.devices]:
+        for p in partitions_for(needs, checker.max_position):
+            length = need_len(needs.context, p)
+            bmax = largest(lambda b, s=split, p=p, n=length: checker.fits(Config(s, p, n, b)), 1, BATCH_CAP)
+            frontier.append(
+                {
+                    "vit_on_own_npu": split,
+                    "kvcache_partition_len": p,
+                    "max_seq_len": length,
+                    "largest_batch": bmax,
+                    "batch_cap_reached": bmax == BATCH_CAP,  # the search stops at BATCH_CAP: at least this many
+                }
+            )
+            for b in batch_choices(needs.min_batch, bmax, checker.work.trace):
+                cfg = Config(split, p, length, b)
+                row = checker.describe(cfg, longest_max_seq_len_that_fits=checker.longest(cfg, length))
+                found.append((cfg, row))
+    return found, frontier
+
+
+def _table(found: list[tuple[Config, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The best rows, one per placement and batch (its best partition): the table shows choices, not repeats."""
+    seen: set[tuple[bool, int]] = set()
+    rows = []
+    for cfg, row in found:
+        if (cfg.split, cfg.batch) not in seen:
+            seen.add((cfg.split, cfg.batch))
+            rows.append(row)
+    return rows[:TABLE_ROWS]
+
+
+def _rank_key(item: tuple[Config, dict[str, Any]]) -> tuple:
+    cfg, row = item
+    # the objective, then fewer NPUs, the documented partition, the smaller batch, the larger margin
+    return (round(row["score"], 12), cfg.split, cfg.partition != 8192, cfg.batch, -(row["margin_low_bytes"] or 0))
+
+
+def run_tune(
+    needs: Needs,
+    workload: Path,
+    trace: Path | None = None,
+    *,
+    prompt_tokens: int = 128,
+    output_tokens: int = 256,
+    output: Path | None = None,
+) -> tuple[dict[str, Any], DoesNotFit | None]:
+    start = time.perf_counter()
+    checker = _setup(needs, workload, trace, prompt_tokens, output_tokens)
+    found, frontier = _search(checker)
+    found = [(c, r) for c, r in found if r["counts"]]
+    found.sort(key=_rank_key)
+    doc: dict[str, Any] = {
+        "needs": {
+            "model": checker.base.model_id,
+            "context": needs.context,
+            "min_batch": needs.min_batch,
+            "devices": needs.devices,
+            "objective": needs.objective,
+            "max_buckets": needs.max_buckets,
+            "device_memory": needs.device_memory,
+        },
+        "base_preset": BASE_PRESET,
+        "workload": checker.work.to_dict(),
+        "cost_model": {
+            "label": LABEL,
+            "npu": checker.roof.compute.to_dict(),
+            "measured_graphs": sorted(checker.roof.used_measured),
+            "note": "peak figures: real calls are slower; record measured timings in $QVL_HOME/timings.json "
+            "(docs/tuning.md) to replace the roofline graph by graph",
+        },
+        "frontier": frontier,
+        "candidates": _table(found),
+        "searched": 0,
+    }
+    error = None
+    if found:
+        best_cfg, best = found[0]
+        doc["best"] = best
+        doc["decoder_graphs_from"] = checker.graphs_note(best_cfg.batch)
+        doc["neighbours"] = neighbours(checker, best_cfg, best)
+        doc.update(_hand_over(checker, best_cfg, best, output))
+    else:
+        doc["nearest"] = nearest(checker)
+        error = _unmet(needs, doc["nearest"])
+    doc["cost_model"]["measured_graphs"] = sorted(checker.roof.used_measured)
+    doc["searched"] = checker.calls
+    doc["search_s"] = round(time.perf_counter() - start, 3)
+    return doc, error
+
+
+def _description(checker: Checker, best: dict[str, Any]) -> str:
+    needs, work, est = checker.needs, checker.work, best["estimate"]
+    trace = f", batch trace {work.trace_path}" if work.trace_path else ""
+    return (
+        f"qvl tune: {checker.base.model_id} for {work.path} ({work.requests:,} requests{trace}); "
+        f"needs context {needs.context}, batch >= {needs.min_batch}, {needs.devices} NPU(s), objective "
+        f"{needs.objective}; estimate ({LABEL}): {est['output_tokens_per_s']:.0f} output tokens/s, TTFT "
+        f"{est['ttft_s'] * 1000:.1f} ms, TPOT {est['tpot_s'] * 1000:.2f} ms"
+    )
+
+
+def _hand_over(checker: Checker, cfg: Config, best: dict[str, Any], output: Path | None) -> dict[str, Any]:
+    """The tuned preset (checked again as the file it is), and the commands."""
+    from qwenvl_rbln.memory.planner import estimate_plan
+    from qwenvl_rbln.planning.plan import plan_from_loaded
+    from qwenvl_rbln.planning.presets import LoadedPreset
+
+    description = _description(checker, best)
+    data = preset_data(BASE_PRESET, checker.sets(cfg), description, output_dir_for(output), checker.needs.model)
+    loaded = LoadedPreset(name="tuned", path=output or Path("tuned.yaml"), data=data)
+    plan = plan_from_loaded(loaded, model=checker.needs.model)
+    verdict = estimate_plan(plan, checker.needs.device_memory, suggest=False).verdict
+    header = [
+        "Written by `qvl tune`. Every figure in the description is a roofline bound from published peak figures,",
+        "not a measurement. Check it: qvl compile --preset THIS_FILE --dry-run",
+    ]
+    ref = str(output) if output is not None else "tuned.yaml"
+    return {
+        "preset": data,
+        "preset_yaml": preset_yaml(data, header),
+        "preset_verdict": verdict,
+        "preset_path": str(output) if output is not None else None,
+        "commands": commands(ref, data, cfg.max_seq_len, cfg.batch),
+    }
+
+
+_NEED_KEYS = ("max_seq_len", "batch_size", "memory_budget")
+
+
+def _unmet(needs: Needs, near: list[dict[str, Any]]) -> DoesNotFit:
+    where = f"{needs.devices} NPU{'s' if needs.devices > 1 else ''}"
+    lead = (
+        f"no configuration meets the needs (context {needs.context}, batch >= {needs.min_batch}, {where}) with a "
+        "memory verdict of fits"
+    )
+    if not near:
+        return DoesNotFit(lead, "lower --context or --min-batch, or allow --devices 2")
+    options = "; ".join(_near_text(row) for row in near)
+    return DoesNotFit(f"{lead}; nearest: {options}", "relax the need each one gives up (see `nearest` in --json)")
+
+
+def _near_text(row: dict[str, Any]) -> str:
+    keys = _NEED_KEYS if row["kvcache_partition_len"] == 8192 else ("kvcache_partition_len", *_NEED_KEYS)
+    sets = " ".join("--set " + s for s in row["set"] if s.startswith(keys))
+    where = " (ViT on device 1)" if row["npus"] == 2 else ""
+    return f"{sets}{where} gives up {', '.join(row['gives_up'])}"

@@ -1,0 +1,177 @@
+"""Human view of ``qvl tune``: the needs, the best configurations with their estimate and verdict, why each
+neighbour lost (or, when nothing meets the needs, the nearest configurations), the commands and the preset."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qwenvl_rbln.views.render import Col, markup, print_table
+
+GiB = 1 << 30
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.2f}"
+
+
+def _where(row: dict[str, Any]) -> str:
+    return "own NPU (1)" if row["npus"] == 2 else "beside LM (0)"
+
+
+def _config_cols() -> list[Col]:
+    return [
+        Col("#"),
+        Col("batch"),
+        Col("decoder graphs", justify="left", fold=True),
+        Col("max_seq_len"),
+        Col("partition", drop=2),
+        Col("ViT", justify="left", drop=3),
+        Col("verdict", justify="left"),
+        Col("margin GiB", drop=1),
+        Col("tok/s"),
+        Col("TTFT ms"),
+        Col("TPOT ms"),
+        Col("latency ms", drop=4),
+    ]
+
+
+def _config_row(i: int, row: dict[str, Any]) -> list[str]:
+    est = row.get("estimate") or {}
+    margin = row.get("margin_low_bytes")
+    return [
+        str(i),
+        str(row["batch_size"]),
+        ",".join(map(str, row["decoder_batch_sizes"])),
+        str(row["max_seq_len"]),
+        str(row["kvcache_partition_len"]),
+        _where(row),
+        row["verdict"],
+        "-" if margin is None else f"{margin / GiB:+.2f}",
+        f"{est['output_tokens_per_s']:.0f}" if est else "-",
+        _ms(est.get("ttft_s")),
+        _ms(est.get("tpot_s")),
+        _ms(est.get("latency_s")),
+    ]
+
+
+def _needs(console: Any, data: dict[str, Any]) -> None:
+    n, w = data["needs"], data["workload"]
+    console.print(
+        markup(
+            "[bold]needs[/bold] {}: context {}, batch >= {}, {} NPU(s), objective {}",
+            n["model"],
+            n["context"],
+            n["min_batch"],
+            n["devices"],
+            n["objective"],
+        )
+    )
+    trace = f", batch trace {w['batch_trace']} ({w['trace_steps']:,} steps)" if w["batch_trace"] else ""
+    console.print(
+        markup(
+            "[bold]workload[/bold] {}: {} requests, {} distinct sizes, ~{} input tokens each{}",
+            w["path"],
+            f"{w['requests']:,}",
+            f"{w['distinct_sizes']:,}",
+            f"{w['mean_input_tokens']:.0f}",
+            trace,
+        )
+    )
+    console.print(
+        markup(
+            "[bold]ViT buckets[/bold] {} (exact DP on the {} cost, as bucket-plan --optimize {})",
+            w["vit_buckets"],
+            w["vit_cost"],
+            n["max_buckets"],
+        )
+    )
+    cm = data["cost_model"]
+    console.print(
+        markup("[bold]estimates[/bold] [yellow]{}[/yellow]: {}", cm["label"], _figures(cm["npu"])), highlight=False
+    )
+
+
+def _figures(npu: dict[str, Any]) -> str:
+    return (
+        f"{npu['sku']} {npu['fp16_flops'] / 1e15:g} PFLOPS FP16, {npu['hbm_bytes_per_s'] / 1e12:g} TB/s HBM "
+        "(peak; sources in --json cost_model.npu.sources)"
+    )
+
+
+def print_human(console: Any, data: dict[str, Any]) -> None:
+    _needs(console, data)
+    if data.get("best"):
+        rows = [_config_row(i + 1, r) for i, r in enumerate(data["candidates"])]
+        print_table(console, _config_cols(), rows, title="best configurations (every one fits)")
+        console.print(markup("decoder graphs: {}", data.get("decoder_graphs_from") or ""))
+        _breakdown(console, data["best"])
+        _neighbours(console, data["neighbours"])
+        _searched(console, data)
+        _hand_over(console, data)
+        return
+    else:
+        rows = [[*_config_row(i + 1, r)[:8], "; ".join(r["gives_up"])] for i, r in enumerate(data["nearest"])]
+        cols = [*_config_cols()[:8], Col("gives up", justify="left", fold=True)]
+        print_table(console, cols, rows, title="nothing meets the needs; the nearest configurations")
+    _searched(console, data)
+
+
+def _searched(console: Any, data: dict[str, Any]) -> None:
+    console.print(
+        markup(
+            "[dim]searched {} configurations with the memory planner in {} s[/dim]",
+            data["searched"],
+            data["search_s"],
+        )
+    )
+
+
+def _breakdown(console: Any, best: dict[str, Any]) -> None:
+    """Where #1's time goes, per request and per graph (all roofline bounds)."""
+    est = best["estimate"]
+    graphs = ", ".join(f"{g['graph']}: {g['step_s'] * 1000:.2f} ms" for g in est["decode_graphs"])
+    console.print(
+        markup(
+            "#1 per request: ViT {} ms (packed), prefill {} ms ({} chunks of {} ms), decode step by graph {}; "
+            "mean running batch {}, bottleneck: {}",
+            f"{est['vit_s_per_request'] * 1000:.2f}",
+            f"{est['prefill_s_per_request'] * 1000:.2f}",
+            f"{est['prefill_chunks_per_request']:.1f}",
+            f"{est['prefill_s_per_chunk'] * 1000:.2f}",
+            graphs,
+            f"{est['mean_running_batch']:.2f}",
+            est["bottleneck"],
+        )
+    )
+
+
+def _neighbours(console: Any, rows: list[dict[str, Any]]) -> None:
+    cols = [
+        Col("changed", justify="left", fold=True),
+        Col("verdict", justify="left"),
+        Col("why it lost", justify="left", fold=True),
+    ]
+    print_table(
+        console,
+        cols,
+        [[r["change"], r["verdict"], r["why"]] for r in rows],
+        title="rejected neighbours of #1",
+    )
+
+
+def _hand_over(console: Any, data: dict[str, Any]) -> None:
+    import shlex
+
+    cmds = data["commands"]
+    console.print(markup("[bold]preset[/bold] verdict in its own dry run: {}", data["preset_verdict"]))
+    console.print("[bold]compile and serve[/bold]")
+    console.print(markup("  {}", cmds["dry_run"]))
+    console.print(markup("  {}", cmds["compile"]))
+    console.print(markup("  {}", cmds["serve"]))
+    env = " ".join(f"{k}={v}" for k, v in cmds["env"].items())
+    console.print(markup("  [dim]which runs: {} {}[/dim]", env, shlex.join(cmds["vllm"])))
+    if data.get("preset_path"):
+        console.print(markup("[bold]written[/bold] {}", data["preset_path"]))
+    else:
+        console.print("[bold]tuned preset[/bold] (save it as tuned.yaml, or pass -o tuned.yaml)")
+        console.print(data["preset_yaml"], markup=False, highlight=False, end="")
