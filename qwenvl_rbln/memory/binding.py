@@ -58,7 +58,7 @@ def describe(dev: dict[str, Any], verdict: str) -> str:
     cons = constraints(dev)
     bind = binding(dev)
     if verdict == "does_not_fit":
-        bind = [c for c in bind if c["margin_best"] < 0] or bind
+        bind = [c for c in bind if c["margin_best"] < 0]
     source = dev.get("verdict_source") or ""
     if source.startswith("observed") and (not bind or verdict == "fits"):
         return f"{lead}: {source}"
