@@ -31,3 +31,44 @@ def test_bucket_plan_json_failures_carry_the_error_object(args, code, capsys, tm
     doc = json.loads(out)
     assert doc["error"]["exit_code"] == code and doc["error"]["message"] and doc["error"]["hint"]
     assert "summary" in doc  # the report stays beside the error
+
+
+# ----------------------------------------------------------------- 5. a closed pipe is not an internal error
+def _run_into_closed_pipe(*args: str) -> tuple[int, str]:
+    """qvl with stdout a pipe whose reader has already left (``qvl ... | head -n0``), deterministically: the read
+    end is closed before qvl starts, so its first write meets EPIPE."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers_cli import REPO
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "qwenvl_rbln", *args],
+            cwd=REPO,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+            env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
+        )
+    finally:
+        os.close(write)
+    return proc.returncode, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bucket-plan", "--size", "1920x1080", "--rows", "0"],
+        ["compile", "--preset", "rebel100-1npu", "--dry-run"],
+        ["compile", "--preset", "rebel100-1npu", "--dry-run", "--json"],
+    ],
+)
+def test_a_closed_pipe_ends_quietly_not_as_an_internal_error(args):
+    code, err = _run_into_closed_pipe(*args)
+    assert code == 141, err  # 128 + SIGPIPE, as `yes | head` reports; 1 would be "internal error"
+    assert "Traceback" not in err and "internal error" not in err and "Exception ignored" not in err

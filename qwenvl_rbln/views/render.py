@@ -35,9 +35,18 @@ def out() -> Console:
     global _stdout
     if _stdout is None:
         _stdout = Console(highlight=False, soft_wrap=False)
+        _stdout.on_broken_pipe = _broken_pipe  # type: ignore[method-assign]
         if not _stdout.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
             _stdout.width = PIPE_WIDTH
     return _stdout
+
+
+def _broken_pipe() -> None:
+    """rich's own handler exits 1 (qvl's "internal error"): hand the closed pipe to the CLI edge instead, which
+    ends quietly (``cli.main``: exit 141, as a tool that SIGPIPE ends)."""
+    import errno
+
+    raise BrokenPipeError(errno.EPIPE, "stdout was closed by its reader")
 
 
 def err() -> Console:
