@@ -72,3 +72,18 @@ def test_a_closed_pipe_ends_quietly_not_as_an_internal_error(args):
     code, err = _run_into_closed_pipe(*args)
     assert code == 141, err  # 128 + SIGPIPE, as `yes | head` reports; 1 would be "internal error"
     assert "Traceback" not in err and "internal error" not in err and "Exception ignored" not in err
+
+
+# ----------------------------------------------------------------- 6. a dry run refuses what the real run refuses
+def test_a_dry_run_refuses_what_the_real_run_refuses(capsys, tmp_path: Path):
+    code, _, err = run_main(["compile", "--preset", "cpu-tiny", "--emulate", "--dry-run"], capsys)
+    assert code == 2 and "nothing to emulate" in err
+    taken = tmp_path / "mine"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("my files")
+    for extra in ([], ["--force"]):  # an existing directory; with --force, one that is not an artifact
+        code, _, err = run_main(["compile", "--preset", "cpu-tiny", "-o", str(taken), "--dry-run", *extra], capsys)
+        assert code == 2 and str(taken) in err, err
+    assert (taken / "notes.txt").read_text() == "my files"
+    code, _, err = run_main(["compile", "--preset", "cpu-tiny", "-o", str(tmp_path / "new"), "--dry-run"], capsys)
+    assert code == 0, err

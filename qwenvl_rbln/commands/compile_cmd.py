@@ -86,7 +86,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Compile Qwen3-VL with a preset (optimum-rbln on an RBLN host, transformers for backend torch)."""
         from qwenvl_rbln.commands.common import print_warnings
-        from qwenvl_rbln.jobs.compile_request import compile_for_real, dry_run_gate, plan_for_compile
+        from qwenvl_rbln.jobs.compile_request import (
+            compile_for_real,
+            dry_run_gate,
+            plan_for_compile,
+            refuse_before_compile,
+        )
         from qwenvl_rbln.memory.planner import estimate_plan
         from qwenvl_rbln.views import render
         from qwenvl_rbln.views.memory import print_memory
@@ -96,6 +101,7 @@ def register(app: typer.Typer) -> None:
         memory = estimate_plan(plan, device_memory=device_memory)
         data = {**plan.to_dict(), "memory": memory.to_dict()}
         if dry_run:
+            refuse_before_compile(plan, emulate=emulate, force=force)  # what the real run refuses, a dry run does
 
             def human(console: Any, d: dict[str, Any]) -> None:
                 plan_summary(console, d)
