@@ -87,3 +87,33 @@ def test_a_dry_run_refuses_what_the_real_run_refuses(capsys, tmp_path: Path):
     assert (taken / "notes.txt").read_text() == "my files"
     code, _, err = run_main(["compile", "--preset", "cpu-tiny", "-o", str(tmp_path / "new"), "--dry-run"], capsys)
     assert code == 0, err
+
+
+# ----------------------------------------------------------------- 4. load-check never says "ok" after "does not fit"
+def test_load_check_does_not_fit_is_exit_4_never_ok(tiny_rbln, emulated, capsys, monkeypatch):
+    from qwenvl_rbln.backends.rbln import optimum
+
+    def no_load(*a, **k):
+        raise AssertionError("--no-runtime loaded the model")
+
+    monkeypatch.setattr(optimum, "load_model", no_load)  # 8: --emulate --no-runtime must not load it (4.5 s)
+    args = ["load-check", str(tiny_rbln), "--emulate", "--no-runtime", "--device-memory", "1MiB"]
+    code, out, err = run_main(args, capsys)
+    assert code == 4, err
+    assert "load-check: ok" not in out and "runtimes created" not in out
+    code, out, err = run_main([*args, "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 4 and doc["ok"] is False and doc["error"]["exit_code"] == 4
+    # the emulated table is judged against --device-memory too
+    assert doc["memory"]["fits"] is False and doc["memory"]["devices"][0]["usable_bytes"] == 1 << 20
+    code, out, err = run_main(["load-check", str(tiny_rbln), "--emulate", "--no-runtime", "--json"], capsys)
+    assert code == 0 and json.loads(out)["ok"] is True, err
+
+
+def test_load_check_of_a_torch_artifact_that_does_not_fit_is_exit_4(tiny_model, capsys, tmp_path: Path):
+    out_dir = tmp_path / "torch"
+    code, _, err = run_main(["compile", "--preset", "cpu-tiny", "-o", str(out_dir)], capsys)
+    assert code == 0, err
+    code, out, err = run_main(["load-check", str(out_dir), "--no-runtime", "--device-memory", "1MiB", "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 4 and doc["ok"] is False and doc["memory"]["fits"] is False, err
