@@ -117,3 +117,24 @@ def test_load_check_of_a_torch_artifact_that_does_not_fit_is_exit_4(tiny_model, 
     code, out, err = run_main(["load-check", str(out_dir), "--no-runtime", "--device-memory", "1MiB", "--json"], capsys)
     doc = json.loads(out)
     assert code == 4 and doc["ok"] is False and doc["memory"]["fits"] is False, err
+
+
+# ----------------------------------------------------------------- 3. infer refuses a --set the artifact disagrees with
+@pytest.mark.parametrize(
+    "sets, key",
+    [
+        (["max_seq_len=2048"], "max_seq_len 2048"),  # was silently ignored (and --max-new-tokens 3000 ran)
+        (["visual.max_seq_len=[256,4096]"], "visual.max_seq_len [256, 4096]"),  # was only a warning
+        (["prefill_chunk_size=256"], "prefill_chunk_size 256"),
+    ],
+)
+def test_infer_refuses_every_compiled_key_it_disagrees_with(tiny_rbln, emulated, sets, key, capsys, no_model_load):
+    args = ["infer", str(tiny_rbln), "--emulate", "--prompt", "hi", "--max-new-tokens", "3000"]
+    code, _, err = run_main([*args, *[x for s in sets for x in ("--set", s)]], capsys)
+    assert code == 2 and f"says {key}" in err and "pass what it was compiled with: --set" in err, err
+
+
+def test_infer_with_the_compiled_values_spelled_out_still_runs(tiny_rbln, emulated, capsys):
+    args = ["infer", str(tiny_rbln), "--emulate", "--prompt", "hi", "--max-new-tokens", "1", "--json"]
+    code, out, err = run_main([*args, "--set", "max_seq_len=4096", "--preset", "cpu-tiny-rbln"], capsys)
+    assert code == 0, err
