@@ -138,3 +138,34 @@ def test_infer_with_the_compiled_values_spelled_out_still_runs(tiny_rbln, emulat
     args = ["infer", str(tiny_rbln), "--emulate", "--prompt", "hi", "--max-new-tokens", "1", "--json"]
     code, out, err = run_main([*args, "--set", "max_seq_len=4096", "--preset", "cpu-tiny-rbln"], capsys)
     assert code == 0, err
+
+
+# ----------------------------------------------------------------- 10. shipped presets produce no library warnings
+def test_no_shipped_rbln_preset_makes_optimum_rbln_switch_attn_impl_with_a_warning():
+    """optimum-rbln's own defaults code, on each shipped rbln preset's compile rbln_config: no warning (it used to
+    print "attn_impl ... automatically switched to 'flash_attn'" on every cpu-tiny-rbln compile)."""
+    import logging
+
+    from tests.emulated_rbln import optimum_rbln_installed
+    from tests.fakes_rbln import rbln_presets
+
+    if not optimum_rbln_installed():
+        pytest.skip("optimum-rbln is not installed")
+    from qwenvl_rbln.backends.emulator import active
+    from qwenvl_rbln.planning.plan import build_plan
+
+    with active():
+        from optimum.rbln.transformers import modeling_attention_utils as mau
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    mau.logger.addHandler(handler)
+    try:
+        for name in rbln_presets():
+            cfg = build_plan(name).rbln_config
+            keys = ("attn_impl", "kvcache_partition_len", "kvcache_block_size", "max_seq_len", "prefill_chunk_size")
+            mau.set_default_values(**{k: cfg.get(k) for k in keys}, npu=cfg.get("npu"))
+            assert not records, f"{name}: {records[0].getMessage()}"
+    finally:
+        mau.logger.removeHandler(handler)
