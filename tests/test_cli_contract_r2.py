@@ -169,3 +169,49 @@ def test_no_shipped_rbln_preset_makes_optimum_rbln_switch_attn_impl_with_a_warni
             assert not records, f"{name}: {records[0].getMessage()}"
     finally:
         mau.logger.removeHandler(handler)
+
+
+# ----------------------------------------------------------------- 7. parallel CI jobs can share the tiny model
+def test_a_second_tiny_model_writer_waits_and_reuses_the_first_s(tmp_path: Path):
+    """The lock is held (as by a first `qvl tiny-model DIR` half-way through); a second one says it waits
+    (an event, no sleep), and once the first has written the model, reuses it instead of failing with exit 2."""
+    import threading
+
+    from qwenvl_rbln.artifacts import flock
+    from qwenvl_rbln.backends.tiny.model import build_or_reuse, create_tiny_model
+
+    target = tmp_path / "tiny"
+    waiting = threading.Event()
+    result: dict = {}
+
+    def notify(line: str) -> None:
+        if line.startswith("waiting for another process"):
+            waiting.set()
+
+    def second() -> None:
+        try:
+            result["data"] = build_or_reuse(target, seed=0, notify=notify)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            result["error"] = exc
+
+    fd = flock.take(tmp_path / ".tiny.lock")  # the first writer
+    worker = threading.Thread(target=second)
+    try:
+        worker.start()
+        assert waiting.wait(60), f"the second writer did not wait: {result}"
+        create_tiny_model(target, seed=0)
+    finally:
+        flock.release(fd)
+        worker.join()
+    assert "error" not in result, result.get("error")
+    assert result["data"]["created"] is False
+
+
+def test_a_tiny_model_with_another_seed_names_the_cli_flag(tmp_path: Path, capsys):
+    target = tmp_path / "tiny"
+    code, _, err = run_main(["tiny-model", str(target), "--json"], capsys)
+    assert code == 0, err
+    code, _, err = run_main(["tiny-model", str(target), "--seed", "1"], capsys)
+    assert code == 2 and "--force" in err and "overwrite=True" not in err and "()" not in err, err
+    code, out, err = run_main(["tiny-model", str(target), "--seed", "1", "--force", "--json"], capsys)
+    assert code == 0 and json.loads(out)["created"] is True, err

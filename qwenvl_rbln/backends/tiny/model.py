@@ -229,6 +229,27 @@ def describe(path: Path) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _one_writer(target: Path, notify: Any = None):
+    """One writer per tiny model directory (a lock file beside it, as ``ensure_tiny_model`` uses); a second one
+    says it waits, then waits."""
+    from qwenvl_rbln.artifacts import flock
+
+    lock = target.parent / f".{target.name}.lock"
+    with _writing(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = flock.take(lock)
+    except flock.LockBusy:
+        if notify is not None:
+            notify(f"waiting for another process writing the tiny model in {target} ...")
+        fd = flock.take(lock, blocking=True)
+    try:
+        yield
+    finally:
+        flock.release(fd)
+
+
 def build_or_reuse(directory: Path | None, *, seed: int = 0, force: bool = False, notify: Any = None) -> dict[str, Any]:
     """`qvl tiny-model`: reuse DIR when it already holds this seed's model in this format (unless ``force``),
     else build it (``notify(line)`` hears that first); returns what was done, for the renderer."""
@@ -245,9 +266,20 @@ def build_or_reuse(directory: Path | None, *, seed: int = 0, force: bool = False
     )
     start = time.perf_counter()
     if not reuse:
-        if notify is not None:
-            notify(f"building tiny Qwen3-VL in {target} ...")
-        create_tiny_model(target, seed=seed, overwrite=force)
+        with _one_writer(target, notify):  # parallel CI jobs: the second waits, then reuses the first's model
+            marker = read_marker(target)
+            same = marker is not None and marker.get("seed") == seed and marker.get("format") == FORMAT_VERSION
+            reuse = not force and same and (target / "model.safetensors").is_file()
+            if not reuse:
+                if not force and marker is not None and _non_empty_dir(target):
+                    raise InputError(
+                        f"{target} already holds a tiny model (seed {marker.get('seed')}, format "
+                        f"{marker.get('format')}); this asks for seed {seed} (format {FORMAT_VERSION})",
+                        "pass --force to replace it, or pick another directory",
+                    )
+                if notify is not None:
+                    notify(f"building tiny Qwen3-VL in {target} ...")
+                create_tiny_model(target, seed=seed, overwrite=force or marker is not None)
     info = describe(target)
     return {
         "path": str(target),
