@@ -215,3 +215,79 @@ def test_a_tiny_model_with_another_seed_names_the_cli_flag(tmp_path: Path, capsy
     assert code == 2 and "--force" in err and "overwrite=True" not in err and "()" not in err, err
     code, out, err = run_main(["tiny-model", str(target), "--seed", "1", "--force", "--json"], capsys)
     assert code == 0 and json.loads(out)["created"] is True, err
+
+
+# ----------------------------------------------------------------- 8. truthful messages
+def test_an_emulated_artifact_without_its_manifest_is_named_by_its_graph_files(tiny_rbln, tmp_path: Path, capsys):
+    import shutil
+
+    art = tmp_path / "art"
+    shutil.copytree(tiny_rbln, art)
+    (art / "qvl-manifest.json").unlink()
+    code, _, err = run_main(["load-check", str(art), "--no-runtime"], capsys)
+    assert code == 2 and "qvl's CPU emulator" in err, err
+    assert "qvl-manifest.json emulated: true" not in err and "the emulator's marker in" in err
+
+
+def test_a_missing_rebel_beside_optimum_rbln_hints_at_emulate(monkeypatch):
+    from qwenvl_rbln.backends.rbln import optimum
+    from qwenvl_rbln.errors import DependencyMissing
+
+    monkeypatch.setattr(optimum, "missing_dependencies", lambda: ["rebel-compiler"])
+    with pytest.raises(DependencyMissing) as info:
+        optimum.check_dependencies()
+    assert "--emulate" in info.value.hint and "pip install optimum-rbln" not in info.value.hint
+    monkeypatch.setattr(optimum, "missing_dependencies", lambda: ["optimum-rbln", "rebel-compiler"])
+    with pytest.raises(DependencyMissing) as info:
+        optimum.check_dependencies()
+    assert "optimum-rbln==0.12.0" in info.value.hint
+
+
+def test_bench_serve_host_help_says_it_is_the_address_to_connect_to(capsys):
+    code, out, _ = run_main(["bench-serve", "--help"], capsys)
+    import re
+
+    text = re.sub(r"[\s│]+", " ", out)  # the help box wraps and frames each column
+    assert code == 0 and "to connect to" in text and "listens on" not in text
+
+
+def test_compare_counts_in_words_and_says_when_no_tokens_are_shared(tmp_path: Path, capsys):
+    def run(path: Path, ids: list[int]) -> str:
+        doc = {
+            "backend": "torch",
+            "preset": "cpu-tiny",
+            "generation": {"max_new_tokens": 8, "do_sample": False},
+            "requests": [{"id": "r0", "text": "", "token_ids": ids}],
+        }
+        path.write_text(json.dumps(doc))
+        return str(path)
+
+    code, out, err = run_main(["compare", run(tmp_path / "a.json", []), run(tmp_path / "b.json", [])], capsys)
+    assert code == 0, err
+    assert "1 request)" in out and "1 requests" not in out and "1/1 request identical" in out
+    assert "of 0 shared tokens" not in out and "no shared tokens to compare" in out
+
+
+def test_an_empty_preset_file_says_it_is_empty(tmp_path: Path, capsys):
+    empty = tmp_path / "mine.yaml"
+    empty.write_text("# nothing yet\n")
+    code, _, err = run_main(["compile", "--preset", str(empty), "--dry-run"], capsys)
+    assert code == 2 and "the preset file is empty" in err, err
+
+
+def test_qvl_home_pointing_at_a_file_is_named_as_such(tmp_path: Path, capsys, monkeypatch):
+    home = tmp_path / "home-file"
+    home.write_text("not a folder")
+    monkeypatch.setenv("QVL_HOME", str(home))
+    code, _, err = run_main(["tiny-model"], capsys)
+    assert code == 2 and "is a file, not a directory" in err and "QVL_HOME" in err, err
+    monkeypatch.setenv("QVL_HOME", str(home / "below"))
+    code, _, err = run_main(["tiny-model"], capsys)
+    assert code == 2 and f"lies below {home}, which is a file" in err, err
+
+
+@pytest.mark.parametrize("flag", ["--host", "--served-model-name"])
+@pytest.mark.parametrize("command", ["serve", "bench-serve"])
+def test_empty_host_and_served_model_name_are_refused(tiny_rbln, command, flag, capsys):
+    code, _, err = run_main([command, str(tiny_rbln), flag, "", "--dry-run"], capsys)
+    assert code == 2 and f"{flag} is empty" in err, err

@@ -336,7 +336,8 @@ def _rbln_runtime(root: Path, requested: dict[str, Any], no_runtime: bool, model
             "reason": "--no-runtime; emulated: the model was not loaded",
         }
         err = DependencyMissing(
-            f"{missing} not installed, so the runtimes cannot be created here", rbln_backend.INSTALL_HINT
+            f"{missing} not installed, so the runtimes cannot be created here",
+            rbln_backend.install_hint(rbln_backend.missing_dependencies()),
         )
         return _failed({"attempted": False, "ok": False, "rbln_config": cfg}, err.one_line(), err)
     head = {"attempted": True, "ok": False, "create_runtimes": not no_runtime, "rbln_config": cfg}
