@@ -291,3 +291,27 @@ def test_qvl_home_pointing_at_a_file_is_named_as_such(tmp_path: Path, capsys, mo
 def test_empty_host_and_served_model_name_are_refused(tiny_rbln, command, flag, capsys):
     code, _, err = run_main([command, str(tiny_rbln), flag, "", "--dry-run"], capsys)
     assert code == 2 and f"{flag} is empty" in err, err
+
+
+# ----------------------------------------------------------------- 9. bucket-plan DIR names what it skips
+def test_bucket_plan_follows_folder_links_without_looping_and_names_what_it_skips(tmp_path: Path, capsys):
+    import os
+
+    from PIL import Image
+
+    real, top = tmp_path / "real", tmp_path / "top"
+    real.mkdir()
+    top.mkdir()
+    Image.new("RGB", (64, 48)).save(real / "a.png")
+    Image.new("RGB", (64, 48)).save(top / "b.png")
+    (top / "linked").symlink_to(real, target_is_directory=True)  # followed
+    (top / "loop").symlink_to(top, target_is_directory=True)  # walked once
+    (top / "broken.png").symlink_to(tmp_path / "nowhere.png")
+    os.mkfifo(top / "pipe.png")  # never opened (reading a FIFO would block)
+    code, out, err = run_main(["bucket-plan", str(top), "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert sorted(Path(i["input"]).name for i in doc["items"]) == ["a.png", "b.png"]
+    skipped = {Path(s["path"]).name: s["why"] for s in doc["skipped_files"]["not_regular"]}
+    assert "FIFO" in skipped["pipe.png"] and "broken symlink" in skipped["broken.png"] and "loop" in skipped["loop"]
+    assert "pipe.png: a FIFO" in err and "broken.png: a broken symlink" in err
