@@ -315,3 +315,50 @@ def test_bucket_plan_follows_folder_links_without_looping_and_names_what_it_skip
     skipped = {Path(s["path"]).name: s["why"] for s in doc["skipped_files"]["not_regular"]}
     assert "FIFO" in skipped["pipe.png"] and "broken symlink" in skipped["broken.png"] and "loop" in skipped["loop"]
     assert "pipe.png: a FIFO" in err and "broken.png: a broken symlink" in err
+
+
+# ----------------------------------------------------------------- 11. names survive machine readers
+def test_a_newline_in_a_file_name_does_not_split_a_table_row(tmp_path: Path, capsys, monkeypatch):
+    from PIL import Image
+
+    Image.new("RGB", (64, 48)).save(tmp_path / "line\nbreak.png")
+    monkeypatch.chdir(tmp_path)  # a short name: the column never needs to fold
+    code, out, err = run_main(["bucket-plan", "."], capsys)
+    assert code == 0, err
+    rows = [line for line in out.splitlines() if "break.png" in line]
+    assert len(rows) == 1 and "line\u240abreak.png" in rows[0] and "│ 64x48" in rows[0]
+    code, out, _ = run_main(["bucket-plan", ".", "--json"], capsys)
+    assert json.loads(out)["items"][0]["input"].endswith("line\nbreak.png")  # --json keeps the exact name
+
+
+def test_non_utf8_file_names_keep_their_exact_bytes_in_json(tmp_path: Path, capsys):
+    import base64
+    import os
+
+    from PIL import Image
+
+    raw = os.fsencode(tmp_path) + b"/caf\xe9.png"
+    Image.new("RGB", (64, 48)).save(os.fsdecode(raw))
+    code, out, err = run_main(["bucket-plan", str(tmp_path), "--json"], capsys)
+    assert code == 0, err
+    out.encode("utf-8")  # valid UTF-8 (it was not: the raw byte went to stdout)
+    item = json.loads(out)["items"][0]
+    assert item["input"].endswith("caf\ufffd.png")
+    assert base64.b64decode(item["input_bytes_b64"]) == raw  # a script maps the result back to its file
+
+
+def test_a_newline_in_a_request_id_does_not_split_the_compare_row(tmp_path: Path, capsys):
+    docs = []
+    for side in ("a", "b"):
+        doc = {
+            "backend": "torch",
+            "preset": "cpu-tiny",
+            "generation": {"max_new_tokens": 8, "do_sample": False},
+            "requests": [{"id": "first\nsecond", "text": "", "token_ids": [1, 2, 3]}],
+        }
+        (tmp_path / f"{side}.json").write_text(json.dumps(doc))
+        docs.append(str(tmp_path / f"{side}.json"))
+    code, out, err = run_main(["compare", *docs], capsys)
+    assert code == 0, err
+    rows = [line for line in out.splitlines() if "second" in line]
+    assert len(rows) == 1 and "first\u240asecond" in rows[0], out

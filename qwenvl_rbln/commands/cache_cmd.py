@@ -22,14 +22,14 @@ def _root(cache_dir: Path | None) -> Path:
 def _table(console: Any, entries: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
-    from qwenvl_rbln.views.render import fmt_bytes, markup
+    from qwenvl_rbln.views.render import fmt_bytes, markup, one_line
 
     table = Table("key", "preset", "model", "size", "last used", box=None, pad_edge=False)
     for e in entries:
         table.add_row(
             e["key"],
-            markup("{}", e.get("preset") or "-"),
-            markup("{}", e.get("model") or "-"),
+            markup("{}", one_line(e.get("preset") or "-")),
+            markup("{}", one_line(e.get("model") or "-")),
             fmt_bytes(e["size_bytes"]),
             e["last_used"],
         )

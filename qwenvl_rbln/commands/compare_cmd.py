@@ -31,7 +31,7 @@ def _count(n: int, noun: str) -> str:
 def human(console: Any, d: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from qwenvl_rbln.views.render import markup
+    from qwenvl_rbln.views.render import markup, one_line
 
     for side in ("a", "b"):
         x = d[side]
@@ -48,7 +48,9 @@ def human(console: Any, d: dict[str, Any]) -> None:
         t.add_column(col)
     for r in d["requests"]:
         if "missing_in" in r:
-            t.add_row(markup("{}", r["id"]), "-", "-", "-", f"[red]missing in {r['missing_in'].upper()}[/red]", "-")
+            t.add_row(
+                markup("{}", one_line(r["id"])), "-", "-", "-", f"[red]missing in {r['missing_in'].upper()}[/red]", "-"
+            )
             continue
         fd = r["first_divergence"]
         if fd is None:
@@ -59,7 +61,7 @@ def human(console: Any, d: dict[str, Any]) -> None:
             where.append_text(markup(" [yellow](inputs differ: {})[/yellow]", ", ".join(r["inputs_differ"])))
         length = _length(r)
         t.add_row(
-            markup("{}", r["id"]),
+            markup("{}", one_line(r["id"])),
             str(r["tokens_a"]),
             str(r["tokens_b"]),
             f"{r['agreement_pct']:.1f} %" if min(r["tokens_a"], r["tokens_b"]) else "- (none shared)",
