@@ -167,3 +167,11 @@ def test_prune_never_touches_an_entry_a_compile_is_using(tmp_path: Path, tiny_mo
         pass
     code, out, _ = run_main(["cache", "prune", "--max-size", "0B", "--cache-dir", str(cache), "--json"], capsys)
     assert [e["key"] for e in json.loads(out)["removed"]] == [key] and not (cache / key).exists()
+
+
+def test_a_finished_compile_leaves_no_lock_file_behind(tmp_path: Path, tiny_model, capsys):
+    out = tmp_path / "out"
+    argv = ["compile", "--preset", "cpu-tiny", "--model", str(tiny_model), "-o", str(out), "--no-cache"]
+    code, _, err = run_main(argv, capsys)
+    assert code == 0, err
+    assert not lock_path(out).exists() and not lock_path(out).with_name(lock_path(out).name + ".owner").exists()

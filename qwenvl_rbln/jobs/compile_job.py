@@ -31,7 +31,7 @@ from typing import Any
 from qwenvl_rbln.artifacts.cache import cache_key, cache_lookup, cache_store, copy_tree, default_cache_dir
 from qwenvl_rbln.artifacts.cache_admin import enforce_max_size, entry_in_use
 from qwenvl_rbln.artifacts.last_compile import record_last_compile
-from qwenvl_rbln.artifacts.locks import lock_path, output_lock
+from qwenvl_rbln.artifacts.locks import lock_path, output_lock, remove_stale_locks
 from qwenvl_rbln.artifacts.manifest import (
     MANIFEST_NAME,
     collect_versions,
@@ -318,6 +318,8 @@ def _run(
                     warn(f"could not store the artifact in the compile cache {cache_root}: {exc}")
         progress.stage("done")
     record_last_compile(target, plan.preset)
+    with contextlib.suppress(OSError):  # the lock files of finished compiles (this one's too) do not pile up
+        remove_stale_locks()
     timings = progress.timings()
     elapsed = fmt_elapsed(time.monotonic() - t0)
     if status == "hit":
