@@ -174,6 +174,26 @@ _hide_bool_metavar()
 _single_brackets()
 
 
+EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what `cmd | head` reports for a tool the closed pipe ended
+
+
+def _stdout_was_closed() -> bool:
+    """Typer turns EPIPE on stdout into exit 1 (qvl's "internal error"), wrapping stdout to silence the flush:
+    that wrapper is the sign the reader of stdout left (``qvl ... | head -n1``)."""
+    return type(sys.stdout).__name__ == "PacifyFlushWrapper"
+
+
+def _closed_pipe() -> None:
+    """The reader of stdout left: nothing to report and nobody to report it to. As Python's documentation
+    recommends for SIGPIPE, point stdout at devnull so the final flush cannot fail, then exit quietly."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno())
+    except (OSError, ValueError, AttributeError):  # no real stdout (a test's capture): nothing to flush
+        pass
+    sys.exit(EXIT_CLOSED_PIPE)
+
+
 def main() -> None:
     """Entry point: one line per error, a documented exit code, no traceback; with --json, also the error as JSON."""
     from qwenvl_rbln.views import render
@@ -195,7 +215,11 @@ def main() -> None:
             "interrupted; nothing half-written was left behind", None, EXIT_INTERRUPTED, as_json=as_json, prefix="qvl: "
         )
     except SystemExit:
+        if _stdout_was_closed():
+            _closed_pipe()
         raise
+    except BrokenPipeError:
+        _closed_pipe()
     except Exception as exc:  # click usage errors and genuine bugs
         if _is_abort(exc):
             _fail("interrupted", None, EXIT_INTERRUPTED, as_json=as_json, prefix="qvl: ")

@@ -130,7 +130,7 @@ def test_media_check_decodes_each_file_once(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------------- tokenizer and processor
 
 
-def test_model_directory_without_tokenizer_files_isrefused(tiny, tmp_path, capsys, no_model_load):
+def test_model_directory_without_tokenizer_files_is_refused(tiny, tmp_path, capsys, no_model_load):
     model = tmp_path / "no-tokenizer"
     shutil.copytree(tiny, model)
     for f in model.glob("tokenizer*.json"):

@@ -34,6 +34,7 @@ def test_key_order_follows_the_document():
     assert list(plan.rbln_config) == [
         "visual",
         "num_devices",
+        "attn_impl",  # said in the preset: optimum-rbln warns when it has to switch to flash_attn itself
         "kvcache_partition_len",
         "max_seq_len",
         "create_runtimes",
@@ -144,7 +145,7 @@ def test_decoder_batch_sizes_appended_like_optimum():
         (["max_seq_len=8192"], "at least 2x"),
         (["kvcache_partition_len=512"], r"1024 <= P <= 16384"),
         (["kvcache_partition_len=32768", "max_seq_len=65536"], r"1024 <= P <= 16384"),
-        (["kvcache_partition_len=null", "max_seq_len=32768"], "limit of 16384 for eager"),
+        (["kvcache_partition_len=null", "attn_impl=null", "max_seq_len=32768"], "limit of 16384 for eager"),
         (
             ["kvcache_partition_len=null", "attn_impl=eager", "max_seq_len=16384", "kvcache_block_size=8192"],
             "must equal max_seq_len",

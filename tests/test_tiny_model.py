@@ -354,14 +354,18 @@ def test_unwritable_target_is_one_line_exit_2_and_leaves_nothing(tmp_path: Path)
 
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    for args, env in (
-        (["tiny-model", str(blocker / "m")], {}),
-        (["compile", "--preset", "cpu-tiny", "-o", str(tmp_path / "out")], {"QVL_HOME": str(blocker / "home")}),
+    for args, env, needle in (
+        (["tiny-model", str(blocker / "m")], {}, "cannot write the tiny model"),
+        (  # QVL_HOME below a file is named as such before anything is written (issue 25)
+            ["compile", "--preset", "cpu-tiny", "-o", str(tmp_path / "out")],
+            {"QVL_HOME": str(blocker / "home")},
+            "which is a file, not a directory",
+        ),
     ):
         result = run_qvl(*args, env=env)
         assert result.exit_code == 2, result
         errors = [ln for ln in result.stderr.splitlines() if ln.startswith("qvl: ")]
-        assert len(errors) == 1 and "cannot write the tiny model" in errors[0] and str(blocker) in errors[0]
+        assert len(errors) == 1 and needle in errors[0] and str(blocker) in errors[0]
         assert "Traceback" not in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 

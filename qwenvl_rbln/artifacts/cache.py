@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from qwenvl_rbln.artifacts.cache_admin import touch
 from qwenvl_rbln.artifacts.manifest import (
     MANIFEST_NAME,
     NOT_INSTALLED,
@@ -56,16 +57,35 @@ def cache_key(plan: Any, model: dict[str, Any], versions: dict[str, str]) -> tup
     return hashlib.sha256(blob.encode()).hexdigest()[:32], None
 
 
-def copy_tree(src: Path, dst: Path) -> None:
-    """Copy the non-hidden files of ``src`` into ``dst`` (created if needed), keeping relative paths."""
+def _link_or_copy(src: Path, dst: Path) -> bool:
+    """A hard link (the bytes stored once) where the file system allows one, else a copy; True when linked."""
+    try:
+        os.link(src, dst)
+        return True
+    except OSError:  # another file system (EXDEV), no hard links (EPERM), too many links (EMLINK)
+        shutil.copy2(src, dst)
+        return False
+
+
+def copy_tree(src: Path, dst: Path) -> dict[str, int]:
+    """The non-hidden files of ``src`` into ``dst`` (created if needed), keeping relative paths: hard links where
+    possible, copies otherwise. The manifest is always copied: qvl rewrites it per artifact (atomically, never in
+    place, so a linked file is never written through). Verified on every reuse (``cache_lookup``)."""
     src, dst = Path(src), Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
+    counts = {"linked": 0, "copied": 0}
     for rel in list_files(src):
         out = dst / rel
         out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src / rel, out)
-    if (src / MANIFEST_NAME).is_file():
+        if rel != MANIFEST_NAME and _link_or_copy(src / rel, out):
+            counts["linked"] += 1
+        else:
+            if rel == MANIFEST_NAME:
+                shutil.copy2(src / rel, out)
+            counts["copied"] += 1
+    if (src / MANIFEST_NAME).is_file() and not (dst / MANIFEST_NAME).exists():
         shutil.copy2(src / MANIFEST_NAME, dst / MANIFEST_NAME)
+    return counts
 
 
 def cache_lookup(cache_dir: Path, key: str) -> tuple[Path | None, str]:
@@ -88,6 +108,7 @@ def cache_lookup(cache_dir: Path, key: str) -> tuple[Path | None, str]:
             os.rename(entry, aside)
             rmtree(aside)
         return None, f"entry failed verification ({', '.join(bad)}); removed"
+    touch(entry)
     return entry, "verified"
 
 
@@ -98,6 +119,7 @@ def cache_store(cache_dir: Path, key: str, src: Path) -> Path:
     entry = cache_dir / key
     clean_stale_temp(entry)
     if entry.is_dir():
+        touch(entry)
         return entry
     tmp = cache_dir / f".{key}.qvl-tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
@@ -110,4 +132,5 @@ def cache_store(cache_dir: Path, key: str, src: Path) -> Path:
     finally:
         if tmp.exists():
             rmtree(tmp)
+    touch(entry)
     return entry

@@ -52,3 +52,13 @@ def emulated_graph_files(root: Path, graphs: Iterable[str]) -> list[str]:
 def is_emulated_artifact(root: Path, manifest: dict[str, Any] | None, graphs: Iterable[str]) -> bool:
     """Whether the artifact at ``root`` was produced by the emulator: its manifest says so, or a graph file does."""
     return manifest_marks_emulated(manifest) or bool(emulated_graph_files(root, graphs))
+
+
+def emulated_evidence(root: Path, manifest: dict[str, Any] | None, graphs: Iterable[str]) -> str:
+    """What marks ``root`` as emulated, for the message that refuses it: the manifest's flag, else the marked
+    graph files (an artifact whose manifest is gone is still recognised, and never blamed on the manifest)."""
+    if manifest_marks_emulated(manifest):
+        return "qvl-manifest.json emulated: true"
+    files = emulated_graph_files(root, graphs)
+    more = f" and {len(files) - 2} more" if len(files) > 2 else ""
+    return f"the emulator's marker in {', '.join(files[:2])}{more}"

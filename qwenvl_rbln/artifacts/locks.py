@@ -1,7 +1,7 @@
 """The output-directory lock: one writer per directory, and a second one told which process holds it.
 
-Separate from the staging directory because the lock outlives it: the lock files live under ``$QVL_HOME/locks`` and
-are never deleted, while staging directories come and go beside the output.
+Separate from the staging directory because the lock outlives it: the lock files live under ``$QVL_HOME/locks``;
+`qvl cache prune` deletes the ones no process holds (``artifacts.flock`` makes that safe).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from qwenvl_rbln.artifacts import flock
 from qwenvl_rbln.artifacts.manifest import now, write_json_atomic
 from qwenvl_rbln.errors import BusyError, InputError
 from qwenvl_rbln.paths import user_path
@@ -28,8 +29,7 @@ OWNER_RECORD_WAIT_S = 10.0
 def lock_path(target: Path) -> Path:
     """The lock for ``target`` lives under ``$QVL_HOME/locks``, never beside the user's output directory.
 
-    Unlinking a lock file is never safe while another process may be waiting on it, so the files are kept
-    where they bother nobody: one small file per output directory ever compiled into.
+    One small file per output directory compiled into; ``remove_stale_locks`` deletes those nobody holds.
     """
     from qwenvl_rbln.planning.catalogue.modelinfo import qvl_home
 
@@ -80,22 +80,19 @@ def _busy(target: Path, lp: Path, owner: dict[str, Any] | None) -> BusyError:
     )
 
 
-def _acquire(lock: Any, target: Path, lp: Path) -> None:
-    """Take the lock, or raise BusyError naming the holder.
+def _acquire(target: Path, lp: Path) -> int:
+    """Take the lock (an fd), or raise BusyError naming the holder.
 
     The holder writes its owner record just after it takes the lock, so a loser that arrives in between
     waits for that record (or for the lock to come free) instead of reporting "another process".
     """
     import time
 
-    import filelock
-
     deadline = time.monotonic() + OWNER_RECORD_WAIT_S
     while True:
         try:
-            lock.acquire(timeout=0)
-            return
-        except filelock.Timeout:
+            return flock.take(lp)
+        except flock.LockBusy:
             owner = _live_owner(target)
             if owner is not None or time.monotonic() >= deadline:
                 raise _busy(target, lp, owner) from None
@@ -105,8 +102,6 @@ def _acquire(lock: Any, target: Path, lp: Path) -> None:
 @contextlib.contextmanager
 def output_lock(target: Path) -> Iterator[Path]:
     """Non-blocking exclusive lock for ``target``; a second writer gets BusyError naming the holder."""
-    import filelock
-
     target = user_path(target).absolute()
     lp = lock_path(target)
     try:
@@ -116,8 +111,7 @@ def output_lock(target: Path) -> Iterator[Path]:
             f"cannot create the lock directory {lp.parent}: {exc.strerror or exc}",
             "set QVL_HOME to a writable directory",
         ) from None
-    lock = filelock.FileLock(str(lp), timeout=0)
-    _acquire(lock, target, lp)
+    fd = _acquire(target, lp)
     owner_file = _owner_path(target)
     try:
         write_json_atomic(
@@ -134,4 +128,21 @@ def output_lock(target: Path) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             owner_file.unlink()
-        lock.release()
+        flock.release(fd)
+
+
+def remove_stale_locks() -> list[str]:
+    """Delete the lock files under ``$QVL_HOME/locks`` that no process holds (finished compiles), and owner
+    records whose lock is gone; safe beside running compiles (``flock.remove_if_free``). Returns the names."""
+    from qwenvl_rbln.planning.catalogue.modelinfo import qvl_home
+
+    root = qvl_home() / "locks"
+    removed = []
+    for path in sorted(root.glob("*.lock")) if root.is_dir() else []:
+        if flock.remove_if_free(path):
+            removed.append(path.name)
+    for owner in sorted(root.glob("*.lock.owner")) if root.is_dir() else []:
+        if not owner.with_name(owner.name.removesuffix(".owner")).exists():
+            with contextlib.suppress(OSError):
+                owner.unlink()
+    return removed

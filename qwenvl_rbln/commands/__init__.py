@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "compare_cmd",
     "serve_cmd",
     "presets_cmd",
+    "cache_cmd",
     "tiny_model_cmd",
 ]
 

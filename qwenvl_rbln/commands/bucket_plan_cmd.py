@@ -59,6 +59,7 @@ def register(app: typer.Typer) -> None:
         """Where each image / video frame lands in the ViT buckets, its padding and compute, and the best buckets
         for a workload. Header reads only: no model, no NPU."""
         from qwenvl_rbln.commands.common import check_plot, plotted, print_warnings
+        from qwenvl_rbln.errors import InputError
         from qwenvl_rbln.views import render
         from qwenvl_rbln.views.bucket_plan import print_human
         from qwenvl_rbln.vision.bucket_plan.report import final_error, memory_gate, run_bucket_plan
@@ -79,16 +80,18 @@ def register(app: typer.Typer) -> None:
             notify=render.warn,
         )
         print_warnings(warnings)
-        render.emit(data, as_json=as_json, human=lambda console, d: print_human(console, d, rows))
+        line = final_error(data, as_json)
+        gate = memory_gate(data["summary"], uncertain_ok)
+        # a failing document carries the error object the README promises (the line's message and fix)
+        error = InputError(*line.removeprefix("qvl: error: ").split("; fix: ", 1)) if line else gate
+        render.emit(data, as_json=as_json, human=lambda console, d: print_human(console, d, rows), error=error)
         if plot is not None:
             from qwenvl_rbln.views.plots.bucket_plan import draw_bucket_plan
 
             draw_bucket_plan(data, plot)
             plotted(plot)
-        line = final_error(data, as_json)
         if line:
             render.err().print(line, markup=False, highlight=False)
             raise SystemExit(2)
-        gate = memory_gate(data["summary"], uncertain_ok)
         if gate is not None:
             raise gate

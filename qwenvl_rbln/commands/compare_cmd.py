@@ -23,19 +23,24 @@ def _length(r: dict[str, Any]) -> str:
     return f"{diff['longer'].upper()} +{diff['extra_tokens']} from index {diff['from_index']}"
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 request``, ``2 requests``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def human(console: Any, d: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from qwenvl_rbln.views.render import markup
+    from qwenvl_rbln.views.render import markup, one_line
 
     for side in ("a", "b"):
         x = d[side]
         console.print(
             markup(
-                f"[bold]{side.upper()}[/bold] {{}} [dim]({{}}, {{}} requests)[/dim]",
+                f"[bold]{side.upper()}[/bold] {{}} [dim]({{}}, {{}})[/dim]",
                 x["path"],
                 x["backend"],
-                x["requests"],
+                _count(x["requests"], "request"),
             )
         )
     t = Table(show_edge=False)
@@ -43,7 +48,9 @@ def human(console: Any, d: dict[str, Any]) -> None:
         t.add_column(col)
     for r in d["requests"]:
         if "missing_in" in r:
-            t.add_row(markup("{}", r["id"]), "-", "-", "-", f"[red]missing in {r['missing_in'].upper()}[/red]", "-")
+            t.add_row(
+                markup("{}", one_line(r["id"])), "-", "-", "-", f"[red]missing in {r['missing_in'].upper()}[/red]", "-"
+            )
             continue
         fd = r["first_divergence"]
         if fd is None:
@@ -54,10 +61,10 @@ def human(console: Any, d: dict[str, Any]) -> None:
             where.append_text(markup(" [yellow](inputs differ: {})[/yellow]", ", ".join(r["inputs_differ"])))
         length = _length(r)
         t.add_row(
-            markup("{}", r["id"]),
+            markup("{}", one_line(r["id"])),
             str(r["tokens_a"]),
             str(r["tokens_b"]),
-            f"{r['agreement_pct']:.1f} %",
+            f"{r['agreement_pct']:.1f} %" if min(r["tokens_a"], r["tokens_b"]) else "- (none shared)",
             where,
             length if length == "same" else f"[yellow]{length}[/yellow]",
         )
@@ -70,8 +77,12 @@ def human(console: Any, d: dict[str, Any]) -> None:
     else:
         verdict = "[red bold]diverged[/red bold]"
     console.print(
-        f"{verdict}: {s['identical_requests']}/{s['requests']} requests identical, "
-        f"{s['agreement_pct']:.1f} % of {s['tokens_compared']} shared tokens agree"
+        f"{verdict}: {s['identical_requests']}/{_count(s['requests'], 'request')} identical, "
+        + (
+            f"{s['agreement_pct']:.1f} % of {_count(s['tokens_compared'], 'shared token')} agree"
+            if s["tokens_compared"]
+            else "no shared tokens to compare"
+        )
         + (f", {s['length_differs_requests']} differ in length" if s["length_differs_requests"] else "")
     )
     for note in d["notes"]:

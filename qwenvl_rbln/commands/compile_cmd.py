@@ -91,6 +91,7 @@ def register(app: typer.Typer) -> None:
             compile_for_real,
             dry_run_gate,
             plan_for_compile,
+            refuse_before_compile,
             refuse_multi_device,
         )
         from qwenvl_rbln.memory.planner import estimate_plan
@@ -109,6 +110,7 @@ def register(app: typer.Typer) -> None:
             draw_memory(data["memory"], plot, title=plan.preset)
             plotted(plot)
         if dry_run:
+            refuse_before_compile(plan, emulate=emulate, force=force)  # what the real run refuses, a dry run does
 
             def human(console: Any, d: dict[str, Any]) -> None:
                 plan_summary(console, d)

@@ -40,7 +40,7 @@ def _vision_row(it: dict[str, Any]) -> list[str]:
 def human(console: Any, d: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from qwenvl_rbln.views.render import fmt_bytes, markup
+    from qwenvl_rbln.views.render import fmt_bytes, markup, one_line
 
     rt = d["runtime"]
     if d.get("placement"):
@@ -74,7 +74,7 @@ def human(console: Any, d: dict[str, Any]) -> None:
         for col in ("req", "input", "size -> resized", "patches", "bucket", "padding"):
             t.add_column(col, overflow="fold")
         for rid, it in vis:
-            t.add_row(*[markup("{}", c) for c in [rid, *_vision_row(it)]])
+            t.add_row(*[markup("{}", one_line(c)) for c in [rid, *_vision_row(it)]])
         console.print(t)
     by_batch: dict[int, list[dict[str, Any]]] = {}
     for req in d["requests"]:

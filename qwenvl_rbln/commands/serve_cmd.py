@@ -32,6 +32,9 @@ DryRunOpt = typer.Option(
     False, "--dry-run", help="Print the checks, the environment and the exact argv; start nothing."
 )
 HostOpt = typer.Option("127.0.0.1", "--host", help="Address the server listens on (0.0.0.0: every interface).")
+BenchHostOpt = typer.Option(
+    "127.0.0.1", "--host", help="Address of the running `qvl serve` to connect to (e.g. 127.0.0.1 or its host name)."
+)
 PortOpt = typer.Option(8000, "--port", min=1, max=65535, help="Server port.")
 NameOpt = typer.Option(
     None, "--served-model-name", help="Model name clients send (default: the compiled model's hub id, else DIR's name)."
@@ -141,7 +144,7 @@ def register(app: typer.Typer) -> None:
         directory: Path = DirArg,
         vllm_args: list[str] = PassThrough,
         preset: str = PresetArgOpt,
-        host: str = HostOpt,
+        host: str = BenchHostOpt,
         port: int = PortOpt,
         served_model_name: str = NameOpt,
         num_prompts: int = typer.Option(100, "--num-prompts", min=1, help="Requests to send."),

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.inference.agreement import conflict, disagreements
 from qwenvl_rbln.paths import user_path
 
 DEFAULT_PRESET = "rebel100-1npu"
@@ -299,23 +300,6 @@ def _artifact_plan(directory: Path, preset_ref: str, base: list[str], sets: list
     return build_plan(preset_ref, sets, model=str(directory))
 
 
-def _conflict(directory: Path, resolved: Any, plan: Any, explicit_preset: bool, sets: list[str]) -> InputError:
-    """An explicit --preset/--set disagrees with the compiled batch: the exact --set that would agree."""
-    pr = plan.resolved
-    exact = " ".join(f"--set {s}" for s in _lm_sets(resolved))
-    drop = " and ".join(
-        ([f"--preset {plan.preset}"] if explicit_preset else []) + (["the --set that change them"] if sets else [])
-    )
-    return InputError(
-        f"{directory} was compiled for batch_size {resolved.batch_size} (decoder graphs "
-        f"{resolved.decoder_batch_sizes}) but preset {plan.preset}{' with your --set' if sets else ''} says "
-        f"batch_size {pr.batch_size} (decoder graphs {pr.decoder_batch_sizes})",
-        f"drop {drop} (infer then uses the artifact's own values), or pass what it was compiled with: {exact}, "
-        "or recompile for yours: "
-        f"`qvl compile --preset {plan.preset}{''.join(f' --set {s}' for s in sets)} -o {directory} --force`",
-    )
-
-
 def _artifact_target(directory: Path, kind: str, preset: str | None, sets: list[str], fallback: str | None) -> Target:
     from qwenvl_rbln.artifacts.layout import (
         check_layout,
@@ -338,15 +322,11 @@ def _artifact_target(directory: Path, kind: str, preset: str | None, sets: list[
             raise
         base = compiled_sets(resolved)  # an explicit preset does not use them: only the recompile hint does
     plan = _artifact_plan(directory, preset_ref, [] if preset else base, sets)
-    pr = plan.resolved
-    if resolved.batch_size != pr.batch_size or sorted(resolved.decoder_batch_sizes) != sorted(pr.decoder_batch_sizes):
-        raise _conflict(directory, resolved, plan, preset is not None, sets)
-    warnings = []
-    if sorted(resolved.vit_buckets) != sorted(pr.vit_buckets):
-        warnings.append(
-            f"{directory} was compiled with ViT buckets {resolved.vit_buckets}, preset {plan.preset} says "
-            f"{pr.vit_buckets}: using the compiled ones"
-        )
+    baseline = None if preset else (_artifact_plan(directory, preset_ref, base, []).resolved if sets else plan.resolved)
+    diffs = disagreements(resolved, plan.resolved, baseline)
+    if diffs:  # every compiled key, not only the batch: the compiled graphs would silently win
+        raise conflict(directory, resolved, plan, diffs, preset is not None, sets)
+    warnings: list[str] = []
     layout = check_layout(directory, kind, cfg, None)  # files present; hashes are load-check's job
     if layout["missing"] or layout["problems"]:
         raise InputError(

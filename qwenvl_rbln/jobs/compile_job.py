@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.artifacts.cache import cache_key, cache_lookup, cache_store, copy_tree, default_cache_dir
+from qwenvl_rbln.artifacts.cache_admin import enforce_max_size, entry_in_use
 from qwenvl_rbln.artifacts.last_compile import record_last_compile
-from qwenvl_rbln.artifacts.locks import lock_path, output_lock
+from qwenvl_rbln.artifacts.locks import lock_path, output_lock, remove_stale_locks
 from qwenvl_rbln.artifacts.manifest import (
     MANIFEST_NAME,
     collect_versions,
@@ -269,16 +270,19 @@ def _run(
         progress.stage("locking", lock_path(target).name)
         with output_lock(target):
             check_target(target, force)
-            if key is not None:
-                progress.stage("cache lookup", f"key {key} in {cache_root}")
-                entry, cache_note = cache_lookup(cache_root, key)
-                status = "hit" if entry is not None else "miss"
             with atomic_output_dir(target, force) as staging:
                 files = None
                 cached: dict[str, Any] = {}
+                # a prune leaves the entry alone while it is looked up and linked or copied
+                with entry_in_use(cache_root, key) if key is not None else contextlib.nullcontext():
+                    if key is not None:
+                        progress.stage("cache lookup", f"key {key} in {cache_root}")
+                        entry, cache_note = cache_lookup(cache_root, key)
+                        status = "hit" if entry is not None else "miss"
+                    if entry is not None:
+                        progress.stage("cache hit", f"reusing {entry} instead of recompiling")
+                        copy_tree(entry, staging)
                 if entry is not None:
-                    progress.stage("cache hit", f"reusing {entry} instead of recompiling")
-                    copy_tree(entry, staging)
                     cached = read_manifest(staging) or {}
                     files = cached.get("files")
                     info = cached.get("compile") or {}
@@ -312,10 +316,14 @@ def _run(
                 progress.stage("storing in cache", str(cache_root / key))
                 try:
                     stored = cache_store(cache_root, key, target)
+                    for line in enforce_max_size(cache_root, keep={key}):
+                        progress.say(line)
                 except OSError as exc:
                     warn(f"could not store the artifact in the compile cache {cache_root}: {exc}")
         progress.stage("done")
     record_last_compile(target, plan.preset)
+    with contextlib.suppress(OSError):  # the lock files of finished compiles (this one's too) do not pile up
+        remove_stale_locks()
     timings = progress.timings()
     elapsed = fmt_elapsed(time.monotonic() - t0)
     if status == "hit":

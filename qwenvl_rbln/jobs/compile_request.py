@@ -44,6 +44,25 @@ def dry_run_gate(memory: dict[str, Any], uncertain_ok: bool, as_json: bool) -> D
     )
 
 
+def refuse_before_compile(plan: Any, *, emulate: bool, force: bool) -> None:
+    """The refusals that need no model, run by a dry run and the real compile alike, so a dry run that passes
+    means the real run gets past them: --emulate on a torch preset, --emulate beside a real rebel, and an output
+    path that is a file, an existing artifact without --force, or (with --force) a directory that is not one."""
+    from qwenvl_rbln.artifacts.staging import check_target
+    from qwenvl_rbln.backends import emulator
+    from qwenvl_rbln.paths import user_path
+
+    if emulate and plan.backend != "rbln":
+        raise InputError(
+            f"--emulate emulates the NPU backend, but preset {plan.preset} uses backend {plan.backend} "
+            "(nothing to emulate)",
+            "drop --emulate, or compile an rbln preset such as --preset cpu-tiny-rbln --emulate",
+        )
+    if plan.backend == "rbln" and emulator.requested(emulate) and emulator.real_rebel_importable():
+        emulator.activate("--emulate" if emulate else "QVL_EMULATE_NPU=1")  # raises its one-line refusal
+    check_target(user_path(plan.output_dir, "output_dir").absolute(), force)
+
+
 def compile_for_real(
     plan: Any,
     memory: Any,
@@ -67,12 +86,7 @@ def compile_for_real(
         from qwenvl_rbln.memory.verdicts import ensure_fits
 
         ensure_fits(memory)
-    if emulate and plan.backend != "rbln":
-        raise InputError(
-            f"--emulate emulates the NPU backend, but preset {plan.preset} uses backend {plan.backend} "
-            "(nothing to emulate)",
-            "drop --emulate, or compile an rbln preset such as --preset cpu-tiny-rbln --emulate",
-        )
+    refuse_before_compile(plan, emulate=emulate, force=force)
     if plan.backend == "rbln":
         use_emulator(emulate)
     return run_compile(

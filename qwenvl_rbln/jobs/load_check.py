@@ -214,6 +214,7 @@ def _memory(
         except InputError:
             spec = None
         exact = rbln_memory.read_allocations(root, layout["graphs"], placement, spec)
+        exact = _with_device_memory(exact, device_memory)
         if exact is not None and _emulated():
             exact["source"] = "emulated"
             exact["method"] = (
@@ -227,6 +228,26 @@ def _memory(
             exact["estimate_fits"] = estimate.get("fits")
             return exact
     return estimate
+
+
+def _with_device_memory(exact: dict[str, Any] | None, device_memory: str | None) -> dict[str, Any] | None:
+    """The allocations judged against --device-memory when given (the same usable bytes the estimate uses), each
+    chiplet its even share, as optimum-rbln splits a card."""
+    if exact is None or device_memory is None:
+        return exact
+    from qwenvl_rbln.memory.report import parse_device_memory
+
+    usable = parse_device_memory(device_memory)
+    verdicts = []
+    for dev in exact["devices"]:
+        chips = dev.get("per_chiplet_bytes") or []
+        per_chip = usable // max(1, len(chips))
+        dev["usable_bytes"], dev["usable_per_chiplet_bytes"] = usable, per_chip
+        dev["fits"] = dev["total_bytes"] <= usable and all(c <= per_chip for c in chips)
+        verdicts.append(dev["fits"])
+    exact["fits"] = all(verdicts) if verdicts else None
+    exact["usable_source"] = "--device-memory"
+    return exact
 
 
 def calibration_from_exact(root: Path, cfg: dict[str, Any], exact: dict[str, Any]) -> dict[str, Any]:
@@ -319,8 +340,16 @@ def _rbln_runtime(root: Path, requested: dict[str, Any], no_runtime: bool, model
                 "rbln_config": cfg,
                 "reason": f"--no-runtime; {missing} not installed, so only qvl's own checks ran",
             }
+    if no_runtime and _emulated():  # the emulator validates nothing optimum-rbln's own checks would not: no load
+        return {
+            "attempted": False,
+            "ok": None,
+            "rbln_config": cfg,
+            "reason": "--no-runtime; emulated: the model was not loaded",
+        }
         err = DependencyMissing(
-            f"{missing} not installed, so the runtimes cannot be created here", rbln_backend.INSTALL_HINT
+            f"{missing} not installed, so the runtimes cannot be created here",
+            rbln_backend.install_hint(rbln_backend.missing_dependencies()),
         )
         return _failed({"attempted": False, "ok": False, "rbln_config": cfg}, err.one_line(), err)
     head = {"attempted": True, "ok": False, "create_runtimes": not no_runtime, "rbln_config": cfg}
@@ -401,14 +430,18 @@ def _run_and_judge(
     """Create the runtimes, then the verdict: a runtime failure, a predicted misfit, or none."""
     runtime = _runtime(root, kind, placement, no_runtime, model_cls)
     exc = runtime.pop("exc", None)
-    real_runtime = kind == "rbln" and runtime.get("ok") is True and bool(runtime.get("create_runtimes"))
+    real_runtime = (
+        kind == "rbln" and runtime.get("ok") is True and bool(runtime.get("create_runtimes")) and not _emulated()
+    )
+    estimate = memory.get("estimate") if memory.get("source") == "emulated" else None
+    misfit = memory if memory.get("fits") is False else estimate if (estimate or {}).get("fits") is False else None
     error: Exception | None = None
     if runtime.get("lack_of_device_memory"):
         error = _lack_of_memory(runtime, memory, placement, layout)
     elif exc is not None:
         error = exc
-    elif kind == "rbln" and memory.get("fits") is False and not real_runtime:
-        error = _does_not_fit(root, memory, placement)
+    elif misfit is not None and not real_runtime:  # never "ok" after "does not fit"
+        error = _does_not_fit(root, misfit, placement)
     elif memory.get("fits") is False and real_runtime:
         memory.setdefault("notes", []).append(
             "the runtimes were created although the memory check predicted otherwise; `qvl load-check` results "
@@ -481,7 +514,7 @@ def run_load_check(
         runtime, error = _blocked(root, layout, placement, guard)
     else:
         runtime, error = _run_and_judge(root, kind, layout, placement, memory, no_runtime, model_cls)
-    if runtime.get("ok") is True and _emulated():
+    if runtime.get("ok") is True and runtime.get("create_runtimes") and _emulated():
         runtime["note"] = "runtimes created on qvl's CPU emulator (emulated: no NPU memory was used)"
     parts = {"layout": layout, "target": target, "placement": placement, "memory": memory, "runtime": runtime}
     return _report(root, kind, parts, error), error

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from qwenvl_rbln.memory.binding import describe
 from qwenvl_rbln.memory.calibration import model_key
 from qwenvl_rbln.memory.chiplets import chiplet_view
 from qwenvl_rbln.memory.context import Ctx, quant
@@ -146,10 +147,12 @@ def evaluate(ctx: Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryReport
                 )
             dev.verdict, dev.verdict_source = verdict, "observed: " + source
         elif dev.verdict == UNCERTAIN:
+            if not dev.ok:  # the estimate's failure note is one scenario's, not the verdict
+                dev.notes[0] = "at the estimate: " + dev.notes[0]
             dev.notes.append(
-                f"uncertain: the margin is {(dev.usable_bytes - dev.total_high_bytes) / GiB:+.2f} GiB with every "
-                f"modelled item at its high end and {(dev.usable_bytes - dev.total_low_bytes) / GiB:+.2f} GiB at its "
-                "low end; calibrate with `qvl load-check` on the NPU host, or take a suggestion that fits"
+                f"uncertain: {describe(dev.to_dict(), UNCERTAIN)} (the worst margin with every modelled item at "
+                "its high end, the best at its low end); calibrate with `qvl load-check` on the NPU host, or take a "
+                "suggestion that fits"
             )
         dev.fits = {FITS: True, DOES_NOT_FIT: False, UNCERTAIN: None}[dev.verdict]
     low_kv, high_kv = runs["low"].kv["num_blocks"], runs["high"].kv["num_blocks"]
@@ -179,6 +182,12 @@ def _failure_note(
         return (
             f"optimum-rbln's compile fails: 'Insufficient memory for the required KV cache: only {n_blocks} "
             f"blocks can be allocated, but at least {resolved.num_min_blocks} blocks are required'"
+        )
+    if total <= ctx.usable and not chip["fits"]:  # the card total fits: the fullest chiplet is what binds
+        return (
+            f"the fullest chiplet is over ({fmt_gib(chip['fullest_bytes'])} of "
+            f"{fmt_gib(chip['usable_per_chiplet_bytes'])}) although the card total fits ({fmt_gib(total)} of "
+            f"{fmt_gib(ctx.usable)}): a single tensor is placed whole on one chiplet"
         )
     if has_lm and has_vis and kv["mode"] == "auto":
         lm_only = sum(i.bytes for i in items if i.name.startswith("lm."))
@@ -229,12 +238,6 @@ def _device_memory(
         notes.append(
             f"only {kv['num_blocks']} of {resolved.num_full_blocks} full KV blocks: fine for vllm-rbln (it pages "
             "blocks); optimum-rbln's own generate() can run out of blocks when every row runs long"
-        )
-    if total <= ctx.usable and not chip["fits"]:
-        notes.append(
-            f"the fullest chiplet is over ({fmt_gib(chip['fullest_bytes'])} of "
-            f"{fmt_gib(chip['usable_per_chiplet_bytes'])}) although the card total fits: a single tensor is placed "
-            "whole on one chiplet"
         )
     return DeviceMemory(dev, ctx.usable, items, chip, ok, notes, ok=ok)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from qwenvl_rbln.errors import DoesNotFit
+from qwenvl_rbln.memory.binding import describe
 from qwenvl_rbln.memory.moe import TOO_LARGE_HINT, WEIGHTS_ALONE
-from qwenvl_rbln.memory.report import DOES_NOT_FIT, FITS, UNCERTAIN, MemoryReport, fmt_gib
-from qwenvl_rbln.planning.catalogue.devices import GiB
+from qwenvl_rbln.memory.report import DOES_NOT_FIT, FITS, UNCERTAIN, MemoryReport
 
 
 def verdict_of(report: MemoryReport | dict[str, Any]) -> str:
@@ -38,19 +38,13 @@ def gate_message(data: dict[str, Any], lead: str = "the memory planner") -> str:
     """The one-line reason a gate stops: which devices do not fit, or which are uncertain and by how much."""
     if verdict_of(data) == DOES_NOT_FIT:
         over = [d for d in data["devices"] if d.get("verdict", "fits" if d.get("fits") else "") == DOES_NOT_FIT]
-        where = "; ".join(
-            f"device {d['device']} needs {fmt_gib(d['total_bytes'])} of {fmt_gib(d['usable_bytes'])}" for d in over
-        )
+        where = "; ".join(describe(d, DOES_NOT_FIT) for d in over)
         return f"{lead} predicts this will not fit: {where}"
     unsure = [d for d in data["devices"] if d.get("verdict") == UNCERTAIN]
-    where = "; ".join(
-        f"device {d['device']} margin {(d['usable_bytes'] - d['total_high_bytes']) / GiB:+.2f} .. "
-        f"{(d['usable_bytes'] - d['total_low_bytes']) / GiB:+.2f} GiB"
-        for d in unsure
-    )
+    where = "; ".join(describe(d, UNCERTAIN) for d in unsure)
     return (
-        f"{lead} cannot tell whether this fits (verdict uncertain: {where}, the modelled items' range straddles "
-        "the limit); --uncertain-ok accepts it"
+        f"{lead} cannot tell whether this fits (verdict uncertain: {where}; the modelled items' range straddles "
+        "that limit); --uncertain-ok accepts it"
     )
 
 

@@ -255,8 +255,12 @@ def read_yaml(path: Path) -> dict[str, Any]:
             "quote dates and very long numbers to keep them as text, or fix the value",
         ) from None
     check_plain_data(data, str(path))
-    if data is None:
-        data = {}
+    if data is None:  # empty, or only comments: say so, rather than fail later on a key it never set
+        raise InputError(
+            f"{path}: the preset file is empty (no keys)",
+            "write the keys it changes over a shipped preset, e.g. `extends: rebel100-1npu` then `rbln_config:` "
+            "(see `qvl presets show rebel100-1npu`)",
+        )
     if not isinstance(data, dict):
         raise InputError(
             f"{path}: a preset must be a mapping of keys, got {type(data).__name__}",

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qwenvl_rbln.errors import InputError
+
 PLUGIN_NAME = "qvl_vit_packing"  # the vllm.general_plugins entry point (pyproject.toml)
 PLUGIN_GROUP = "vllm.general_plugins"
 PACKING_ENV = "QVL_VIT_PACKING"  # "1": the plugin installs the packed ViT forward in every vLLM process
@@ -69,6 +71,17 @@ class Artifact:
         return self.buckets[-1] * self.patch_size**2
 
 
+def _check_names(host: str, served_model_name: str | None) -> None:
+    """An empty --host or --served-model-name is refused: vLLM would read '' as "every interface" or serve a
+    model no client can name."""
+    if not str(host).strip():
+        raise InputError("--host is empty", f"pass an address, e.g. --host {DEFAULT_HOST} (or 0.0.0.0 for every one)")
+    if served_model_name is not None and not served_model_name.strip():
+        raise InputError(
+            "--served-model-name is empty", "leave it out (the compiled model's hub id) or pass the name clients send"
+        )
+
+
 @dataclass
 class ServeOptions:
     directory: Path | None = None
@@ -81,6 +94,9 @@ class ServeOptions:
     vit_packing: bool | None = None  # None: the manifest's / preset's runtime.vit_packing, else on
     extra: list[str] = field(default_factory=list)
     force: bool = False  # serve a num_devices > 1 artifact on a Rebel100 anyway
+
+    def __post_init__(self) -> None:
+        _check_names(self.host, self.served_model_name)
 
 
 @dataclass
@@ -95,3 +111,6 @@ class BenchOptions:
     output_len: int = 128
     seed: int = 0
     extra: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check_names(self.host, self.served_model_name)

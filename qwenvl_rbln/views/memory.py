@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from qwenvl_rbln.memory.binding import binding
+
 GiB = 1 << 30
 
 
@@ -90,6 +92,13 @@ def print_memory(console: Any, report: dict[str, Any] | None, *, show_assumption
             )
         else:
             margin = f"{free / GiB:.2f} GiB free" if free >= 0 else f"over by {-free / GiB:.2f} GiB"
+        bind = [c for c in binding(dev) if c["kind"] == "chiplet"] if verdict != "fits" else []
+        if bind:  # the card total is not what decides: say so before its (possibly all-positive) margin
+            c = bind[0]
+            margin = (
+                f"fullest chiplet margin {c['margin_worst'] / GiB:+.2f} .. {c['margin_best'] / GiB:+.2f} GiB; "
+                f"card {margin}"
+            )
         console.print(f"[{style}]device {dev['device']}: {VERDICT_TEXT[verdict]}[/{style}], {margin}{chip_text}")
         source = dev.get("verdict_source") or ""
         if source.startswith("observed"):

@@ -35,9 +35,18 @@ def out() -> Console:
     global _stdout
     if _stdout is None:
         _stdout = Console(highlight=False, soft_wrap=False)
+        _stdout.on_broken_pipe = _broken_pipe  # type: ignore[method-assign]
         if not _stdout.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
             _stdout.width = PIPE_WIDTH
     return _stdout
+
+
+def _broken_pipe() -> None:
+    """rich's own handler exits 1 (qvl's "internal error"): hand the closed pipe to the CLI edge instead, which
+    ends quietly (``cli.main``: exit 141, as a tool that SIGPIPE ends)."""
+    import errno
+
+    raise BrokenPipeError(errno.EPIPE, "stdout was closed by its reader")
 
 
 def err() -> Console:
@@ -85,6 +94,27 @@ def markup(template: str, *values: Any) -> Text:
     return out
 
 
+_CONTROL = {c: chr(0x2400 + c) for c in range(0x20)} | {0x7F: "\u2421"}
+_CONTROL |= {c: "\u2424" for c in (0x85, 0x2028, 0x2029)}  # the other line breaks: the newline picture
+
+
+def one_line(value: Any) -> str:
+    """``value`` as text that stays on one table row: a newline, tab or other control character in an id or a
+    file name shows as its Unicode control picture (a newline as ``\u2424``, one character for one), never as a
+    line break or a terminal escape. ``--json`` keeps the exact text."""
+    return str(value).translate(_CONTROL)
+
+
+def _one_line_cell(cell: Any) -> Any:
+    if isinstance(cell, Text):
+        plain = cell.plain.translate(_CONTROL)
+        if plain != cell.plain:  # same length, one character for one: the styles stay where they were
+            cell = cell.copy()
+            cell.plain = plain
+        return cell
+    return one_line(cell) if isinstance(cell, str) else cell
+
+
 def warn(message: str) -> None:
     """A one-line warning on stderr, never mixed into JSON output; the message is printed literally."""
     err().print(markup("[yellow]warning:[/yellow] {}", message), highlight=False)
@@ -104,8 +134,50 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
+def _exact_bytes(text: str) -> bytes:
+    try:
+        return text.encode("utf-8", "surrogateescape")  # how Python decoded a non-UTF-8 file name
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+
+
+def _lossless(obj: Any) -> Any:
+    """Strings that are not valid UTF-8 (a file name's undecodable bytes, kept by Python as surrogate escapes)
+    become their display form (U+FFFD for each such byte), with the exact bytes beside them, base64, under
+    ``<key>_bytes_b64`` (for a list of names: a list, null where a name is valid UTF-8)."""
+    import base64
+
+    def bad(v: Any) -> bool:
+        return isinstance(v, str) and any("\ud800" <= ch <= "\udfff" for ch in v)
+
+    def b64(v: str) -> str:
+        return base64.b64encode(_exact_bytes(v)).decode("ascii")
+
+    if isinstance(obj, str):
+        return _exact_bytes(obj).decode("utf-8", "replace") if bad(obj) else obj
+    if isinstance(obj, list):
+        return [_lossless(x) for x in obj]
+    if not isinstance(obj, dict):
+        return obj
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        out[key] = _lossless(value)
+        if bad(value):
+            out[f"{key}_bytes_b64"] = b64(value)
+        elif isinstance(value, list) and any(bad(v) for v in value):
+            out[f"{key}_bytes_b64"] = [b64(v) if bad(v) else None for v in value]
+    return out
+
+
 def dumps(data: Any) -> str:
-    return json.dumps(data, indent=2, default=_default, ensure_ascii=False)
+    """One JSON document, always valid UTF-8: non-UTF-8 names get a display form and their exact bytes."""
+    text = json.dumps(data, indent=2, default=_default, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # rare: only then walk the document
+        plain = json.loads(json.dumps(data, default=_default))  # plain types; surrogates survive the round trip
+        text = json.dumps(_lossless(plain), indent=2, ensure_ascii=False)
+    return text
 
 
 _emitted = False  # a JSON document is on stdout already (the CLI edge then writes no second one)
@@ -214,6 +286,7 @@ def print_table(
     """
     from rich.table import Table
 
+    rows = [[_one_line_cell(cell) for cell in r] for r in rows]  # a newline in a name never splits a row
     natural = [max([_cell_width(c.header), *(_cell_width(r[i]) for r in rows)]) for i, c in enumerate(cols)]
     natural = [min(n, c.max_width) if c.fold and c.max_width else n for n, c in zip(natural, cols, strict=True)]
     keep = _fit(cols, natural, console.width)

@@ -15,7 +15,7 @@ import re
 import struct
 import warnings
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from qwenvl_rbln.errors import DependencyMissing, InputError
@@ -500,6 +500,7 @@ class Expansion:
     files: list[Path]
     skipped: list[Path]  # visible files in the directories without an image/video extension (.heic, no extension)
     empty_dirs: list[Path]  # directories given that held no image or video file at all
+    special: list[tuple[Path, str]] = field(default_factory=list)  # FIFOs, sockets, broken links, loops: and why
 
 
 def expand_inputs_report(paths: Iterable[str | Path]) -> Expansion:
@@ -509,22 +510,26 @@ def expand_inputs_report(paths: Iterable[str | Path]) -> Expansion:
     the caller reports each bad item by name; files a directory holds with another extension are
     returned as ``skipped`` so the caller can say so instead of planning nothing in silence.
     """
+    from qwenvl_rbln.vision.dir_walk import walk
+
     files: list[Path] = []
     skipped: list[Path] = []
     empty: list[Path] = []
+    special: list[tuple[Path, str]] = []
     known = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS
     for raw in paths:
         p = Path(raw)
         if not p.is_dir():
             files.append(p)
             continue
-        found = sorted(f for f in p.rglob("*") if not _is_hidden(f, p) and f.is_file())
+        found, odd = walk(p)  # symlinked folders followed, each real folder once
+        special.extend(odd)
         media_files = [f for f in found if f.suffix.lower() in known]
         skipped.extend(f for f in found if f.suffix.lower() not in known)
         files.extend(media_files)
         if not media_files:
             empty.append(p)
-    return Expansion(files=files, skipped=skipped, empty_dirs=empty)
+    return Expansion(files=files, skipped=skipped, empty_dirs=empty, special=special)
 
 
 def expand_inputs(paths: Iterable[str | Path]) -> list[Path]:

@@ -67,13 +67,24 @@ def missing_dependencies() -> list[str]:
     return missing
 
 
+def install_hint(missing: list[str]) -> str:
+    """What to do about ``missing``: with optimum-rbln already installed, only rebel is absent, and this CPU can
+    run the rbln backend through qvl's emulator (--emulate) before any install."""
+    if missing == ["rebel-compiler"]:
+        return (
+            "on this CPU add --emulate (qvl's emulated rebel: proves the glue, never NPU numbers; or set "
+            "QVL_EMULATE_NPU=1); on an RBLN host install rebel-compiler from Rebellions' package index (see README)"
+        )
+    return INSTALL_HINT
+
+
 def check_dependencies() -> None:
     missing = missing_dependencies()
     if missing:
         raise DependencyMissing(
             f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed, "
             "so the rbln backend cannot run on this host",
-            INSTALL_HINT,
+            install_hint(missing),
         )
 
 
@@ -131,7 +142,7 @@ def artifact_problem(root: Path, cfg: dict[str, Any], manifest: dict[str, Any] |
     """
     from importlib import metadata
 
-    from qwenvl_rbln.artifacts.emulated import is_emulated_artifact
+    from qwenvl_rbln.artifacts.emulated import emulated_evidence, is_emulated_artifact
     from qwenvl_rbln.backends import emulator
     from qwenvl_rbln.backends.emulator import graph as emulated_graph
     from qwenvl_rbln.errors import InputError
@@ -154,8 +165,9 @@ def artifact_problem(root: Path, cfg: dict[str, Any], manifest: dict[str, Any] |
                     "as code, only read back)",
                 )
     elif marked:
+        evidence = emulated_evidence(root, manifest, [info["file"] for info in graphs.values()])
         return InputError(
-            f"{root} was compiled by qvl's CPU emulator (qvl-manifest.json emulated: true): it holds no NPU graphs",
+            f"{root} was compiled by qvl's CPU emulator ({evidence}): it holds no NPU graphs",
             "run it on the CPU with --emulate, or compile it for real on an RBLN host (`qvl compile` without "
             "--emulate)",
         )

@@ -235,6 +235,38 @@ def describe(path: Path) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _one_writer(target: Path, notify: Any = None):
+    """One writer per tiny model directory (a lock file beside it, as ``ensure_tiny_model`` uses); a second one
+    says it waits, then waits."""
+    from qwenvl_rbln.artifacts import flock
+
+    lock = target.parent / f".{target.name}.lock"
+    with _writing(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = flock.take(lock)
+    except flock.LockBusy:
+        if notify is not None:
+            notify(f"waiting for another process writing the tiny model in {target} ...")
+        fd = flock.take(lock, blocking=True)
+    try:
+        yield
+    finally:
+        flock.release(fd)
+
+
+def _reusable(target: Path, marker: dict[str, Any] | None, seed: int, moe: bool) -> bool:
+    """DIR already holds this seed's model of this variant (dense or MoE) in this format."""
+    return (
+        marker is not None
+        and marker.get("seed") == seed
+        and marker.get("format") == FORMAT_VERSION
+        and bool(marker.get("moe", False)) == moe
+        and (target / "model.safetensors").is_file()
+    )
+
+
 def build_or_reuse(
     directory: Path | None, *, seed: int = 0, force: bool = False, notify: Any = None, moe: bool = False
 ) -> dict[str, Any]:
@@ -245,19 +277,24 @@ def build_or_reuse(
     default = default_tiny_model_dir(moe)
     target = user_path(directory if directory is not None else default, "directory").absolute()
     marker = read_marker(target)
-    reuse = (
-        not force
-        and marker is not None
-        and marker.get("seed") == seed
-        and marker.get("format") == FORMAT_VERSION
-        and bool(marker.get("moe", False)) == moe
-        and (target / "model.safetensors").is_file()
-    )
+    reuse = not force and _reusable(target, marker, seed, moe)
     start = time.perf_counter()
     if not reuse:
-        if notify is not None:
-            notify(f"building tiny Qwen3-VL{'-MoE' if moe else ''} in {target} ...")
-        create_tiny_model(target, seed=seed, overwrite=force, moe=moe)
+        with _one_writer(target, notify):  # parallel CI jobs: the second waits, then reuses the first's model
+            marker = read_marker(target)
+            reuse = not force and _reusable(target, marker, seed, moe)
+            if not reuse:
+                if not force and marker is not None and _non_empty_dir(target):
+                    variant = "MoE, " if marker.get("moe") else ""
+                    raise InputError(
+                        f"{target} already holds a tiny model ({variant}seed {marker.get('seed')}, format "
+                        f"{marker.get('format')}); this asks for {'MoE, ' if moe else ''}seed {seed} "
+                        f"(format {FORMAT_VERSION})",
+                        "pass --force to replace it, or pick another directory",
+                    )
+                if notify is not None:
+                    notify(f"building tiny Qwen3-VL{'-MoE' if moe else ''} in {target} ...")
+                create_tiny_model(target, seed=seed, overwrite=force or marker is not None, moe=moe)
     info = describe(target)
     return {
         "path": str(target),

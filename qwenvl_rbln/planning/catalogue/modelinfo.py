@@ -187,8 +187,19 @@ MODEL_TYPES = ("qwen3_vl", MOE_MODEL_TYPE)
 
 
 def qvl_home() -> Path:
+    """``$QVL_HOME`` (default ``~/.cache/qvl``); InputError naming it when it, or a folder above it, is a file."""
     home = os.environ.get("QVL_HOME")
-    return user_path(home, "QVL_HOME") if home else Path.home() / ".cache" / "qvl"
+    path = user_path(home, "QVL_HOME") if home else Path.home() / ".cache" / "qvl"
+    blocker = next((p for p in [path, *path.parents] if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        where = "is a file" if blocker == path else f"lies below {blocker}, which is a file"
+        raise InputError(
+            f"QVL_HOME={str(path)!r} {where}, not a directory" if home else f"{path} {where}, not a directory",
+            "set QVL_HOME to a directory (qvl keeps its locks, compile cache and tiny model there)"
+            if home
+            else "move that file away, or set QVL_HOME to a directory",
+        )
+    return path
 
 
 def tiny_model_dir(moe: bool = False) -> Path:

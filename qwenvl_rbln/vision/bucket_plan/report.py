@@ -266,6 +266,7 @@ def _skip_warnings(expansion: Any) -> list[str]:
             f"skipped {len(expansion.skipped):,} file(s) without an image or video extension: "
             f"{_names(expansion.skipped)} (qvl reads {_supported()}; convert others, e.g. HEIC, to JPEG or PNG)"
         )
+    out += [f"skipped {path}: {why}" for path, why in getattr(expansion, "special", [])]
     out += [f"{d}: no image or video files in this directory" for d in expansion.empty_dirs]
     return out
 
@@ -282,7 +283,12 @@ def _nothing_to_plan(inputs: list[str], expansion: Any) -> Exception:
 
 
 def _skipped_json(expansion: Any) -> dict[str, Any]:
-    return {"count": len(expansion.skipped), "examples": [str(p) for p in expansion.skipped[:20]]}
+    special = getattr(expansion, "special", [])
+    return {
+        "count": len(expansion.skipped),
+        "examples": [str(p) for p in expansion.skipped[:20]],
+        "not_regular": [{"path": str(p), "why": why} for p, why in special],
+    }
 
 
 def _plan_workload(
