@@ -59,7 +59,6 @@ def register(app: typer.Typer) -> None:
         """Where each image / video frame lands in the ViT buckets, its padding and compute, and the best buckets
         for a workload. Header reads only: no model, no NPU."""
         from qwenvl_rbln.commands.common import check_plot, plotted, print_warnings
-        from qwenvl_rbln.errors import InputError
         from qwenvl_rbln.views import render
         from qwenvl_rbln.views.bucket_plan import print_human
         from qwenvl_rbln.vision.bucket_plan.report import final_error, memory_gate, run_bucket_plan
@@ -80,18 +79,17 @@ def register(app: typer.Typer) -> None:
             notify=render.warn,
         )
         print_warnings(warnings)
-        line = final_error(data, as_json)
-        gate = memory_gate(data["summary"], uncertain_ok)
-        # a failing document carries the error object the README promises (the line's message and fix)
-        error = InputError(*line.removeprefix("qvl: error: ").split("; fix: ", 1)) if line else gate
+        # a failing document carries the error object the README promises; its line closes stderr
+        failed = final_error(data, as_json)
+        error = failed or memory_gate(data["summary"], uncertain_ok)
         render.emit(data, as_json=as_json, human=lambda console, d: print_human(console, d, rows), error=error)
         if plot is not None:
             from qwenvl_rbln.views.plots.bucket_plan import draw_bucket_plan
 
             draw_bucket_plan(data, plot)
             plotted(plot)
-        if line:
-            render.err().print(line, markup=False, highlight=False)
-            raise SystemExit(2)
-        if gate is not None:
-            raise gate
+        if failed is not None:  # the items carry each problem: close stderr with the one line, exit 2
+            render.err().print(f"qvl: error: {failed.one_line()}", markup=False, highlight=False)
+            raise SystemExit(failed.exit_code)
+        if error is not None:
+            raise error

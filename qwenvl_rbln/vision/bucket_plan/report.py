@@ -377,8 +377,9 @@ def run_bucket_plan(
     return data, [*early, *plan.warnings, *_skip_warnings(expansion)]
 
 
-def final_error(data: dict[str, Any], as_json: bool) -> str | None:
-    """The closing stderr line when something could not be planned; it points where the details are."""
+def final_error(data: dict[str, Any], as_json: bool) -> InputError | None:
+    """The error (exit 2) when something could not be planned: its line closes stderr and, with --json, the
+    document carries it; it points where the details are."""
     failed = sum(1 for it in data["items"] if it["error"])
     dec_failed = data.get("decoder", {}).get("uncovered_steps", 0)
     if not (failed or dec_failed):
@@ -391,8 +392,8 @@ def final_error(data: dict[str, Any], as_json: bool) -> str | None:
         parts.append(f"{dec_failed:,} decode steps are above the largest decoder graph")
         where.append("decoder.per_batch[].error")
     if as_json:
-        return f"qvl: error: {'; '.join(parts)}; fix: see {' and '.join(where)} in the JSON for each one's fix"
-    return f"qvl: error: {'; '.join(parts)} (listed above); fix: see the fix on each line above, or remove the inputs"
+        return InputError("; ".join(parts), f"see {' and '.join(where)} in the JSON for each one's fix")
+    return InputError(f"{'; '.join(parts)} (listed above)", "see the fix on each line above, or remove the inputs")
 
 
 def memory_gate(summary: dict[str, Any], uncertain_ok: bool) -> Exception | None:
