@@ -48,6 +48,12 @@ def register(app: typer.Typer) -> None:
             help="One ViT call per image / temporal patch (today's optimum-rbln); default: each request's segments "
             "packed into shared calls, unless the preset says runtime.vit_packing: false.",
         ),
+        on_oversize: str = typer.Option(
+            None,
+            "--on-oversize",
+            help="An input above the largest ViT bucket: resize (plan it resized into that bucket, as infer and serve "
+            "run it) or error (list it, exit 2). Default: the preset's runtime.on_oversize, else resize.",
+        ),
         uncertain_ok: bool = typer.Option(
             False,
             "--uncertain-ok",
@@ -75,6 +81,7 @@ def register(app: typer.Typer) -> None:
             optimize_decoder=optimize_decoder,
             vit_packing=not no_vit_packing,
             notify=render.warn,
+            on_oversize=on_oversize,
         )
         print_warnings(warnings)
         render.emit(data, as_json=as_json, human=lambda console, d: print_human(console, d, rows))

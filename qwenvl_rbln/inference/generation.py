@@ -331,17 +331,16 @@ def length_error(
     """The refusal of a prompt of ``prompt_tokens`` + ``max_new_tokens`` past ``max_seq_len``, naming the request
     and, for a batch file, its ``file:line`` (``media_tokens``: how many of the prompt's tokens are images/videos)."""
     from qwenvl_rbln.inference.requests import FLAGS_SOURCE
+    from qwenvl_rbln.vision.context import LENGTH_FIX, length_message
 
     source = getattr(request, "source", FLAGS_SOURCE)
     where = "" if source == FLAGS_SOURCE else f" ({source})"
-    media = f" ({media_tokens} of them for its images/videos)" if media_tokens else ""
     room = max_seq_len - prompt_tokens
-    fix = "shorten the prompt or shrink the media (lower processor.max_pixels / video_max_pixels), or recompile with "
-    fix += "a larger rbln_config.max_seq_len"
     return InputError(
-        f"request {request.id}{where}: prompt of {prompt_tokens} tokens{media} + --max-new-tokens {max_new_tokens} = "
-        f"{prompt_tokens + max_new_tokens} exceeds the compiled max_seq_len {max_seq_len}",
-        f"lower --max-new-tokens to at most {room}, {fix}" if room >= 1 else f"the prompt alone fills it: {fix}",
+        length_message(f"request {request.id}{where}", prompt_tokens, max_new_tokens, max_seq_len, media_tokens),
+        f"lower --max-new-tokens to at most {room}, {LENGTH_FIX}"
+        if room >= 1
+        else f"the prompt alone fills it: {LENGTH_FIX}",
     )
 
 
