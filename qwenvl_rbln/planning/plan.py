@@ -500,13 +500,15 @@ def _processor(
     if "max_pixels" in values and max_px > bucket_cap:
         warnings.append(
             f"processor.max_pixels={max_px} lets images exceed the largest ViT bucket {largest} "
-            f"(needs <= {bucket_cap}); such images fail at run time"
+            f"(needs <= {bucket_cap}); such images are resized for their request (runtime.on_oversize resize) or "
+            "refused (error)"
         )
     frame_px = values.get("video_max_frame_pixels", bucket_cap)
     if frame_px > bucket_cap:
         warnings.append(
             f"processor.video_max_frame_pixels={frame_px} lets video frames exceed the largest ViT bucket {largest} "
-            f"(needs <= {bucket_cap}); such videos fail at run time"
+            f"(needs <= {bucket_cap}); such videos are resized for their request (runtime.on_oversize resize) or "
+            "refused (error)"
         )
     if min_px > max_px and "max_pixels" not in values and max_px == bucket_cap:
         _bucket_below_min_pixels(chk, resolved.vit_buckets, min_px, "min_pixels" in values)
