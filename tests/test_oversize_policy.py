@@ -175,7 +175,7 @@ def test_load_check_names_the_file_and_key_that_disagree(tiny_rbln, tmp_path, ca
     data = json.loads(path.read_text())
     data["image_processor"]["size"]["longest_edge"] = 16777216
     path.write_text(json.dumps(data))
-    code, out, err = run_main(["load-check", str(copy), "--no-runtime", "--json"], capsys)
+    code, out, err = run_main(["load-check", str(copy), "--emulate", "--no-runtime", "--json"], capsys)
     assert code == 2
     problems = json.loads(out)["layout"]["problems"]
     assert any(p.startswith("processor_config.json image_processor.size.longest_edge=16777216") for p in problems)
@@ -279,6 +279,10 @@ def test_padding_rows_carry_text_only_and_the_real_rows_tokens_are_unchanged(tin
     unpacked, packed = runs[False]["batches"][0], runs[True]["batches"][0]
     (item,) = runs[False]["requests"][0]["vision"]
     assert item["capped"] and item["patches"] <= 4096 and item["calls"] == 2  # per-frame cap: fits bucket 4096
+    from qwenvl_rbln.vision.bucket_plan.items import ItemPlanner
+
+    planned = ItemPlanner(build_plan("cpu-tiny-rbln")).workload_entry((1920, 1080, 4, 2.0), 1)
+    assert (planned["patches"], planned["vit_calls"], planned["capped"]) == (item["patches"], 2, True)  # one policy
     assert unpacked["timings"]["vision_calls"] == 2  # the real row's 2 temporal patches, nothing for padding
     assert packed["timings"]["vision_calls"] == packed["vit"]["graph_calls"] <= 2
     # the old padding (a copy of the real request) ran the real row's video twice; its tokens are the same
@@ -287,3 +291,16 @@ def test_padding_rows_carry_text_only_and_the_real_rows_tokens_are_unchanged(tin
     assert old["batches"][0]["timings"]["vision_calls"] == 4
     assert old["requests"][0]["token_ids"] == runs[False]["requests"][0]["token_ids"]
     assert runs[True]["requests"][0]["token_ids"] == runs[False]["requests"][0]["token_ids"]
+
+
+def test_a_compile_with_other_caps_rewrites_the_files_and_their_hashes(tiny_rbln, tmp_path, capsys):
+    """The caps are not part of the compiled graphs: a second compile with another max_pixels may reuse the cache,
+    and still writes its own caps into the files, with the manifest's hashes matching them."""
+    from tests.emulated_rbln import compile_emulated
+
+    out = compile_emulated(tmp_path / "small-caps", ["processor.max_pixels=262144"])
+    proc = json.loads((out / "processor_config.json").read_text())
+    assert proc["image_processor"]["size"]["longest_edge"] == 262144
+    code, data, _ = run_main(["load-check", str(out), "--emulate", "--no-runtime", "--json"], capsys)
+    report = json.loads(data)
+    assert code == 0 and report["layout"]["ok"] and not report["layout"]["modified"], report["layout"]
