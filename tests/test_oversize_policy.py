@@ -168,7 +168,7 @@ def test_compile_writes_the_plans_caps_into_the_processor_files(tiny_rbln):
     assert loaded.video_processor.qvl_max_frame_pixels == 1048576
 
 
-def test_load_check_names_the_file_and_key_that_disagree(tiny_rbln, tmp_path, capsys):
+def test_load_check_names_the_file_and_key_that_disagree(tiny_rbln, emulated, tmp_path, capsys):
     copy = tmp_path / "edited"
     shutil.copytree(tiny_rbln, copy)
     path = copy / "processor_config.json"
@@ -293,7 +293,7 @@ def test_padding_rows_carry_text_only_and_the_real_rows_tokens_are_unchanged(tin
     assert runs[True]["requests"][0]["token_ids"] == runs[False]["requests"][0]["token_ids"]
 
 
-def test_a_compile_with_other_caps_rewrites_the_files_and_their_hashes(tiny_rbln, tmp_path, capsys):
+def test_a_compile_with_other_caps_rewrites_the_files_and_their_hashes(tiny_rbln, emulated, tmp_path, capsys):
     """The caps are not part of the compiled graphs: a second compile with another max_pixels may reuse the cache,
     and still writes its own caps into the files, with the manifest's hashes matching them."""
     from tests.emulated_rbln import compile_emulated
