@@ -199,6 +199,8 @@ def test_serve_preflight_names_the_file_and_key_that_disagree(tmp_path, capsys, 
     data = json.loads(out)
     assert data["env"]["QVL_FRAME_CAP"] == "1"
     assert any(c["check"] == "processor caps" and c["ok"] for c in data["checks"])
+    (policy,) = [c["detail"] for c in data["checks"] if c["check"] == "oversize"]
+    assert policy.startswith("runtime.on_oversize=resize: ") and "qvl_max_frame_pixels" in policy
 
 
 def test_serve_names_a_modality_the_context_turns_off(tmp_path, capsys, monkeypatch):

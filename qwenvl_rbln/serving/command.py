@@ -161,6 +161,21 @@ def limit_mm_per_prompt(art: Artifact, plan: Any) -> tuple[dict[str, int], str, 
     return limits, source, off
 
 
+def _oversize_policy(art: Artifact, plan: Any) -> str:
+    """What serving does with an input above the largest bucket, under the policy infer and bucket-plan follow."""
+    policy = None
+    for runtime in (getattr(plan, "runtime", None), (art.manifest or {}).get("runtime")):
+        if isinstance(runtime, dict) and runtime.get("on_oversize"):
+            policy = policy or runtime["on_oversize"]
+    how = (
+        "vLLM's processor resizes every image to the artifact's max_pixels and every video frame to its "
+        "qvl_max_frame_pixels, both checked above to fit the largest bucket: no request reaches 'Required seq_len'"
+    )
+    if policy == "error":
+        how += "; vLLM cannot refuse single inputs as `infer --on-oversize error` does, so they are resized"
+    return f"runtime.on_oversize={policy or 'resize'}: {how}"
+
+
 def _runtime_packing(art: Artifact, plan: Any) -> tuple[bool, str]:
     for runtime, where in ((getattr(plan, "runtime", None), "the preset"), ((art.manifest or {}).get("runtime"), "")):
         if isinstance(runtime, dict) and isinstance(runtime.get("vit_packing"), bool):
@@ -202,6 +217,7 @@ def serve_command(opts: ServeOptions, environ: Mapping[str, str]) -> tuple[Launc
     if "--mm-processor-kwargs" not in replaced:
         argv += ["--mm-processor-kwargs", json.dumps({"max_pixels": art.max_pixels})]
     ok(checks, "max_pixels", f"{art.buckets[-1]} patches (largest ViT bucket) x {art.patch_size}^2 = {art.max_pixels}")
+    ok(checks, "oversize", _oversize_policy(art, plan))
     if "--limit-mm-per-prompt" not in replaced:
         limits, limits_source, off = limit_mm_per_prompt(art, plan)
         argv += ["--limit-mm-per-prompt", json.dumps(limits)]
