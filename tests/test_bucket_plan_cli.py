@@ -163,13 +163,34 @@ def test_json_shape() -> None:
 
 
 def test_oversize_item_names_both_fixes() -> None:
-    code, data = _json("--set", "processor.max_pixels=16777216", "--size", "4000x3000")
+    code, data = _json("--set", "processor.max_pixels=16777216", "--size", "4000x3000", "--on-oversize", "error")
     assert code == 2
     (it,) = data["items"]
     assert it["patches"] == 47000 and it["bucket"] is None
     assert "--set visual.max_seq_len=[16384,47000]" in it["error"]
     assert "--set processor.max_pixels=4194304" in it["error"]
     assert data["summary"]["uncovered"]["calls"] == 1
+
+
+def test_oversize_item_is_planned_resized_by_default_as_infer_runs_it() -> None:
+    code, data = _json("--set", "processor.max_pixels=16777216", "--size", "4000x3000")
+    assert code == 0 and data["summary"]["on_oversize"] == "resize"
+    (it,) = data["items"]
+    assert it["error"] is None and it["oversize_capped"] is True and it["capped"] is True
+    assert it["patches_before_cap"] == 47000 and it["patches"] <= 16384 and it["bucket"] == 16384
+    assert (it["resized_width"], it["resized_height"]) == (2336, 1760)  # smart_resize under max_pixels 4194304
+    assert any("--on-oversize resize" in n for n in it["notes"])
+    assert data["summary"]["uncovered"]["calls"] == 0
+
+
+def test_the_preset_key_sets_the_policy_and_the_flag_overrides_it() -> None:
+    big = ("--set", "processor.max_pixels=16777216", "--size", "4000x3000")
+    code, data = _json(*big, "--set", "runtime.on_oversize=error")
+    assert code == 2 and data["items"][0]["bucket"] is None and data["summary"]["on_oversize"] == "error"
+    code, data = _json(*big, "--set", "runtime.on_oversize=error", "--on-oversize", "resize")
+    assert code == 0 and data["items"][0]["bucket"] == 16384
+    r = _invoke("--size", "64x64", "--on-oversize", "shrink")
+    assert isinstance(r.exception, InputError) and "--on-oversize 'shrink'" in r.exception.message
 
 
 def _workload(tmp_path: Path) -> Path:
@@ -270,7 +291,7 @@ def test_max_bucket_costs_every_list_on_the_same_calls(tmp_path: Path) -> None:
     assert "above --max-bucket 4,096" in human.stdout and "processor.max_pixels=1048576" in human.stdout
 
 
-def test_max_bucket_replans_a_video_with_the_video_budget(tmp_path: Path) -> None:
+def test_max_bucket_replans_a_video_with_a_per_frame_cap(tmp_path: Path) -> None:
     p = tmp_path / "v.jsonl"
     p.write_text(json.dumps({"width": 3840, "height": 2160, "frames": 8, "fps": 2, "count": 3}) + "\n")
     code, data = _json("--workload", str(p), "--optimize", "1", "--max-bucket", "4096")
@@ -278,8 +299,8 @@ def test_max_bucket_replans_a_video_with_the_video_budget(tmp_path: Path) -> Non
     opt = data["optimized"]
     (item,) = data["items"]
     assert item["patches"] > 4096 and item["sampled_frames"] == 8
-    assert opt["replanned"]["processor"] == {"video_max_pixels": 4096 * 256 * 8}
-    assert "--set processor.video_max_pixels=8388608" in opt["set"]
+    assert opt["replanned"]["processor"] == {"video_max_frame_pixels": 4096 * 256}  # per frame, any frame count
+    assert "--set processor.video_max_frame_pixels=1048576" in opt["set"]
     assert opt["buckets"] == [4096] and opt["uncovered_calls"] == 0
     assert opt["covered_calls"] == item["vit_calls"] * 3
 
@@ -293,7 +314,16 @@ def test_max_bucket_below_min_pixels_is_an_input_error() -> None:
 
 def test_no_speedup_against_a_preset_that_cannot_run_every_call() -> None:
     code, data = _json(
-        "--set", "processor.max_pixels=16777216", "--size", "4000x3000", "--size", "640x480", "--optimize", "2"
+        "--set",
+        "processor.max_pixels=16777216",
+        "--size",
+        "4000x3000",
+        "--size",
+        "640x480",
+        "--optimize",
+        "2",
+        "--on-oversize",
+        "error",
     )
     assert code == 2  # the 4000x3000 item has no bucket in the preset
     opt = data["optimized"]

@@ -74,13 +74,13 @@ def test_oversize_message_names_input_and_both_fixes() -> None:
     assert isinstance(err, InputError) and err.hint and err.exit_code == 2
 
 
-def test_oversize_message_for_video_caps_the_video_budget() -> None:
+def test_oversize_message_for_video_caps_each_frame() -> None:
     msg = bk.oversize_error("clip.mp4", 24128, [16384], kind="video", frames=4).one_line()
     assert "clip.mp4" in msg and "24128" in msg and "temporal patch" in msg
-    assert f"--set processor.video_max_pixels={16384 * 256 * 4}" in msg
-    # 5 sampled frames: the budget uses t_bar = round(5/2)*2 = 4 (banker's rounding)
+    # per frame, whatever the frame count: a lower video_max_pixels would shrink every long video too
+    assert f"--set processor.video_max_frame_pixels={16384 * 256}" in msg
     five = bk.oversize_error("v", 20000, [16384], kind="video", frames=5).one_line()
-    assert f"video_max_pixels={16384 * 256 * 4}" in five
+    assert f"video_max_frame_pixels={16384 * 256}" in five and "video_max_pixels" not in five
 
 
 # --- decoder graphs -------------------------------------------------------------------------------

@@ -575,7 +575,6 @@ def test_vision_report_buckets_padding_and_video_calls():
 
 def test_vision_report_oversize_resize_caps_images_and_videos():
     from qwenvl_rbln.inference.vision_report import plan_vision
-    from qwenvl_rbln.vision.geometry import video_max_pixels_for_bucket
 
     reqs = [_req("a", images=[(4000, 3000)]), _req("b", images=[(640, 480)], videos=[(3840, 2160, 4, 2.0)])]
     vp = plan_vision(reqs, _caps(), [1024, 4096])
@@ -585,10 +584,13 @@ def test_vision_report_oversize_resize_caps_images_and_videos():
     assert not small.capped and small.patches == 1200  # below the cap: unchanged
     assert vid.capped and vid.patches_before_cap > 4096 and vid.patches <= 4096
     assert vp.request_caps["a"].max_pixels == 4096 * 256 and vp.request_caps["a"].video_max_pixels == 25165824
-    assert vp.request_caps["b"].video_max_pixels == video_max_pixels_for_bucket(4096, 4) == 4096 * 256 * 4
+    # videos are capped per frame, whatever their frame count; their budget over all frames is kept for long ones
+    assert vp.request_caps["b"].video_max_frame_pixels == 4096 * 256
+    assert vp.request_caps["b"].video_max_pixels == 25165824
     assert vp.caps == _caps()  # the plan's caps are untouched: each request got its own
     assert [c["input"] for c in vp.capped] == ["a-0.jpg", "b-0.mp4"]
     assert len(vp.notes) == 2 and "max_pixels capped 16777216 -> 1048576 for request a" in vp.notes[0]
+    assert "video_max_frame_pixels capped None -> 1048576 for request b" in vp.notes[1]
 
 
 def test_vision_report_oversize_error_names_the_input_and_both_fixes():
@@ -612,7 +614,7 @@ def test_vision_report_oversize_error_names_the_input_and_both_fixes():
     assert "--on-oversize resize" in e.value.hint and "--set processor.max_pixels=1048576" in e.value.hint
     with pytest.raises(InputError) as e:
         plan_vision([_req("v", videos=[(3840, 2160, 4, 2.0)])], _caps(), [4096], on_oversize="error")
-    assert "v-0.mp4" in e.value.message and "processor.video_max_pixels=4194304" in e.value.hint
+    assert "v-0.mp4" in e.value.message and "processor.video_max_frame_pixels=1048576" in e.value.hint
 
 
 def test_compile_then_infer_and_load_check_without_dir_or_preset(tmp_path, monkeypatch):
@@ -656,7 +658,9 @@ def test_vision_report_video_cap_is_per_request():
     assert both.items["big"] == alone.items["big"] and both.request_caps["big"] == alone.request_caps["big"]
     (v,) = alone.items["big"]
     assert v.capped and v.patches == 4032 and v.bucket == 4096
-    assert both.request_caps["short"].video_max_pixels < both.request_caps["big"].video_max_pixels
+    # the cap is per frame: a 2-frame video and a 4-frame one get the same, and both fit
+    assert both.request_caps["short"].video_max_frame_pixels == both.request_caps["big"].video_max_frame_pixels
+    assert both.request_caps["big"].video_max_frame_pixels == 4096 * 256 and both.items["short"][0].bucket == 4096
 
 
 def test_video_result_does_not_depend_on_the_other_requests(artifact, media, capsys):

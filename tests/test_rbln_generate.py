@@ -21,6 +21,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from qwenvl_rbln.artifacts.manifest import manifest_for_plan, write_manifest
+from qwenvl_rbln.artifacts.processor_files import write_caps
 from qwenvl_rbln.planning.plan import build_plan  # noqa: E402
 from tests.emulated_rbln import compile_emulated  # noqa: E402
 from tests.fakes_rbln import run_main, write_artifact  # noqa: E402
@@ -74,6 +75,7 @@ def npu_layout(preset: Path, tiny: Path, tmp_path_factory: pytest.TempPathFactor
     )
     for name in PROCESSOR_FILES:
         shutil.copy2(tiny / name, art / name)
+    write_caps(art, plan.processor.to_dict())  # as `qvl compile` does: the plan's caps in the processor files
     manifest = manifest_for_plan(plan, model={"id": "qvl:tiny", "local_path": str(tiny)}, versions={}, cache_key=None)
     write_manifest(art, manifest)
     return art
@@ -152,17 +154,20 @@ def test_generate_gets_the_compiled_batch_and_padded_rows_are_dropped(
     assert [g["rows"] for g in rbln_calls.generates] == [2, 2]  # always the compiled batch_size
     assert all(g["do_sample"] is False and g["max_new_tokens"] == 6 for g in rbln_calls.generates)
     padded = rbln_calls.generates[1]["input_ids"]
-    assert padded[0] == padded[1]  # the padding row is a copy of the real one
+    image_token = json.loads((art / "config.json").read_text())["image_token_id"]
+    assert image_token in padded[0] and image_token not in padded[1]  # the padding row is text only
+    pad_id = padded[1][0]
+    assert padded[1].count(pad_id) > padded[0].count(pad_id)  # shorter than the real row: left padded further
     assert [r["id"] for r in data["requests"]] == ["img", "txt", "last"]  # padded output dropped
     assert [(b["real_rows"], b["padded_rows"], b["decoder_graph"]) for b in data["batches"]] == [
         (2, 0, "decoder_batch_2"),
         (1, 1, "decoder_batch_2"),
     ]
     assert data["requests"][2]["padded_rows"] == 1
-    # the ViT graph ran in both generates: once for "img", twice for "last" and its padding copy (two ~1000-patch
-    # images cannot share one 1024 bucket); each batch reports the runs the emulated runtime counted
+    # the ViT graph ran once per real image: once for "img", once for "last" (its text-only padding row costs no
+    # ViT call); each batch reports the runs the emulated runtime counted
     vit_runs = [b["timings"]["vision_calls"] for b in data["batches"]]
-    assert vit_runs == [1, 2] and sum(vit_runs) == rbln_calls.graph_runs("compiled_model.rbln")
+    assert vit_runs == [1, 1] and sum(vit_runs) == rbln_calls.graph_runs("compiled_model.rbln")
     # the real rows are what the reference backend gives for the same requests
     reqs = validate_requests(parse_batch_file(batch))
     ref = ReferenceBackend(tiny, plan.processor)
@@ -191,8 +196,8 @@ def test_max_pixels_capped_to_the_largest_bucket_and_reported(rbln_artifact, rbl
     assert code == 0, err
     (v,) = data["requests"][0]["vision"]
     assert v["capped"] is True and v["patches_before_cap"] == 1200 and v["bucket"] == 1024
-    grid, copy_of_it = rbln_calls.generates[0]["image_grid_thw"]  # the padding row is a copy of the request
-    assert grid == copy_of_it and grid[1] * grid[2] == v["patches"] <= 1024  # what optimum-rbln gets fits the bucket
+    (grid,) = rbln_calls.generates[0]["image_grid_thw"]  # the padding row is text only: one image in the batch
+    assert grid[1] * grid[2] == v["patches"] <= 1024  # what optimum-rbln gets fits the bucket
     assert data["requests"][0]["processor"]["max_pixels"] == 1024 * 256  # this request's caps
     assert data["processor"]["max_pixels"] == 16777216  # the plan's: other requests keep them
     assert data["oversize"] == {

@@ -119,7 +119,8 @@ def test_serve_dry_run_builds_the_command_from_the_artifact(art, capsys, no_exec
     assert flag_value(argv, "--max-num-seqs") == "1"
     assert json.loads(flag_value(argv, "--mm-processor-kwargs")) == {"max_pixels": 16384 * 16 * 16}
     limits = json.loads(flag_value(argv, "--limit-mm-per-prompt"))
-    assert limits["image"] == 262144 // (16384 // 4) and limits["video"] >= 1
+    # the reserve for template, text and output is left free: (262144 - 128) // (4096 pads + start/end)
+    assert limits["image"] == (262144 - 128) // (16384 // 4 + 2) == 63 and limits["video"] >= 1
     assert json.loads(flag_value(argv, "--rbln-optimum-overrides")) == {"device": 0, "visual": {"device": 0}}
     assert flag_value(argv, "--host") == "127.0.0.1" and flag_value(argv, "--port") == "8000"
     assert flag_value(argv, "--served-model-name") == "Qwen/Qwen3-VL-2B-Instruct"

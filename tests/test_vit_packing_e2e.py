@@ -123,9 +123,10 @@ def test_video(art, emulated, media, monkeypatch):
     assert on["requests"][0]["token_ids"] == off["requests"][0]["token_ids"]
     assert same_vit(seen_on, seen_off) <= 1e-5
     vit_on, vit_off = on["batches"][0]["vit"], off["batches"][0]["vit"]
-    # batch_size 2: qvl pads the batch with a copy of the request, so the visual() call holds 2 x T segments
-    assert vit_off["graph_calls"] == vit_off["unpacked_calls"] >= 4
+    # batch_size 2: the padding row is text only, so the visual() call holds the real row's 2 temporal patches
+    assert vit_off["graph_calls"] == vit_off["unpacked_calls"] == 2
     assert vit_on["graph_calls"] == planned_calls(vit_on, art) == 1
+    assert on["batches"][0]["timings"]["vision_calls"] == 1 and off["batches"][0]["timings"]["vision_calls"] == 2
 
 
 def test_preset_runtime_key_turns_it_off(art, emulated, media, monkeypatch):

@@ -222,6 +222,29 @@ def _torch_weight_files(root: Path) -> tuple[list[str], list[str]]:
     return ["model.safetensors (or sharded weights with an index)"], []
 
 
+def processor_problems(root: Path, cfg: dict[str, Any], manifest: dict[str, Any] | None) -> list[str]:
+    """The processor files against the compiled ViT buckets and the recorded caps (``processor_files.check``)."""
+    from qwenvl_rbln.artifacts.processor_files import check
+
+    visual = cfg.get("visual") if isinstance(cfg.get("visual"), dict) else {}
+    buckets = visual.get("max_seq_len")
+    buckets = [buckets] if isinstance(buckets, int) else buckets
+    if not (isinstance(buckets, list) and buckets and all(type(b) is int and b > 0 for b in buckets)):
+        return []  # the config check reports a broken bucket list
+    vision = (read_json_quiet(root / "config.json") or {}).get("vision_config") or {}
+    patch = vision.get("patch_size", 16) if isinstance(vision, dict) else 16
+    patch = patch if type(patch) is int and patch > 0 else 16
+    return check(root, buckets, patch, (manifest or {}).get("processor"))
+
+
+def read_json_quiet(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def check_layout(artifact_dir: Path, kind: str, cfg: dict[str, Any], manifest: dict[str, Any] | None) -> dict:
     """Files the loader needs, checked against the artifact's own config; manifest hashes when present."""
     root = Path(artifact_dir)
@@ -274,6 +297,7 @@ def check_layout(artifact_dir: Path, kind: str, cfg: dict[str, Any], manifest: d
             need(rel)
         need_group(PROCESSOR_FILES)
         need_group(TOKENIZER_FILES)
+        problems += processor_problems(root, cfg, manifest)
         wanted = {info["file"] for info in graphs.values()}
         for sub in ("", "visual/"):
             base = root / sub if sub else root

@@ -48,6 +48,12 @@ def register(app: typer.Typer) -> None:
             help="One ViT call per image / temporal patch (today's optimum-rbln); default: each request's segments "
             "packed into shared calls, unless the preset says runtime.vit_packing: false.",
         ),
+        on_oversize: str = typer.Option(
+            None,
+            "--on-oversize",
+            help="An input above the largest ViT bucket: resize (plan it resized into that bucket, as infer and serve "
+            "run it) or error (list it, exit 2). Default: the preset's runtime.on_oversize, else resize.",
+        ),
         uncertain_ok: bool = typer.Option(
             False,
             "--uncertain-ok",
@@ -77,6 +83,7 @@ def register(app: typer.Typer) -> None:
             optimize_decoder=optimize_decoder,
             vit_packing=not no_vit_packing,
             notify=render.warn,
+            on_oversize=on_oversize,
         )
         print_warnings(warnings)
         # a failing document carries the error object the README promises; its line closes stderr

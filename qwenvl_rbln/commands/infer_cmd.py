@@ -169,10 +169,10 @@ def register(app: typer.Typer) -> None:
         ),
         visual_device: str = typer.Option(None, "--visual-device", help="rbln: NPU id for the ViT."),
         on_oversize: str = typer.Option(
-            "resize",
+            None,
             "--on-oversize",
             help="An input above the largest ViT bucket: resize (cap the processor's max_pixels for that request "
-            "only) or error.",
+            "only) or error. Default: the preset's runtime.on_oversize, else resize.",
         ),
         torch_device: str = typer.Option(
             None,

@@ -56,7 +56,8 @@ def human(console: Any, d: dict[str, Any]) -> None:
     import shlex
 
     for check in d["checks"]:
-        console.print(f"# ok  {check['check']}: {check['detail']}", markup=False, highlight=False, soft_wrap=True)
+        mark = "ok  " if check["ok"] else "warn"
+        console.print(f"# {mark} {check['check']}: {check['detail']}", markup=False, highlight=False, soft_wrap=True)
     for key, value in d["env"].items():
         line = f"unset {key}" if value is None else f"export {key}={shlex.quote(value)}"
         console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -331,17 +331,16 @@ def length_error(
     """The refusal of a prompt of ``prompt_tokens`` + ``max_new_tokens`` past ``max_seq_len``, naming the request
     and, for a batch file, its ``file:line`` (``media_tokens``: how many of the prompt's tokens are images/videos)."""
     from qwenvl_rbln.inference.requests import FLAGS_SOURCE
+    from qwenvl_rbln.vision.context import LENGTH_FIX, length_message
 
     source = getattr(request, "source", FLAGS_SOURCE)
     where = "" if source == FLAGS_SOURCE else f" ({source})"
-    media = f" ({media_tokens} of them for its images/videos)" if media_tokens else ""
     room = max_seq_len - prompt_tokens
-    fix = "shorten the prompt or shrink the media (lower processor.max_pixels / video_max_pixels), or recompile with "
-    fix += "a larger rbln_config.max_seq_len"
     return InputError(
-        f"request {request.id}{where}: prompt of {prompt_tokens} tokens{media} + --max-new-tokens {max_new_tokens} = "
-        f"{prompt_tokens + max_new_tokens} exceeds the compiled max_seq_len {max_seq_len}",
-        f"lower --max-new-tokens to at most {room}, {fix}" if room >= 1 else f"the prompt alone fills it: {fix}",
+        length_message(f"request {request.id}{where}", prompt_tokens, max_new_tokens, max_seq_len, media_tokens),
+        f"lower --max-new-tokens to at most {room}, {LENGTH_FIX}"
+        if room >= 1
+        else f"the prompt alone fills it: {LENGTH_FIX}",
     )
 
 
@@ -366,6 +365,17 @@ def _run_generate(model: Any, inputs: Any, streamer: TimingStreamer, kwargs: dic
         ) from exc
 
 
+def padding_row(requests: list[Any]) -> Any:
+    """The row that pads a batch to the compiled batch size: text only (no image, no video, so it costs no ViT call),
+    the shortest real prompt, so it is never longer than a real row and the real rows' left padding is unchanged."""
+    import dataclasses
+
+    shortest = min(requests, key=lambda r: (len(r.prompt), len(r.videos), len(r.images)))
+    return dataclasses.replace(
+        shortest, id=f"{shortest.id}#padding", images=[], videos=[], image_info=[], video_info=[], caps=None
+    )
+
+
 def generate_batch(
     model: Any,
     processor: Any,
@@ -381,8 +391,8 @@ def generate_batch(
     stream_prefix: str = "",
     caps: Any = None,
 ) -> BatchResult:
-    """Preprocess ``requests``, optionally pad the batch to ``pad_to`` rows with copies of the cheapest real
-    request, run ``model.generate`` with a timing streamer, and return the real rows only.
+    """Preprocess ``requests``, optionally pad the batch to ``pad_to`` rows with text-only rows (``padding_row``:
+    no ViT work), run ``model.generate`` with a timing streamer, and return the real rows only.
 
     ``sink`` receives the streamed text when the batch has exactly one real request. ``max_seq_len``: a
     request whose prompt + ``max_new_tokens`` exceeds it raises InputError before generate when
@@ -396,8 +406,7 @@ def generate_batch(
     real = len(requests)
     rows = list(requests)
     if pad_to is not None and pad_to > real:
-        cheapest = min(requests, key=lambda r: (len(r.videos), len(r.images), len(r.prompt)))
-        rows += [cheapest] * (pad_to - real)
+        rows += [padding_row(requests)] * (pad_to - real)
     t0 = time.perf_counter()
     inputs, info = build_inputs(processor, rows, caps)
     warnings = check_lengths(requests, info["prompt_tokens"][:real], gen, max_seq_len, strict_length)

@@ -68,6 +68,9 @@ def apply_caps(processor: Any, caps: Any) -> None:
         vp.min_frames = caps.min_frames
         vp.max_frames = caps.max_frames
         vp.num_frames = None
+        from qwenvl_rbln.vision.frame_cap import install_on_instance
+
+        install_on_instance(vp, getattr(caps, "video_max_frame_pixels", None))  # every frame fits the largest bucket
 
 
 _PROCESSORS: dict[tuple[Any, ...], Any] = {}  # one checked processor per directory and file stamps

@@ -7,8 +7,8 @@ What optimum-rbln 0.12.0 does and qvl therefore does around it (reference sectio
   rbln_config={"visual": {"device": V}, "device": D})``, the placement of ``qvl load-check``.
 * Batch: Qwen3-VL's ``generate`` always decodes with ``decoder_batch_{batch_size}`` and requires the input
   batch to equal the compiled ``batch_size`` ("Cache position size mismatch"). qvl pads a short batch
-  with copies of its cheapest real request (fewest videos, images, prompt characters) and drops the
-  padded rows' outputs; the report names the graph and the padded rows.
+  with text-only rows (the shortest real prompt, no image or video: a padded row costs no ViT call) and
+  drops their outputs; the report names the graph and the padded rows.
 * ViT: each image / video temporal patch runs in the smallest compiled bucket >= its patches; an input
   above the largest bucket raises inside optimum-rbln, so the processor is capped beforehand
   (``vision_report.plan_vision``, ``--on-oversize resize|error``).

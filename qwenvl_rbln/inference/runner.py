@@ -25,6 +25,16 @@ from qwenvl_rbln.inference.target import Target, resolve_placement, resolve_targ
 TINY_NOTICE = "qvl tiny model (random weights): the generated text is meaningless; it exercises every code path"
 
 
+def oversize_policy(opts: Any, target: Any) -> str:
+    """--on-oversize, else the preset's runtime.on_oversize, else the compile's (its manifest), else resize:
+    the one policy bucket-plan and serve follow too."""
+    if opts.on_oversize:
+        return opts.on_oversize
+    compiled = (target.manifest or {}).get("runtime")
+    compiled = compiled.get("on_oversize") if isinstance(compiled, dict) else None
+    return target.plan.runtime.get("on_oversize") or compiled or "resize"
+
+
 def _compiled_packing(target: Any) -> bool:
     """A compile's own runtime.vit_packing (recorded in its manifest, e.g. from --set) still holds at infer."""
     runtime = (target.manifest or {}).get("runtime")
@@ -47,7 +57,7 @@ class InferOptions:
     seed: int | None = None
     device: Any = None
     visual_device: Any = None
-    on_oversize: str = "resize"
+    on_oversize: str | None = None  # --on-oversize; None: the preset's / compile's runtime.on_oversize, else resize
     torch_device: str | None = None
     emulate: bool = False  # --emulate: rbln artifacts run on qvl's CPU emulator of rebel (also QVL_EMULATE_NPU=1)
     vit_packing: bool = True  # --no-vit-packing; the preset's runtime.vit_packing: false also turns it off
@@ -162,7 +172,7 @@ def _prepare(opts: InferOptions, target: Target, requests: list[Any], gen: Any) 
         requests,
         target.plan.processor,
         target.resolved.vit_buckets,
-        on_oversize=opts.on_oversize,
+        on_oversize=oversize_policy(opts, target),
         patch_size=vis.patch_size,
         merge_size=vis.spatial_merge_size,
         temporal_patch_size=vis.temporal_patch_size,
@@ -373,7 +383,7 @@ def _report(opts: InferOptions, run: _Run, backend: Any, ran: dict[str, Any]) ->
         "vit_buckets": target.resolved.vit_buckets,
         "max_seq_len": target.resolved.max_seq_len,
         "processor": vplan.caps.to_dict(),
-        "oversize": {"policy": opts.on_oversize, "capped": vplan.capped, "notes": vplan.notes},
+        "oversize": {"policy": vplan.on_oversize, "capped": vplan.capped, "notes": vplan.notes},
         "generation": run.gen.to_dict(),
         "requests": ran["requests"],
         "batches": ran["batches"],

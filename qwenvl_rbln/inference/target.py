@@ -100,7 +100,16 @@ def _qwen3_vl_config(directory: Path) -> None:
         ) from None
 
 
-CAP_KEYS = ("min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", "fps", "min_frames", "max_frames")
+CAP_KEYS = (
+    "min_pixels",
+    "max_pixels",
+    "video_min_pixels",
+    "video_max_pixels",
+    "fps",
+    "min_frames",
+    "max_frames",
+    "video_max_frame_pixels",
+)
 
 
 def _list_arg(values: list[int]) -> str:

@@ -9,8 +9,8 @@ Oversize inputs (more patches than the largest bucket; possible when ``processor
 raised or the artifact has smaller buckets than the preset) are handled per ``on_oversize``:
 
 * ``resize`` (default): cap the processor for that request only, so they fit: images
-  ``max_pixels = largest * 256``; videos ``video_max_pixels = geometry.video_max_pixels_for_bucket(largest,
-  T)`` for the smallest sampled frame count ``T`` among the request's oversize videos. Each request is
+  ``max_pixels = largest * 256``; videos ``video_max_frame_pixels = largest * 256`` (the per-frame cap of
+  ``vision/frame_cap.py``, which a preset sets by default, so only a raised cap gets here). Each request is
   processed under its own caps (``inputs.build_inputs``), so a request's result never depends on the
   other requests of the run; its report is recomputed with the cap and says so.
 * ``error``: raise the InputError of ``buckets.oversize_error`` (input, patches, largest bucket); on
@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from qwenvl_rbln.errors import InputError, raise_all
+from qwenvl_rbln.planning.plan import ON_OVERSIZE  # one spelling for every command
 from qwenvl_rbln.vision.buckets import oversize_error, padding_pct, round_up, select_bucket
 from qwenvl_rbln.vision.geometry import (
     IMAGE_MAX_PIXELS,
@@ -35,10 +36,7 @@ from qwenvl_rbln.vision.geometry import (
     max_pixels_for_bucket,
     video_capped,
     video_geometry_for,
-    video_max_pixels_for_bucket,
 )
-
-ON_OVERSIZE = ("resize", "error")
 
 
 @dataclass
@@ -90,14 +88,14 @@ class VisionPlan:
         """One line per distinct cap, naming the requests it applies to."""
         changes: dict[tuple[str, int, int], list[str]] = {}
         for rid, caps in self.request_caps.items():
-            for key in ("max_pixels", "video_max_pixels"):
+            for key in ("max_pixels", "video_max_frame_pixels"):
                 old, new = getattr(self.caps, key), getattr(caps, key)
                 if old != new:
                     changes.setdefault((key, old, new), []).append(rid)
         out = []
         for (key, old, new), rids in changes.items():
             what = "images" if key == "max_pixels" else "videos"
-            fits = "every image fits" if key == "max_pixels" else "every temporal patch fits"
+            fits = "every image fits" if key == "max_pixels" else "every frame (temporal patch) fits"
             shown = ", ".join(rids[:5]) + (f" and {len(rids) - 5} more" if len(rids) > 5 else "")
             out.append(
                 f"{what}: processor {key} capped {old} -> {new} for request{'s' if len(rids) > 1 else ''} {shown} "
@@ -218,10 +216,9 @@ def _list_arg(values: list[int]) -> str:
 
 def _cap_fix(item: VisionItem, largest: int, geo: dict[str, int]) -> str:
     """The processor cap that resizes ``item`` into the largest bucket, as a --set."""
-    ps, tps = geo["patch_size"], geo["temporal_patch_size"]
+    ps = geo["patch_size"]
     if item.kind == "video":
-        t = item.frames if item.frames and item.frames >= tps else tps
-        return f"--set processor.video_max_pixels={video_max_pixels_for_bucket(largest, t, ps, tps)}"
+        return f"--set processor.video_max_frame_pixels={max_pixels_for_bucket(largest, ps)}"
     return f"--set processor.max_pixels={max_pixels_for_bucket(largest, ps)}"
 
 
@@ -259,16 +256,14 @@ def _oversize_error(
 
 def _capped_caps(caps: Any, over: list[VisionItem], largest: int, geo: dict[str, int]) -> Any:
     """``caps`` lowered just enough for ``over`` (one request's oversize inputs) to fit the largest bucket."""
-    ps, tps = geo["patch_size"], geo["temporal_patch_size"]
+    ps = geo["patch_size"]
     new = caps
     if any(i.kind == "image" for i in over):
         cap = min(caps.max_pixels, max_pixels_for_bucket(largest, ps))
         new = replace(new, max_pixels=cap, min_pixels=min(new.min_pixels, cap))
-    videos = [i for i in over if i.kind == "video"]
-    if videos:
-        frames = min(max(i.frames or tps, tps) for i in videos)
-        vcap = min(caps.video_max_pixels, video_max_pixels_for_bucket(largest, frames, ps, tps))
-        new = replace(new, video_max_pixels=vcap, video_min_pixels=min(new.video_min_pixels, vcap))
+    if any(i.kind == "video" for i in over):  # per frame (vision/frame_cap.py): long videos keep their budget
+        frame_cap = max_pixels_for_bucket(largest, ps)
+        new = replace(new, video_max_frame_pixels=min(caps.video_max_frame_pixels or frame_cap, frame_cap))
     return new
 
 

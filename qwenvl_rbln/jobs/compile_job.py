@@ -43,6 +43,7 @@ from qwenvl_rbln.artifacts.manifest import (
     read_manifest,
     write_manifest,
 )
+from qwenvl_rbln.artifacts.processor_files import rehash, write_caps
 from qwenvl_rbln.artifacts.staging import atomic_output_dir, check_target
 from qwenvl_rbln.backends import Progress, backend_module, fmt_elapsed, resolve_source
 from qwenvl_rbln.errors import EXIT_INTERRUPTED, BackendError, DoesNotFit, InputError, QvlError
@@ -288,8 +289,11 @@ def _run(
                     info = cached.get("compile") or {}
                 else:
                     info = backend.compile_model(plan, staging, progress, model_cls=model_cls, source=source)
+                written = write_caps(staging, plan.processor.to_dict())  # AutoProcessor of DIR gets what fits
+                files = rehash(staging, files, written)
                 progress.stage("writing manifest", MANIFEST_NAME)
                 extra: dict[str, Any] = {
+                    "processor_files": written,
                     "compiled": compiled_values(staging),
                     "output_dir": str(target),
                     "compile": info,

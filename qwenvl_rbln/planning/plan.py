@@ -66,6 +66,7 @@ LM_KEYS = {
     "_load_visual_runtime": bool,
 }
 VISUAL_KEYS = {**BASE_KEYS, "max_seq_len": "buckets", "batch_size": int}
+ON_OVERSIZE = ("resize", "error")  # runtime.on_oversize / --on-oversize: one policy for infer, bucket-plan, serve
 RUNTIME_ONLY_KEYS = ("create_runtimes", "device", "device_map", "activate_profiler", "timeout")
 
 # Keys optimum-rbln 0.12 accepts in rbln_config but fills in itself (rbln_config.json): not settings.
@@ -83,7 +84,7 @@ VISUAL_WRITTEN_BY_OPTIMUM = ("optimum_rbln_version", "cls_name", "_compile_cfgs"
 
 @dataclass(frozen=True)
 class ProcessorCaps:
-    """Pixel caps handed to the Qwen3-VL processor (images per image, videos over all frames)."""
+    """Pixel caps handed to the Qwen3-VL processor (images per image, videos over all frames and per frame)."""
 
     min_pixels: int
     max_pixels: int
@@ -92,6 +93,7 @@ class ProcessorCaps:
     fps: float = 2.0
     min_frames: int = 4
     max_frames: int = 768
+    video_max_frame_pixels: int | None = None  # qvl's per-frame cap (vision/frame_cap.py); None: none
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -271,6 +273,15 @@ class _Checker:
 def _runtime(chk: _Checker, data: dict[str, Any]) -> dict[str, Any]:
     """The runtime: section: choices that need no recompile (ViT packing; vLLM's items per prompt for qvl serve)."""
     runtime: dict[str, Any] = {"vit_packing": chk.bool_("runtime.vit_packing", data.get("vit_packing", True))}
+    policy = data.get("on_oversize")
+    if policy is not None:
+        if policy not in ON_OVERSIZE:
+            chk.fail(
+                "runtime.on_oversize",
+                f"runtime.on_oversize={policy!r} is not one of {', '.join(ON_OVERSIZE)}",
+                "runtime: {on_oversize: resize} (the default) or {on_oversize: error}",
+            )
+        runtime["on_oversize"] = policy
     limits = data.get("limit_mm_per_prompt")
     if limits is None:
         return runtime
@@ -487,7 +498,8 @@ def _processor(
     largest = resolved.vit_buckets[-1]
     bucket_cap = largest * 256  # smart_resize keeps h*w <= max_pixels, so patches <= largest bucket
     values: dict[str, Any] = {}
-    for key in ("min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", "min_frames", "max_frames"):
+    keys = ("min_pixels", "max_pixels", "video_min_pixels", "video_max_pixels", "min_frames", "max_frames")
+    for key in (*keys, "video_max_frame_pixels"):
         if key in proc and proc[key] is not None:
             values[key] = chk.int_(f"processor.{key}", proc[key], minimum=1)
     min_px = values.get("min_pixels", defaults["min_pixels"])
@@ -495,7 +507,15 @@ def _processor(
     if "max_pixels" in values and max_px > bucket_cap:
         warnings.append(
             f"processor.max_pixels={max_px} lets images exceed the largest ViT bucket {largest} "
-            f"(needs <= {bucket_cap}); such images fail at run time"
+            f"(needs <= {bucket_cap}); such images are resized for their request (runtime.on_oversize resize) or "
+            "refused (error)"
+        )
+    frame_px = values.get("video_max_frame_pixels", bucket_cap)
+    if frame_px > bucket_cap:
+        warnings.append(
+            f"processor.video_max_frame_pixels={frame_px} lets video frames exceed the largest ViT bucket {largest} "
+            f"(needs <= {bucket_cap}); such videos are resized for their request (runtime.on_oversize resize) or "
+            "refused (error)"
         )
     if min_px > max_px and "max_pixels" not in values and max_px == bucket_cap:
         _bucket_below_min_pixels(chk, resolved.vit_buckets, min_px, "min_pixels" in values)
@@ -512,7 +532,7 @@ def _processor(
     fmax = values.get("max_frames", 768)
     if fmin > fmax:
         chk.fail("processor.min_frames", f"processor.min_frames={fmin} is above max_frames={fmax}", "lower min_frames")
-    return ProcessorCaps(min_px, max_px, vmin, vmax, float(fps), fmin, fmax)
+    return ProcessorCaps(min_px, max_px, vmin, vmax, float(fps), fmin, fmax, frame_px)
 
 
 def _bucket_below_min_pixels(chk: _Checker, buckets: list[int], min_px: int, min_from_preset: bool) -> None:

@@ -29,10 +29,11 @@ TOP_KEYS: dict[str, str] = {
     "rbln_config": "the optimum-rbln rbln_config tree, spelled as optimum-rbln spells it",
     "placement": "load-time device placement: device, visual_device",
     "processor": "pixel caps: min_pixels, max_pixels, video_min_pixels, video_max_pixels, fps, ...",
-    "runtime": "no-recompile choices: vit_packing (true/false), limit_mm_per_prompt ({image: N, video: M})",
+    "runtime": "no-recompile choices: vit_packing (true/false), limit_mm_per_prompt ({image: N, video: M}), "
+    "on_oversize (resize/error)",
 }
 PLACEMENT_KEYS = ("device", "visual_device")
-RUNTIME_KEYS = ("vit_packing", "limit_mm_per_prompt")
+RUNTIME_KEYS = ("vit_packing", "limit_mm_per_prompt", "on_oversize")
 PROCESSOR_KEYS = (
     "min_pixels",
     "max_pixels",
@@ -41,6 +42,7 @@ PROCESSOR_KEYS = (
     "fps",
     "min_frames",
     "max_frames",
+    "video_max_frame_pixels",
 )
 
 

@@ -18,8 +18,16 @@ from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.paths import user_path
 from qwenvl_rbln.planning.catalogue.multi_device import multi_device_refusal
 from qwenvl_rbln.serving.flags import check_pass_through
-from qwenvl_rbln.serving.options import PACKING_ENV, PLUGIN_GROUP, PLUGIN_NAME, Artifact, Launch, ServeOptions
-from qwenvl_rbln.serving.preflight import ok, preflight
+from qwenvl_rbln.serving.options import (
+    FRAME_CAP_ENV,
+    PACKING_ENV,
+    PLUGIN_GROUP,
+    PLUGIN_NAME,
+    Artifact,
+    Launch,
+    ServeOptions,
+)
+from qwenvl_rbln.serving.preflight import ok, preflight, warn
 
 
 def resolve_directory(directory: Path | None, preset: str | None, command: str) -> tuple[Path, list[str]]:
@@ -113,26 +121,66 @@ def _preset_plan(preset: str | None) -> Any:
     return build_plan(preset)
 
 
-def limit_mm_per_prompt(art: Artifact, plan: Any) -> tuple[dict[str, int], str]:
+def limit_mm_per_prompt(art: Artifact, plan: Any) -> tuple[dict[str, int], str, list[str]]:
     """Items per prompt: the preset's ``runtime.limit_mm_per_prompt`` when it has one, else as many of the largest
-    image (capped at the largest bucket) and of the largest video (the recorded processor caps) as fit the context."""
+    image (capped at the largest bucket) and of the largest video (the recorded processor caps) as fit the context
+    with ``vision.context.RESERVE_TOKENS`` left for the template, the text and the output. The third value names
+    each modality a context too small for one such item turns off (0), with its cause."""
     runtime = getattr(plan, "runtime", None) or (art.manifest or {}).get("runtime") or {}
     given = runtime.get("limit_mm_per_prompt") if isinstance(runtime, dict) else None
     if isinstance(given, dict) and given:
-        return dict(given), "the preset's runtime.limit_mm_per_prompt"
-    from qwenvl_rbln.vision.geometry import VIDEO_MAX_PIXELS
+        return dict(given), "the preset's runtime.limit_mm_per_prompt", []
+    from qwenvl_rbln.vision import context
+    from qwenvl_rbln.vision.geometry import VIDEO_MAX_FRAMES, VIDEO_MAX_PIXELS
 
     caps = getattr(plan, "processor", None)
     caps = caps.to_dict() if caps is not None else (art.manifest or {}).get("processor") or {}
-    video_pixels = caps.get("video_max_pixels") if isinstance(caps, dict) else None
+    caps = caps if isinstance(caps, dict) else {}
+    video_pixels = caps.get("video_max_pixels")
     video_pixels = video_pixels if type(video_pixels) is int and video_pixels > 0 else VIDEO_MAX_PIXELS
-    context = art.cfg["max_seq_len"]
-    image_tokens = art.buckets[-1] // art.merge_size**2
-    # a video of T frames at h*w pixels each: (T/2) ViT calls of h*w/patch^2 patches, /merge^2 LM tokens each
-    video_tokens = max(1, video_pixels // (2 * art.patch_size**2 * art.merge_size**2))
-    limits = {"image": max(1, context // image_tokens), "video": context // video_tokens}
+    frames = caps.get("max_frames") if type(caps.get("max_frames")) is int else VIDEO_MAX_FRAMES
+    fps = caps.get("fps") if isinstance(caps.get("fps"), int | float) and caps.get("fps") > 0 else 2.0
+    context_len = art.cfg["max_seq_len"]
+    image_tokens = context.image_tokens(art.buckets[-1] // art.merge_size**2)
+    # the longest video: max_frames frames over the whole budget, one timestamp and delimiter pair per 2 frames
+    pads = max(1, video_pixels // (2 * art.patch_size**2 * art.merge_size**2))
+    video_tokens = context.video_tokens(pads, max(1, frames // 2), frames, fps)
+    limits = {
+        "image": context.items_per_context(image_tokens, context_len),
+        "video": context.items_per_context(video_tokens, context_len),
+    }
+    room = context_len - context.RESERVE_TOKENS
+    off = [
+        f"limit_mm_per_prompt {kind} is 0: one {what} ({tokens} tokens) does not fit max_seq_len {context_len} less "
+        f"the reserve of {context.RESERVE_TOKENS} for the template, text and output ({room}); vLLM will refuse every "
+        f"{kind}. Fix: recompile with a larger max_seq_len, lower processor.{cap}, or set runtime.limit_mm_per_prompt"
+        for kind, what, tokens, cap in (
+            ("image", "image at the largest bucket", image_tokens, "max_pixels"),
+            ("video", "video at the full budget", video_tokens, "video_max_pixels / max_frames"),
+        )
+        if limits[kind] == 0
+    ]
     where = "the recorded processor caps" if caps else "the default video caps"
-    return limits, f"largest image ({image_tokens} tokens) and video ({video_tokens} tokens, {where}) per context"
+    source = (
+        f"largest image ({image_tokens} tokens) and video ({video_tokens} tokens, {where}) per context less a reserve "
+        f"of {context.RESERVE_TOKENS}"
+    )
+    return limits, source, off
+
+
+def _oversize_policy(art: Artifact, plan: Any) -> str:
+    """What serving does with an input above the largest bucket, under the policy infer and bucket-plan follow."""
+    policy = None
+    for runtime in (getattr(plan, "runtime", None), (art.manifest or {}).get("runtime")):
+        if isinstance(runtime, dict) and runtime.get("on_oversize"):
+            policy = policy or runtime["on_oversize"]
+    how = (
+        "vLLM's processor resizes every image to the artifact's max_pixels and every video frame to its "
+        "qvl_max_frame_pixels, both checked above to fit the largest bucket: no request reaches 'Required seq_len'"
+    )
+    if policy == "error":
+        how += "; vLLM cannot refuse single inputs as `infer --on-oversize error` does, so they are resized"
+    return f"runtime.on_oversize={policy or 'resize'}: {how}"
 
 
 def _runtime_packing(art: Artifact, plan: Any) -> tuple[bool, str]:
@@ -176,10 +224,15 @@ def serve_command(opts: ServeOptions, environ: Mapping[str, str]) -> tuple[Launc
     if "--mm-processor-kwargs" not in replaced:
         argv += ["--mm-processor-kwargs", json.dumps({"max_pixels": art.max_pixels})]
     ok(checks, "max_pixels", f"{art.buckets[-1]} patches (largest ViT bucket) x {art.patch_size}^2 = {art.max_pixels}")
+    ok(checks, "oversize", _oversize_policy(art, plan))
     if "--limit-mm-per-prompt" not in replaced:
-        limits, limits_source = limit_mm_per_prompt(art, plan)
+        limits, limits_source, off = limit_mm_per_prompt(art, plan)
         argv += ["--limit-mm-per-prompt", json.dumps(limits)]
-        ok(checks, "limit_mm_per_prompt", f"{json.dumps(limits)} ({limits_source})")
+        if off:  # a modality turned off by the context is a warning with its cause, never an "ok"
+            warn(checks, "limit_mm_per_prompt", f"{json.dumps(limits)} ({limits_source}): " + "; ".join(off))
+            warnings.extend(off)
+        else:
+            ok(checks, "limit_mm_per_prompt", f"{json.dumps(limits)} ({limits_source})")
     argv += ["--rbln-optimum-overrides", json.dumps(where["overrides"]), *opts.extra]
     if opts.vit_packing is not None:
         packing, source = opts.vit_packing, "--vit-packing" if opts.vit_packing else "--no-vit-packing"
@@ -209,14 +262,20 @@ def _packing_env(
     packing: bool, source: str, environ: Mapping[str, str], checks: list[dict[str, Any]], warnings: list[str]
 ) -> dict[str, str | None]:
     """QVL_VIT_PACKING for the plugin, and the plugin added to a VLLM_PLUGINS allowlist when one is set."""
-    env: dict[str, str | None] = {PACKING_ENV: "1" if packing else "0"}
-    if not packing:
-        ok(checks, "vit packing", f"off ({source})")
-        return env
-    if environ.get("VLLM_PLUGINS") is not None:
+    env: dict[str, str | None] = {PACKING_ENV: "1" if packing else "0", FRAME_CAP_ENV: "1"}
+    ok(
+        checks,
+        "video frame cap",
+        f"{FRAME_CAP_ENV}=1: the {PLUGIN_NAME} plugin caps each video frame at the processor config's "
+        "qvl_max_frame_pixels in every vLLM process (qvl must be installed in vllm's Python environment)",
+    )
+    if environ.get("VLLM_PLUGINS") is not None:  # the plugin also installs the per-frame video cap: always load it
         allowed = [p for p in environ["VLLM_PLUGINS"].split(",") if p.strip()]
         if PLUGIN_NAME not in allowed:  # an allowlist loads nothing else: add the packing plugin to it
             env["VLLM_PLUGINS"] = ",".join([*allowed, PLUGIN_NAME])
+    if not packing:
+        ok(checks, "vit packing", f"off ({source})")
+        return env
     detail = (
         f"on ({source}): the {PLUGIN_GROUP} entry point {PLUGIN_NAME} installs the packed ViT forward in every vLLM "
         "process (qvl must be installed in vllm's Python environment)"

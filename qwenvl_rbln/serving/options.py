@@ -16,6 +16,7 @@ from qwenvl_rbln.errors import InputError
 PLUGIN_NAME = "qvl_vit_packing"  # the vllm.general_plugins entry point (pyproject.toml)
 PLUGIN_GROUP = "vllm.general_plugins"
 PACKING_ENV = "QVL_VIT_PACKING"  # "1": the plugin installs the packed ViT forward in every vLLM process
+FRAME_CAP_ENV = "QVL_FRAME_CAP"  # "1": the plugin caps each video frame at the artifact's qvl_max_frame_pixels
 DEFAULT_HOST = "127.0.0.1"  # local only unless asked: `--host 0.0.0.0` serves other machines
 DEFAULT_PORT = 8000  # vLLM's own default
 

@@ -45,6 +45,11 @@ def ok(checks: list[dict[str, Any]], name: str, detail: str) -> None:
     checks.append({"check": name, "ok": True, "detail": detail})
 
 
+def warn(checks: list[dict[str, Any]], name: str, detail: str) -> None:
+    """A check that passes with a consequence the user must see (``ok`` false, ``warning`` true): never "ok"."""
+    checks.append({"check": name, "ok": False, "warning": True, "detail": detail})
+
+
 def _positive(cfg: dict[str, Any], key: str) -> bool:
     return type(cfg.get(key)) is int and cfg[key] > 0
 
@@ -78,6 +83,7 @@ def preflight(directory: Path, *, verify_hashes: bool = True) -> Artifact:
     _check_config(cfg, root / RBLN_CONFIG_NAME, checks)
     _check_graphs(root, cfg, checks)
     _check_processor(root, checks, _source_model(manifest))
+    _check_processor_caps(root, cfg, manifest, checks)
     if manifest is None:
         ok(checks, "manifest hashes", "no qvl-manifest.json: edits after compile cannot be detected")
     elif verify_hashes:
@@ -235,6 +241,22 @@ def _check_processor(root: Path, checks: list[dict[str, Any]], source: str) -> N
             f"copy chat_template.jinja (or chat_template.json) from the source model directory into {root}",
         )
     ok(checks, "processor files", f"processor config, tokenizer, chat template ({template})")
+
+
+def _check_processor_caps(
+    root: Path, cfg: dict[str, Any], manifest: dict[str, Any] | None, checks: list[dict[str, Any]]
+) -> None:
+    """The processor files vLLM loads agree with the compiled buckets (``artifacts.processor_files``)."""
+    from qwenvl_rbln.artifacts.layout import processor_problems
+
+    problems = processor_problems(root, cfg, manifest)
+    if problems:
+        raise InputError(
+            f"{root}: {problems[0].partition('; fix: ')[0]}",
+            f"{problems[0].partition('; fix: ')[2] or RECOMPILE}; vLLM would hand these sizes to the compiled graphs "
+            "and fail with 'Required seq_len' at the first such input",
+        )
+    ok(checks, "processor caps", "the processor files' image and video caps fit the largest ViT bucket")
 
 
 def _check_hashes(root: Path, manifest: dict[str, Any], checks: list[dict[str, Any]]) -> None:

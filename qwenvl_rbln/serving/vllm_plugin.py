@@ -9,6 +9,12 @@ optimum-rbln model, so patching ``RBLNQwen3VLVisionModel.forward`` on the class 
 
 ``register`` may run several times per process (vLLM warns plugins about that) and never raises: without optimum-rbln
 or without qvl's packing module the ViT simply runs unpacked, and one warning line says so.
+
+It also installs qvl's per-frame video cap (``vision/frame_cap.py``) on transformers' ``Qwen3VLVideoProcessor``, in
+every process ``qvl serve`` starts (``QVL_FRAME_CAP=1``, whatever ``QVL_VIT_PACKING`` says): vLLM's Qwen3-VL
+processor loads the video processor from the artifact, whose config carries ``qvl_max_frame_pixels`` (written by
+``qvl compile``), and the patched resize caps each frame at it, so every temporal patch fits the largest compiled
+bucket. A processor without that key runs unchanged.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import os
 import sys
 
 ENV = "QVL_VIT_PACKING"
+FRAME_CAP_ENV = "QVL_FRAME_CAP"  # "1" from qvl serve: cap each video frame at the artifact's qvl_max_frame_pixels
 _installed = False
 
 
@@ -25,9 +32,26 @@ def _warn(message: str) -> None:
     print(f"qvl: warning: {message}", file=sys.stderr, flush=True)
 
 
+def install_frame_cap() -> bool:
+    """The per-frame video cap on transformers' video processor class; False (with one warning) when it cannot be."""
+    try:
+        frame_cap = importlib.import_module("qwenvl_rbln.vision.frame_cap")
+        frame_cap.install_on_class()
+    except Exception as exc:  # noqa: BLE001 - a plugin must never stop vLLM from starting
+        _warn(
+            f"the per-frame video cap could not be installed ({type(exc).__name__}: {exc}); short high-resolution "
+            "videos may exceed the largest ViT bucket"
+        )
+        return False
+    return True
+
+
 def register() -> None:
-    """Install the packed ViT forward on optimum-rbln's vision model class when ``QVL_VIT_PACKING=1``."""
+    """Install the per-frame video cap, and the packed ViT forward on optimum-rbln's vision model class when
+    ``QVL_VIT_PACKING=1``."""
     global _installed
+    if os.environ.get(FRAME_CAP_ENV) == "1":
+        install_frame_cap()
     if _installed or os.environ.get(ENV) != "1":
         return
     try:  # import_module, not `from ... import`: it goes through sys.modules like every plugin import

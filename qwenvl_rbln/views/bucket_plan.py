@@ -102,9 +102,12 @@ def _print_inputs(console: Any, data: dict[str, Any], rows_limit: int) -> None:
             f"[dim]{len(items) - len(shown):,} more {what} not shown (--rows 0 shows all; --json has every item)[/dim]"
         )
     if s["capped_inputs"]:
+        frame = s["processor"].get("video_max_frame_pixels")
+        frame_txt = f", video frames at video_max_frame_pixels={frame:,}" if frame else ""
         console.print(
-            f"[dim]* downscaled by processor.max_pixels={s['processor']['max_pixels']:,} (qvl caps it at the largest "
-            f"bucket x 256 so nothing overflows); {s['capped_inputs']:,} input(s) affected[/dim]"
+            f"[dim]* downscaled by processor.max_pixels={s['processor']['max_pixels']:,}{frame_txt} (qvl caps them at "
+            f"the largest bucket x 256 so nothing overflows; above it: --on-oversize {s.get('on_oversize', 'resize')})"
+            f"; {s['capped_inputs']:,} input(s) affected[/dim]"
         )
 
 

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.vision.geometry import max_pixels_for_bucket, video_max_pixels_for_bucket
+from qwenvl_rbln.vision.geometry import max_pixels_for_bucket
 
 BUCKET_MULTIPLE = 4  # spatial_merge_size**2: the merger views [S, h] as [S/4, 4h]
 PATCH_PIXELS = 16 * 16  # one pre-merge patch of Qwen3-VL (patch_size 16)
@@ -103,8 +103,8 @@ def oversize_error(
 
     Fix 1 adds a bucket (``patches`` rounded up to a multiple of 4) to ``visual.max_seq_len``;
     fix 2 caps the processor so inputs resize into the largest bucket: ``max_pixels = largest *
-    patch_size**2`` for images; for a video the budget covers all frames, so the cap is
-    ``largest * patch_size**2 * min(T, t_bar)`` for its ``T`` sampled frames.
+    patch_size**2`` for images, ``video_max_frame_pixels`` (the same number, per frame) for videos
+    (``frame_cap.py``; ``frames`` is kept for callers and no longer changes the fix).
     """
     largest = max(buckets)
     need = round_up(patches)
@@ -115,10 +115,9 @@ def oversize_error(
         f"(visual.max_seq_len={_list_arg(sorted(buckets))}); optimum-rbln would raise "
         f"'Required seq_len({patches}) is larger than available max_seq_len'"
     )
-    if kind == "video":
-        t = frames if frames and frames >= temporal_patch_size else temporal_patch_size
-        cap = video_max_pixels_for_bucket(largest, t, patch_size, temporal_patch_size)
-        cap_fix = f"--set processor.video_max_pixels={cap} (videos sampling {t} or more frames then fit {largest})"
+    if kind == "video":  # per frame: a lower video_max_pixels would shrink every long video too
+        cap = max_pixels_for_bucket(largest, patch_size)
+        cap_fix = f"--set processor.video_max_frame_pixels={cap} (frames then resize to at most {largest} patches)"
     else:
         cap = max_pixels_for_bucket(largest, patch_size)
         cap_fix = f"--set processor.max_pixels={cap} (images then resize to at most {largest} patches)"

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.vision.frame_cap import video_budget
 
 # Shipped Qwen3-VL preprocessor_config.json (image processor).
 IMAGE_MIN_PIXELS = 65536  # size.shortest_edge
@@ -244,11 +245,13 @@ def video_geometry(
     patch_size: int = PATCH_SIZE,
     merge_size: int = MERGE_SIZE,
     temporal_patch_size: int = TEMPORAL_PATCH_SIZE,
+    max_frame_pixels: int | None = None,
 ) -> VideoGeometry:
     """Geometry of one video; matches ``video_grid_thw`` of ``Qwen3VLVideoProcessor``.
 
     ``total_frames`` and ``video_fps`` are the container metadata (what transformers' decoders
     report). Fewer than ``temporal_patch_size`` sampled frames raises ``InputError``.
+    ``max_frame_pixels``: qvl's per-frame cap (``frame_cap.video_budget``), as the patched processor applies it.
     """
     notes: list[str] = []
     used_fps = video_fps
@@ -258,6 +261,7 @@ def video_geometry(
     if total_frames < 1:
         raise InputError(f"video reports {total_frames} frames", "check the file is a complete video")
     sampled = sample_frame_count(total_frames, used_fps, fps=fps, min_frames=min_frames, max_frames=max_frames)
+    min_pixels, max_pixels = video_budget(sampled, min_pixels, max_pixels, max_frame_pixels, temporal_patch_size)
     rh, rw = video_smart_resize(
         sampled,
         height,
@@ -359,6 +363,7 @@ def video_geometry_for(
         patch_size=patch_size,
         merge_size=merge_size,
         temporal_patch_size=temporal_patch_size,
+        max_frame_pixels=getattr(caps, "video_max_frame_pixels", None),
     )
 
 
@@ -398,11 +403,15 @@ def video_capped(
     merge_size: int = MERGE_SIZE,
     temporal_patch_size: int = TEMPORAL_PATCH_SIZE,
 ) -> bool:
-    """``image_capped`` for a video: the caps' ``video_max_pixels`` against the stock video processor's."""
-    if caps.video_max_pixels >= stock_video_max_pixels:
+    """``image_capped`` for a video: the caps' ``video_max_pixels`` and per-frame cap against the stock video
+    processor's budget (which has no per-frame cap)."""
+    frame_cap = getattr(caps, "video_max_frame_pixels", None)
+    if caps.video_max_pixels >= stock_video_max_pixels and not frame_cap:
         return False
     kw = {"patch_size": patch_size, "merge_size": merge_size, "temporal_patch_size": temporal_patch_size}
     capped = video_geometry_for(width, height, total_frames, video_fps, caps, **kw)
     stock_caps = replace(caps, video_max_pixels=stock_video_max_pixels)
+    if frame_cap:
+        stock_caps = replace(stock_caps, video_max_frame_pixels=None)
     stock = video_geometry_for(width, height, total_frames, video_fps, stock_caps, **kw)
     return stock.patches > capped.patches

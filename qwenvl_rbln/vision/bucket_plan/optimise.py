@@ -22,7 +22,7 @@ from qwenvl_rbln.vision.buckets import (
     round_up,
     select_decoder_graph,
 )
-from qwenvl_rbln.vision.geometry import max_pixels_for_bucket, video_max_pixels_for_bucket
+from qwenvl_rbln.vision.geometry import max_pixels_for_bucket
 from qwenvl_rbln.vision.packing import evaluate_packed, optimize_packed
 
 DECODER_NOTE = (
@@ -47,18 +47,16 @@ def _calls(items: Iterable[dict[str, Any]]) -> int:
 def replan_caps(over: list[dict[str, Any]], caps: Any, cap: int, vision: Any) -> tuple[Any, dict[str, int]]:
     """Processor caps that resize every input in ``over`` into ``cap`` patches, and the keys they change.
 
-    Images: ``max_pixels = cap * patch_size**2``. Videos share one budget over all frames, so it is
-    sized for the fewest sampled frames among them (the others then fit with room to spare).
+    Images: ``max_pixels = cap * patch_size**2``; videos: the same number as ``video_max_frame_pixels``, the
+    per-frame cap, so long videos keep their budget over all frames.
     """
     changes: dict[str, int] = {}
     if any(it.get("kind") != "video" for it in over):
         changes["max_pixels"] = min(caps.max_pixels, max_pixels_for_bucket(cap, vision.patch_size))
-    videos = [it for it in over if it.get("kind") == "video"]
-    if videos:
-        frames = min(it["sampled_frames"] for it in videos)
-        budget = video_max_pixels_for_bucket(cap, frames, vision.patch_size, vision.temporal_patch_size)
-        changes["video_max_pixels"] = min(caps.video_max_pixels, budget)
-    for key, floor in (("max_pixels", "min_pixels"), ("video_max_pixels", "video_min_pixels")):
+    if any(it.get("kind") == "video" for it in over):  # per frame (frame_cap.py): long videos keep their budget
+        frame_cap = max_pixels_for_bucket(cap, vision.patch_size)
+        changes["video_max_frame_pixels"] = min(caps.video_max_frame_pixels or frame_cap, frame_cap)
+    for key, floor in (("max_pixels", "min_pixels"),):
         if key in changes and changes[key] < getattr(caps, floor):
             raise InputError(
                 f"--max-bucket {cap}: resizing the inputs above it needs processor.{key}={changes[key]}, "

@@ -17,6 +17,7 @@ from qwenvl_rbln.errors import DoesNotFit, InputError, QvlError
 from qwenvl_rbln.vision.bucket_plan.items import ItemPlanner
 from qwenvl_rbln.vision.bucket_plan.optimise import decoder_section, optimize_section
 from qwenvl_rbln.vision.buckets import vit_cost_fn
+from qwenvl_rbln.vision.context import RESERVE_TOKENS
 from qwenvl_rbln.vision.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, expand_inputs_report, parse_size
 from qwenvl_rbln.vision.packing import uniform_cost
 from qwenvl_rbln.vision.workload import read_batch_trace, read_workload
@@ -102,7 +103,7 @@ def summarize(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], 
         b: {"calls": 0, "pad_sum": 0.0, "executed": 0, "useful": 0, "inputs": 0} for b in buckets
     }
     uncovered = {"calls": 0, "inputs": 0, "max_patches": None}
-    n_items = n_errors = requests = lm_tokens = capped = 0
+    n_items = n_errors = requests = lm_tokens = capped = over_context = 0
     for it in items:
         n_items += 1
         requests += it["count"]
@@ -113,6 +114,9 @@ def summarize(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], 
         lm_tokens += it["count"] * it["lm_tokens"]
         if it.get("capped"):
             capped += it["count"]
+        if it.get("lm_fit") and not it["lm_fit"]["fits"]:
+            over_context += it["count"]
+            n_errors += it["bucket"] is not None  # counted once: an oversize one is counted below
         b = it["bucket"]
         if b is None:
             n_errors += 1
@@ -167,6 +171,14 @@ def summarize(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], 
         "vit_calls": total_calls,
         "lm_tokens": lm_tokens,
         "capped_inputs": capped,
+        "on_oversize": plan.runtime.get("on_oversize", "resize"),
+        "context": {
+            "max_seq_len": plan.resolved.max_seq_len,
+            "reserve": RESERVE_TOKENS,
+            "over_context_inputs": over_context,
+            "note": f"each input's tokens (an upper bound for videos) must leave {RESERVE_TOKENS} of max_seq_len free "
+            "for the chat template, the prompt text and the output, or qvl infer refuses it",
+        },
         "executed_flops": executed,
         "useful_flops": useful,
         "executed_over_useful": round(executed / useful, 4) if useful else None,
@@ -207,6 +219,16 @@ def packed_summary(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[i
         "note": "segments of one request (its images, a video's temporal patches) share a ViT call through a "
         "block-diagonal mask, each pack in its segments' own bucket; requests are never packed together",
     }
+
+
+def _check_policy(on_oversize: str) -> None:
+    from qwenvl_rbln.planning.plan import ON_OVERSIZE
+
+    if on_oversize not in ON_OVERSIZE:
+        raise InputError(
+            f"--on-oversize {on_oversize!r} is not one of {', '.join(ON_OVERSIZE)}",
+            "use --on-oversize resize (default) or --on-oversize error",
+        )
 
 
 def _check_k(flag: str, k: int | None) -> None:
@@ -328,6 +350,7 @@ def run_bucket_plan(
     optimize_decoder: int | None,
     vit_packing: bool = True,
     notify: Callable[[str], None] | None = None,
+    on_oversize: str | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """The whole command without printing: (JSON document, warnings). ``vit_packing=False``
     (``--no-vit-packing``) overrides the preset's ``runtime.vit_packing``: today's figures, no ``packed``.
@@ -350,6 +373,9 @@ def run_bucket_plan(
     plan = build_plan(preset, sets, model=model)
     if not vit_packing:
         plan.runtime = {**plan.runtime, "vit_packing": False}
+    if on_oversize is not None:  # --on-oversize over the preset's runtime.on_oversize, as infer takes it
+        _check_policy(on_oversize)
+        plan.runtime = {**plan.runtime, "on_oversize": on_oversize}
     early: list[str] = []
     planner = ItemPlanner(plan)
     items = [planner.file(path) for path in expansion.files]

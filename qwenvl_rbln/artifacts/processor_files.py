@@ -1,0 +1,143 @@
+"""The artifact's processor files carry the plan's pixel caps, so every loader of the directory runs what fits.
+
+optimum-rbln's ``save_pretrained`` copies the checkpoint's processor files: an image ``size.longest_edge`` of
+16,777,216 and a video budget of 25,165,824 over all frames, sizes the compiled ViT buckets cannot run. Anyone who
+loads the artifact with ``AutoProcessor.from_pretrained(DIR)`` (optimum-rbln's examples, a script, vLLM) would get
+them. ``qvl compile`` therefore writes the plan's caps into every processor file it finds:
+
+* images (``processor_config.json`` ``image_processor``, ``preprocessor_config.json``): ``size`` (and the legacy
+  ``min_pixels``/``max_pixels`` keys where the file has them: transformers lets them override ``size``);
+* videos (``processor_config.json`` ``video_processor``, ``video_preprocessor_config.json``): ``size``, ``fps``,
+  ``min_frames``, ``max_frames`` and ``qvl_max_frame_pixels``, the per-frame cap that qvl's resize applies
+  (``vision/frame_cap.py``; transformers keeps the key as an attribute and ignores it otherwise).
+
+``check`` is what ``load-check`` and ``serve``'s preflight ask: do the files agree with the compiled buckets (and with
+the caps the manifest recorded)? Each problem names the file and the key. Plain JSON: no transformers import.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+FRAME_KEY = "qvl_max_frame_pixels"
+# file -> (section inside it or None for the whole file, what it configures); a missing file is skipped
+SECTIONS: tuple[tuple[str, str | None, str], ...] = (
+    ("processor_config.json", "image_processor", "image"),
+    ("processor_config.json", "video_processor", "video"),
+    ("preprocessor_config.json", None, "image"),
+    ("video_preprocessor_config.json", None, "video"),
+)
+
+
+def wanted(caps: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The keys each kind of processor section gets from a plan's ``ProcessorCaps.to_dict()``."""
+    video: dict[str, Any] = {
+        "size": {"shortest_edge": caps["video_min_pixels"], "longest_edge": caps["video_max_pixels"]},
+        "fps": caps["fps"],
+        "min_frames": caps["min_frames"],
+        "max_frames": caps["max_frames"],
+    }
+    if caps.get("video_max_frame_pixels"):
+        video[FRAME_KEY] = caps["video_max_frame_pixels"]
+    return {
+        "image": {"size": {"shortest_edge": caps["min_pixels"], "longest_edge": caps["max_pixels"]}},
+        "video": video,
+    }
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _sections(root: Path) -> list[tuple[str, str | None, str, dict[str, Any], dict[str, Any]]]:
+    """(file, section, kind, the file's data, the section's dict) for every processor section present."""
+    out = []
+    files: dict[str, dict[str, Any] | None] = {}  # one parsed copy per file: its sections are edited together
+    for name, section, kind in SECTIONS:
+        if name not in files:
+            files[name] = _read(root / name)
+        data = files[name]
+        if data is None:
+            continue
+        part = data.get(section) if section else data
+        if section is None and kind == "image" and "video_processor_type" in data:
+            kind = "video"  # an old layout keeping the video processor in preprocessor_config.json
+        if isinstance(part, dict):
+            out.append((name, section, kind, data, part))
+    return out
+
+
+def rehash(root: Path, files: dict[str, Any] | None, written: dict[str, Any]) -> dict[str, Any] | None:
+    """A manifest's ``files`` table (None: hashed later) with the processor files just written hashed again."""
+    from qwenvl_rbln.artifacts.manifest import sha256_file
+
+    if files is None:
+        return None
+    out = dict(files)
+    for name in {key.partition(":")[0] for key in written}:
+        path = root / name
+        out[name] = {**out.get(name, {}), "size": path.stat().st_size, "sha256": sha256_file(path)}
+    return out
+
+
+def write_caps(root: Path, caps: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Write ``caps`` into every processor file of ``root``; returns ``{file[:section]: {key: value}}`` written."""
+    from qwenvl_rbln.artifacts.manifest import write_json_atomic
+
+    keys = wanted(caps)
+    written: dict[str, dict[str, Any]] = {}
+    changed: dict[str, dict[str, Any]] = {}
+    for name, section, kind, data, part in _sections(root):
+        values = dict(keys[kind])
+        size = values["size"]
+        for key, edge in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
+            if part.get(key) is not None:  # a call-time or file min/max_pixels overrides size in transformers
+                values[key] = size[edge]
+        part.update(values)
+        written[f"{name}:{section}" if section else name] = values
+        changed[name] = data
+    for name, data in changed.items():
+        write_json_atomic(root / name, data)
+    return written
+
+
+def _number(value: Any) -> int | float | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def check(root: Path, buckets: list[int], patch_size: int, recorded: dict[str, Any] | None) -> list[str]:
+    """Problems of ``root``'s processor files against the largest compiled bucket and the recorded caps, each naming
+    the file and the key (empty: consistent)."""
+    largest = max(buckets)
+    cap = largest * patch_size**2
+    keys = wanted(recorded) if isinstance(recorded, dict) and "video_max_pixels" in recorded else None
+    problems = []
+    for name, section, kind, _, part in _sections(root):
+        where = f"{name} {section}." if section else f"{name} "
+        size = part.get("size") if isinstance(part.get("size"), dict) else {}
+        longest = _number(part.get("max_pixels")) or _number(size.get("longest_edge"))
+        if kind == "image" and longest is not None and longest > cap:
+            problems.append(
+                f"{where}size.longest_edge={longest} lets images exceed the largest ViT bucket {largest} "
+                f"(needs <= {cap}); fix: recompile with qvl, or set it to {cap}"
+            )
+        frame = _number(part.get(FRAME_KEY))
+        if kind == "video" and longest is not None and longest > 2 * cap and (frame is None or frame > cap):
+            shown = f"{FRAME_KEY}={frame}" if frame is not None else f"no {FRAME_KEY}"
+            problems.append(
+                f"{where}{shown} with size.longest_edge={longest}: a short video's frames can exceed the largest ViT "
+                f"bucket {largest} (needs {FRAME_KEY} <= {cap}); fix: recompile with qvl"
+            )
+        for key, value in (keys or {}).get(kind, {}).items():
+            if part.get(key) != value and not (key == "fps" and _number(part.get(key)) == value):
+                problems.append(
+                    f"{where}{key}={json.dumps(part.get(key))} differs from the caps the compile recorded "
+                    f"({json.dumps(value)}); fix: restore the file or recompile"
+                )
+    return problems
