@@ -45,7 +45,7 @@ def output_dir_for(path: Path | None) -> str:
 def commands(preset_ref: str, data: dict[str, Any], max_len: int, batch: int) -> dict[str, Any]:
     """``qvl compile``, ``qvl serve`` and the vLLM command serve will build (placement, limits, pixels)."""
     from qwenvl_rbln.serving.command import limit_mm_per_prompt
-    from qwenvl_rbln.serving.options import Artifact
+    from qwenvl_rbln.serving.options import FRAME_CAP_ENV, Artifact
 
     rbln = data["rbln_config"]
     buckets = rbln["visual"]["max_seq_len"]
@@ -57,7 +57,7 @@ def commands(preset_ref: str, data: dict[str, Any], max_len: int, batch: int) ->
         manifest={"processor": data.get("processor") or {}},
         model_config={},
     )
-    limits, _ = limit_mm_per_prompt(art, None)
+    limits, _, _ = limit_mm_per_prompt(art, None)
     visible = sorted({placement["device"], placement["visual_device"]})
     overrides = {
         "device": visible.index(placement["device"]),
@@ -75,7 +75,7 @@ def commands(preset_ref: str, data: dict[str, Any], max_len: int, batch: int) ->
         "dry_run": f"qvl compile --preset {preset_ref} --dry-run",
         "serve": f"qvl serve {data['output_dir']}",
         "vllm": vllm,
-        "env": {"RBLN_VISIBLE_DEVICES": ",".join(map(str, visible))},
+        "env": {"RBLN_VISIBLE_DEVICES": ",".join(map(str, visible)), FRAME_CAP_ENV: "1"},  # as qvl serve sets
     }
 
 
