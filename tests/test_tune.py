@@ -210,6 +210,17 @@ def test_every_builtin_model_can_be_tuned(files, model):
         assert isinstance(error, DoesNotFit) and "no configuration meets the needs" in error.message
 
 
+@pytest.mark.parametrize("devices", [1, 2])
+def test_235b_exits_4_honestly_naming_no_configuration_that_cannot_fit(files, devices):
+    doc, error = _tune(files, model="Qwen/Qwen3-VL-235B-A22B-Instruct", context=32768, devices=devices)
+    assert isinstance(error, DoesNotFit) and error.exit_code == 4
+    assert doc["nearest"] == [] and "best" not in doc  # nothing offered: every configuration was refused
+    assert {f["largest_batch"] for f in doc["frontier"]} == {0} and len(doc["frontier"]) == 3 * devices
+    # the reason is the planner's (the weights alone exceed the card), not a need to relax: no "--devices 2" advice
+    assert "LM weights alone" in error.message and "Qwen3-VL-30B-A3B" in error.hint
+    assert "--devices" not in error.hint and "--context" not in error.hint
+
+
 # --- the cost model --------------------------------------------------------------------------------------------------
 
 

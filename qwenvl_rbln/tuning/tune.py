@@ -149,7 +149,7 @@ def run_tune(
         doc.update(_hand_over(checker, best_cfg, best, output))
     else:
         doc["nearest"] = nearest(checker)
-        error = _unmet(needs, doc["nearest"])
+        error = _unmet(checker, doc["nearest"])
     doc["cost_model"]["measured_graphs"] = sorted(checker.roof.used_measured)
     doc["searched"] = checker.calls
     doc["search_s"] = round(time.perf_counter() - start, 3)
@@ -193,16 +193,26 @@ def _hand_over(checker: Checker, cfg: Config, best: dict[str, Any], output: Path
 
 
 _NEED_KEYS = ("max_seq_len", "batch_size", "memory_budget")
+TOO_LARGE = (
+    "no rbln_config change fits this model on one Rebel100 with optimum-rbln 0.12; tune Qwen3-VL-30B-A3B instead "
+    "(--model Qwen/Qwen3-VL-30B-A3B-Instruct)"
+)
 
 
-def _unmet(needs: Needs, near: list[dict[str, Any]]) -> DoesNotFit:
+def _unmet(checker: Checker, near: list[dict[str, Any]]) -> DoesNotFit:
+    needs = checker.needs
     where = f"{needs.devices} NPU{'s' if needs.devices > 1 else ''}"
     lead = (
         f"no configuration meets the needs (context {needs.context}, batch >= {needs.min_batch}, {where}) with a "
         "memory verdict of fits"
     )
     if not near:
-        return DoesNotFit(lead, "lower --context or --min-batch, or allow --devices 2")
+        p = partitions_for(needs, checker.max_position)[0]
+        too_large = checker.check(Config(False, p, need_len(needs.context, p), 1)).get("too_large")
+        if too_large:  # no context, batch or placement helps: say what the planner says, and what would
+            return DoesNotFit(f"{lead}: {too_large}", TOO_LARGE)
+        more = ", or allow --devices 2" if needs.devices < 2 else ""
+        return DoesNotFit(f"{lead}, nor does any smaller batch or shorter context", f"lower --context{more}")
     options = "; ".join(_near_text(row) for row in near)
     return DoesNotFit(f"{lead}; nearest: {options}", "relax the need each one gives up (see `nearest` in --json)")
 
