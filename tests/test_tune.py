@@ -221,6 +221,21 @@ def test_235b_exits_4_honestly_naming_no_configuration_that_cannot_fit(files, de
     assert "--devices" not in error.hint and "--context" not in error.hint
 
 
+def test_no_neighbour_that_meets_the_needs_beats_the_chosen_moe(files):
+    """A MoE's decode step reads more experts with every row, so its cost is not monotone in the batch: the
+    sampled batches (ends, powers of two, the trace's top) are refined from #1 until no neighbour ranks higher."""
+    doc, error = _tune(files, model="Qwen/Qwen3-VL-30B-A3B-Instruct", context=32768, trace=files["trace"], devices=2)
+    assert error is None
+    best = doc["best"]["score"]
+    searched = ("batch_size", "kvcache_partition_len", "ViT on", "ViT beside")
+    for n in doc["neighbours"]:
+        if n["change"].startswith(searched) and n["counts"]:  # --min-batch is 1: every batch meets it
+            assert n["score"] >= best, n["change"]
+        if n["score"] is not None and n["score"] < best * (1 - 1e-3):  # faster: it says so, and why it is not #1
+            assert n["why"].startswith("faster by") and "--optimize" in n["why"], n["why"]
+    assert [r["score"] for r in doc["candidates"]][0] == best
+
+
 # --- the cost model --------------------------------------------------------------------------------------------------
 
 

@@ -10,6 +10,10 @@ from typing import Any
 
 from qwenvl_rbln.tuning.search import Checker, Config, Needs, largest, need_len, partitions_for
 
+FASTER = (
+    "tune keeps bucket-plan's --optimize buckets and --optimize-decoder graphs (fewest padded patches and rows); "
+    "take this one with its --set"
+)
 TIE = "ties go to fewer NPUs, the documented partition 8192, the smaller batch, then the larger margin"
 
 
@@ -18,6 +22,8 @@ def _slower(best: dict[str, Any], other: dict[str, Any], objective: str, tie: st
     what = "latency" if objective == "latency" else "throughput"
     if pct > 0.05:
         return f"slower by {pct:.1f} % ({what}, roofline estimate)"
+    if pct < -0.05:  # only an alternative the search is bound not to take (bucket-plan's ViT buckets, graphs)
+        return f"faster by {-pct:.1f} % ({what}, roofline estimate), but {FASTER}"
     return f"no faster ({pct:+.1f} % {what}, roofline estimate); {tie}"
 
 
