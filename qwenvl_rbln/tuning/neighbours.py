@@ -79,7 +79,8 @@ def neighbours(checker: Checker, best_cfg: Config, best: dict[str, Any]) -> list
     for name, base in (work.vit_section.get("baselines") or {}).items():
         buckets = tuple(base.get("buckets") or [])
         if buckets and list(buckets) != checker.vit(best_cfg):
-            out.append(_lost(checker, best, replace(best_cfg, vit=buckets), f"ViT buckets {list(buckets)} ({name})"))
+            change = f"ViT buckets {list(buckets)} ({name})"
+            out.append(_lost(checker, best, replace(best_cfg, vit=buckets), change, _too_many(buckets, needs)))
     graphs = checker.graphs(best_cfg)
     for label, alt in (("single graph", (b,)), ("powers of two", None)):
         if alt is None:
@@ -88,9 +89,17 @@ def neighbours(checker: Checker, best_cfg: Config, best: dict[str, Any]) -> list
             alt = tuple(decoder_powers_of_two(b))
         if list(alt) != graphs:
             tie = "decode is weight-bound, so padded rows cost little time; the chosen graphs compute the fewest rows"
-            row = _lost(checker, best, replace(best_cfg, graphs=alt), f"decoder graphs {list(alt)} ({label})", tie=tie)
+            change = f"decoder graphs {list(alt)} ({label})"
+            row = _lost(checker, best, replace(best_cfg, graphs=alt), change, _too_many(alt, needs), tie=tie)
             out.append(row)
     return out
+
+
+def _too_many(graphs: tuple[int, ...], needs: Needs) -> str | None:
+    """More compiled graphs than --max-buckets allows: that, not its speed, is why it is not the answer."""
+    if len(graphs) > needs.max_buckets:
+        return f"{len(graphs)} graphs > --max-buckets {needs.max_buckets} (each is a compiled graph)"
+    return None
 
 
 def nearest(checker: Checker) -> list[dict[str, Any]]:
