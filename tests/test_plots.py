@@ -285,12 +285,14 @@ def test_tune_plot_draws_tunes_own_candidates_and_changes_nothing(workload, tmp_
     assert len(data["candidates"]) == len(costed) > len(doc["candidates"])
     for row, src in zip(data["candidates"], costed, strict=True):
         assert (row["throughput"], row["ttft_s"]) == (src["estimate"]["output_tokens_per_s"], src["estimate"]["ttft_s"])
-    whys = {f"#1 with {n['change']}": n["why"] for n in doc["neighbours"]}
-    assert all(r["rejected"] == whys[r["label"]] for r in data["candidates"] if r["label"] in whys)
+    whys = {n["change"]: n["why"] for n in doc["neighbours"]}
+    assert all(whys[r["label"]].startswith(r["rejected"]) for r in data["candidates"] if r["label"] in whys)
     texts = _texts(svg)
     unit = "output tokens/s, roofline bound, not measured"
     assert f"{best['output_tokens_per_s']:.1f} {unit}, TTFT {best['ttft_s']:.3f} s" in texts
     assert any(t.startswith(f"chosen: {data['chosen']['label']}") for t in texts)
+    rejected = {r["label"]: r["rejected"] for r in data["candidates"]}
+    assert data["annotated"] and all(f"{label}: {rejected[label]}" in texts for label in data["annotated"])
 
 
 def test_tune_plot_on_exit_4_draws_the_nearest(workload, tmp_path, capsys):
