@@ -308,6 +308,20 @@ def test_roofline_moe_reads_the_routed_experts_only():
     assert read_many < every and every - read_one == pytest.approx(text.num_hidden_layers * (128 - 8) * expert)
 
 
+@pytest.mark.parametrize(
+    "key,active", [("qwen/qwen3-vl-30b-a3b-instruct", 3e9), ("qwen/qwen3-vl-235b-a22b-instruct", 22e9)]
+)
+def test_builtin_moe_decode_reads_its_active_params_prefill_every_expert(key, active):
+    from qwenvl_rbln.memory.params import lm_params
+
+    roof = Roofline(BUILTIN[key], REBEL100_COMPUTE)
+    per_token, read = roof.lm_params_read(1)
+    assert per_token == read == pytest.approx(active, rel=0.05)  # the A3B / A22B of the name: the routed experts
+    assert roof.decode_step(1, 1, 1000, 8192) == pytest.approx((2 * read + 1000 * roof.kv_bytes_per_token) / 4.8e12)
+    every = lm_params(BUILTIN[key].text)["device"]
+    assert roof.lm_params_read(512)[1] == pytest.approx(every, rel=1e-3)  # a 512-row prefill chunk reads them all
+
+
 def test_device_memory_shrinks_what_fits(files):
     full, _ = _tune(files, context=32768)
     less, _ = _tune(files, context=32768, device_memory="100GiB")
