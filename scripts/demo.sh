@@ -53,7 +53,7 @@ printf '%s\n' '{"width": 1280, "height": 720, "frames": 9000, "fps": 30}' '{"wid
   >"$RUNS/packing.jsonl"
 qvl bucket-plan --preset rebel100-1npu-vit-buckets --workload "$RUNS/packing.jsonl"
 
-step "pictures (--plot): where a mixed workload lands in the buckets, and the batch-4 / 262144 memory per device"
+step "pictures (--plot): where a mixed workload lands in the buckets, the batch-4 / 262144 memory per device, and what qvl tune traded (about a second)"
 mkdir -p qvl-out
 printf '%s\n' '{"width": 1280, "height": 720, "frames": 9000, "fps": 30}' '{"width": 320, "height": 240, "images": 8, "count": 20}' \
   '{"width": 1920, "height": 1080, "count": 40}' '{"width": 800, "height": 600, "count": 120}' \
@@ -62,7 +62,8 @@ qvl bucket-plan --preset rebel100-1npu-vit-buckets --workload "$RUNS/mixed.jsonl
   --plot qvl-out/bucket-plan.png >/dev/null
 qvl compile --preset rebel100-1npu-batch4 --set max_seq_len=262144 --dry-run --plot qvl-out/memory.png >/dev/null \
   || true  # exit 4: does not fit, which is what the picture shows
-echo "bucket plan: qvl-out/bucket-plan.png   memory: qvl-out/memory.png"
+qvl tune --workload "$RUNS/mixed.jsonl" --context 32768 --min-batch 4 --plot qvl-out/tune.png >/dev/null
+echo "bucket plan: qvl-out/bucket-plan.png   memory: qvl-out/memory.png   tune: qvl-out/tune.png"
 
 step "ViT packing at run time: three images in one request on the emulator, unpacked then packed (emulated)"
 for flag in --no-vit-packing ""; do

@@ -256,3 +256,67 @@ def test_emulated_read_out_with_the_planners_estimate_beside(tmp_path):
     assert data["estimate"]["devices"][0]["total"] == 3 * gib
     texts = _texts(tmp_path / "e.svg")
     assert "planner" in " ".join(texts) and any("(emulated): fits" in t for t in texts)
+
+
+def _no_clock(out: str) -> str:
+    """stdout without the search's own wall time, the one thing two runs may differ in."""
+    return re.sub(r'"search_s": [0-9.]+|in [0-9.]+ s', "", out)
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_tune_plot_draws_tunes_own_candidates_and_changes_nothing(workload, tmp_path, capsys, as_json):
+    from qwenvl_rbln.views.plots.tune import from_tune_report, tune_data
+
+    argv = ["tune", "--workload", str(workload), "--context", "32768", "--min-batch", "2", "--devices", "2"]
+    argv += ["--json"] if as_json else []
+    code, out, err = run_main(argv, capsys)
+    svg = tmp_path / "tune.svg"
+    code_p, out_p, err_p = run_main([*argv, "--plot", str(svg)], capsys)
+    assert code == code_p == 0 and _no_clock(out_p) == _no_clock(out)
+    assert err_p.splitlines()[-1] == f"plot: {svg}" and err_p.startswith(err)
+    if not as_json:
+        return
+    doc = json.loads(out)
+    data = tune_data(from_tune_report(doc))
+    best = doc["best"]["estimate"]
+    assert data["chosen"]["label"].startswith(f"#1 batch {doc['best']['batch_size']}")
+    assert (data["chosen"]["throughput"], data["chosen"]["ttft_s"]) == (best["output_tokens_per_s"], best["ttft_s"])
+    costed = [r for r in doc["candidates"] + doc["neighbours"] if r["estimate"]]
+    assert len(data["candidates"]) == len(costed) > len(doc["candidates"])
+    for row, src in zip(data["candidates"], costed, strict=True):
+        assert (row["throughput"], row["ttft_s"]) == (src["estimate"]["output_tokens_per_s"], src["estimate"]["ttft_s"])
+    whys = {n["change"]: n["why"] for n in doc["neighbours"]}
+    assert all(whys[r["label"]].startswith(r["rejected"]) for r in data["candidates"] if r["label"] in whys)
+    texts = _texts(svg)
+    unit = "output tokens/s, roofline bound, not measured"
+    assert f"{best['output_tokens_per_s']:.1f} {unit}, TTFT {best['ttft_s']:.3f} s" in texts
+    assert any(t.startswith(f"chosen: {data['chosen']['label']}") for t in texts)
+    rejected = {r["label"]: r["rejected"] for r in data["candidates"]}
+    assert data["annotated"] and all(f"{label}: {rejected[label]}" in texts for label in data["annotated"])
+
+
+def test_tune_plot_on_exit_4_draws_the_nearest(workload, tmp_path, capsys):
+    from qwenvl_rbln.views.plots.tune import from_tune_report, tune_data
+
+    argv = ["tune", "--workload", str(workload), "--context", "262144", "--min-batch", "64", "--json"]
+    code, out, _ = run_main(argv, capsys)
+    png = tmp_path / "nearest.png"
+    code_p, out_p, err_p = run_main([*argv, "--plot", str(png)], capsys)
+    assert code == code_p == 4 and _no_clock(out_p) == _no_clock(out)
+    assert f"plot: {png}" in err_p and err_p.splitlines()[-1].startswith("qvl: error: no configuration meets")
+    _png_ok(png)
+    doc = json.loads(out)
+    data = tune_data(from_tune_report(doc))
+    assert data["chosen"] is None and data["candidates"]
+    assert [(r["throughput"], r["rejected"]) for r in data["candidates"]] == [
+        (n["estimate"]["output_tokens_per_s"], "gives up " + "; ".join(n["gives_up"])) for n in doc["nearest"]
+    ]
+
+
+def test_tune_plot_of_a_model_that_fits_nowhere_writes_nothing(workload, tmp_path, capsys):
+    argv = ["tune", "--model", "Qwen/Qwen3-VL-235B-A22B-Instruct", "--workload", str(workload), "--context", "32768"]
+    code, out, _ = run_main([*argv, "--json"], capsys)
+    png = tmp_path / "none.png"
+    code_p, out_p, err_p = run_main([*argv, "--json", "--plot", str(png)], capsys)
+    assert code == code_p == 4 and _no_clock(out_p) == _no_clock(out) and not json.loads(out)["nearest"]
+    assert "--plot: no configuration fits" in err_p and not png.exists()

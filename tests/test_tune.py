@@ -154,8 +154,10 @@ def test_neighbours_say_why_they_lost(files):
             assert n["score"] >= doc["best"]["score"] - 1e-12
         elif n["score"] is not None:
             assert n["why"].startswith(
-                ("below the need", "needs a second NPU", "context too short", "longer than needed")
-            )
+                ("below the need", "needs a second NPU", "context too short", "longer than needed", "faster by")
+            ) or n["why"].endswith("> --max-buckets 3 (each is a compiled graph)")
+        if n["change"].startswith(("ViT buckets", "decoder graphs")) and n["change"].count(",") >= 3:
+            assert n["why"].startswith(f"{n['change'].count(',') + 1} graphs > --max-buckets 3"), n["why"]
 
 
 def test_candidates_are_plain_rows_for_a_plot(files):
@@ -208,6 +210,33 @@ def test_every_builtin_model_can_be_tuned(files, model):
         assert doc["best"]["estimate"]["output_tokens_per_s"] > 0
     else:  # a model that cannot fit one card at all says so, with what it tried
         assert isinstance(error, DoesNotFit) and "no configuration meets the needs" in error.message
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_235b_exits_4_honestly_naming_no_configuration_that_cannot_fit(files, devices):
+    doc, error = _tune(files, model="Qwen/Qwen3-VL-235B-A22B-Instruct", context=32768, devices=devices)
+    assert isinstance(error, DoesNotFit) and error.exit_code == 4
+    assert doc["nearest"] == [] and "best" not in doc  # nothing offered: every configuration was refused
+    assert {f["largest_batch"] for f in doc["frontier"]} == {0} and len(doc["frontier"]) == 3 * devices
+    # the reason is the planner's (the weights alone exceed the card), not a need to relax: no "--devices 2" advice
+    assert "LM weights alone" in error.message and "Qwen3-VL-30B-A3B" in error.hint
+    assert "--devices" not in error.hint and "--context" not in error.hint
+
+
+def test_no_neighbour_that_meets_the_needs_beats_the_chosen_moe(files):
+    """A MoE's decode step reads more experts with every row, so its cost is not monotone in the batch: the
+    sampled batches (ends, powers of two, the trace's top) are refined from #1 until no neighbour ranks higher."""
+    doc, error = _tune(files, model="Qwen/Qwen3-VL-30B-A3B-Instruct", context=32768, trace=files["trace"], devices=2)
+    assert error is None
+    best = doc["best"]["score"]
+    searched = ("batch_size", "kvcache_partition_len", "ViT on", "ViT beside")
+    for n in doc["neighbours"]:
+        if n["change"].startswith(searched) and n["counts"]:  # --min-batch is 1: every batch meets it
+            assert n["score"] >= best, n["change"]
+        if n["score"] is not None and n["score"] < best * (1 - 1e-3):  # faster: it says why it is not #1
+            assert n["why"].startswith("faster by") or "> --max-buckets" in n["why"], n["why"]
+            assert not n["why"].startswith("no faster")
+    assert [r["score"] for r in doc["candidates"]][0] == best
 
 
 # --- the cost model --------------------------------------------------------------------------------------------------
@@ -277,6 +306,20 @@ def test_roofline_moe_reads_the_routed_experts_only():
     every = roof.lm_params_read(10_000)[1]  # so many rows route to every expert
     expert = 3 * text.hidden_size * 768
     assert read_many < every and every - read_one == pytest.approx(text.num_hidden_layers * (128 - 8) * expert)
+
+
+@pytest.mark.parametrize(
+    "key,active", [("qwen/qwen3-vl-30b-a3b-instruct", 3e9), ("qwen/qwen3-vl-235b-a22b-instruct", 22e9)]
+)
+def test_builtin_moe_decode_reads_its_active_params_prefill_every_expert(key, active):
+    from qwenvl_rbln.memory.params import lm_params
+
+    roof = Roofline(BUILTIN[key], REBEL100_COMPUTE)
+    per_token, read = roof.lm_params_read(1)
+    assert per_token == read == pytest.approx(active, rel=0.05)  # the A3B / A22B of the name: the routed experts
+    assert roof.decode_step(1, 1, 1000, 8192) == pytest.approx((2 * read + 1000 * roof.kv_bytes_per_token) / 4.8e12)
+    every = lm_params(BUILTIN[key].text)["device"]
+    assert roof.lm_params_read(512)[1] == pytest.approx(every, rel=1e-3)  # a 512-row prefill chunk reads them all
 
 
 def test_device_memory_shrinks_what_fits(files):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from qwenvl_rbln.commands.common import JsonOpt, ModelOpt
+from qwenvl_rbln.commands.common import JsonOpt, ModelOpt, PlotOpt
 
 
 def register(app: typer.Typer) -> None:
@@ -40,16 +40,19 @@ def register(app: typer.Typer) -> None:
             None, "--device-memory", help="Usable memory per NPU if not the nominal 140 GiB (e.g. 120GiB)."
         ),
         output: Path = typer.Option(None, "--output", "-o", help="Write the tuned preset here (default: stdout)."),
+        plot: Path = PlotOpt,
         as_json: bool = JsonOpt,
     ) -> None:
         """Search batch, context, KV partition, ViT buckets, decoder graphs and placement for a workload; every
         configuration checked by the memory planner, ranked by a roofline estimate (a bound, not measured)."""
+        from qwenvl_rbln.commands.common import check_plot
         from qwenvl_rbln.tuning.result import check_output, write_preset
         from qwenvl_rbln.tuning.search import Needs
         from qwenvl_rbln.tuning.tune import run_tune
         from qwenvl_rbln.views import render
         from qwenvl_rbln.views.tune import print_human
 
+        plot = check_plot(plot)
         if output is not None:
             check_output(output)
         needs = Needs(
@@ -72,5 +75,21 @@ def register(app: typer.Typer) -> None:
         if error is None and output is not None:
             write_preset(output, data["preset_yaml"])
         render.emit(data, as_json=as_json, human=print_human, error=error)
+        if plot is not None:
+            _plot(data, plot)
         if error is not None:
             raise error
+
+
+def _plot(data: dict, path: Path) -> None:
+    """The candidates (or, on exit 4, the nearest configurations) on throughput against TTFT, after the report."""
+    from qwenvl_rbln.commands.common import plotted
+    from qwenvl_rbln.views import render
+    from qwenvl_rbln.views.plots.tune import draw_tune, from_tune_report
+
+    shape = from_tune_report(data)
+    if not shape["candidates"]:  # nothing fits at all (a model too large for the card): nothing has a cost
+        render.warn("--plot: no configuration fits, so none has an estimate to draw; no picture written")
+        return
+    draw_tune(shape, path)
+    plotted(path)

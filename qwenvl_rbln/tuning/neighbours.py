@@ -10,6 +10,10 @@ from typing import Any
 
 from qwenvl_rbln.tuning.search import Checker, Config, Needs, largest, need_len, partitions_for
 
+FASTER = (
+    "tune keeps bucket-plan's --optimize buckets and --optimize-decoder graphs (fewest padded patches and rows); "
+    "take this one with its --set"
+)
 TIE = "ties go to fewer NPUs, the documented partition 8192, the smaller batch, then the larger margin"
 
 
@@ -18,6 +22,8 @@ def _slower(best: dict[str, Any], other: dict[str, Any], objective: str, tie: st
     what = "latency" if objective == "latency" else "throughput"
     if pct > 0.05:
         return f"slower by {pct:.1f} % ({what}, roofline estimate)"
+    if pct < -0.05:  # only an alternative the search is bound not to take (bucket-plan's ViT buckets, graphs)
+        return f"faster by {-pct:.1f} % ({what}, roofline estimate), but {FASTER}"
     return f"no faster ({pct:+.1f} % {what}, roofline estimate); {tie}"
 
 
@@ -73,7 +79,8 @@ def neighbours(checker: Checker, best_cfg: Config, best: dict[str, Any]) -> list
     for name, base in (work.vit_section.get("baselines") or {}).items():
         buckets = tuple(base.get("buckets") or [])
         if buckets and list(buckets) != checker.vit(best_cfg):
-            out.append(_lost(checker, best, replace(best_cfg, vit=buckets), f"ViT buckets {list(buckets)} ({name})"))
+            change = f"ViT buckets {list(buckets)} ({name})"
+            out.append(_lost(checker, best, replace(best_cfg, vit=buckets), change, _too_many(buckets, needs)))
     graphs = checker.graphs(best_cfg)
     for label, alt in (("single graph", (b,)), ("powers of two", None)):
         if alt is None:
@@ -82,9 +89,17 @@ def neighbours(checker: Checker, best_cfg: Config, best: dict[str, Any]) -> list
             alt = tuple(decoder_powers_of_two(b))
         if list(alt) != graphs:
             tie = "decode is weight-bound, so padded rows cost little time; the chosen graphs compute the fewest rows"
-            row = _lost(checker, best, replace(best_cfg, graphs=alt), f"decoder graphs {list(alt)} ({label})", tie=tie)
+            change = f"decoder graphs {list(alt)} ({label})"
+            row = _lost(checker, best, replace(best_cfg, graphs=alt), change, _too_many(alt, needs), tie=tie)
             out.append(row)
     return out
+
+
+def _too_many(graphs: tuple[int, ...], needs: Needs) -> str | None:
+    """More compiled graphs than --max-buckets allows: that, not its speed, is why it is not the answer."""
+    if len(graphs) > needs.max_buckets:
+        return f"{len(graphs)} graphs > --max-buckets {needs.max_buckets} (each is a compiled graph)"
+    return None
 
 
 def nearest(checker: Checker) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from qwenvl_rbln.errors import InputError, QvlError
+from qwenvl_rbln.memory.moe import WEIGHTS_ALONE
 from qwenvl_rbln.memory.report import FITS
 from qwenvl_rbln.tuning.estimate import estimate, score
 from qwenvl_rbln.tuning.roofline import Roofline
@@ -131,6 +132,8 @@ class Checker:
             "kv_blocks": report["kv"].get("num_blocks"),
             "full_blocks": plan.resolved.num_full_blocks,
             "kv_full": (report["kv"].get("num_blocks") or 0) >= plan.resolved.num_full_blocks,
+            # the planner's note when the LM weights alone exceed the card: no configuration of this model fits
+            "too_large": next((str(n) for n in report.get("notes") or [] if str(n).startswith(WEIGHTS_ALONE)), None),
             "devices": [
                 {"device": d["device"], "verdict": d["verdict"], "total_high_bytes": d.get("total_high_bytes")}
                 for d in report["devices"]

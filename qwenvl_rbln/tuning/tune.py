@@ -8,6 +8,7 @@ after printing it when no configuration meets the needs (exit 4).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,35 @@ def _rank_key(item: tuple[Config, dict[str, Any]]) -> tuple:
     return (round(row["score"], 12), cfg.split, cfg.partition != 8192, cfg.batch, -(row["margin_low_bytes"] or 0))
 
 
+def _climb(checker: Checker, found: list[tuple[Config, dict[str, Any]]]) -> None:
+    """From #1, step to a better neighbour (batch +-1, the other partitions, the other placement) while one meets
+    every need, fits and ranks higher. The batches searched are samples (the ends, powers of two, the trace's top),
+    and a cost need not be monotone between them: a MoE's decode step reads more experts with every row."""
+    needs, seen = checker.needs, {c for c, _ in found}
+    while found:
+        cfg = found[0][0]
+        moves = [replace(cfg, batch=cfg.batch + d) for d in (-1, 1) if needs.min_batch <= cfg.batch + d <= BATCH_CAP]
+        moves += [
+            replace(cfg, partition=q, max_seq_len=need_len(needs.context, q))
+            for q in partitions_for(needs, checker.max_position)
+            if q != cfg.partition
+        ]
+        if needs.devices == 2:
+            moves.append(replace(cfg, split=not cfg.split))
+        better = []
+        for m in moves:
+            if m in seen or not checker.fits(m):
+                continue
+            seen.add(m)
+            row = checker.describe(m, longest_max_seq_len_that_fits=checker.longest(m, m.max_seq_len))
+            if _rank_key((m, row)) < _rank_key(found[0]):
+                better.append((m, row))
+        if not better:
+            return
+        found.extend(better)
+        found.sort(key=_rank_key)
+
+
 def run_tune(
     needs: Needs,
     workload: Path,
@@ -117,6 +147,7 @@ def run_tune(
     found, frontier = _search(checker)
     found = [(c, r) for c, r in found if r["counts"]]
     found.sort(key=_rank_key)
+    _climb(checker, found)
     doc: dict[str, Any] = {
         "needs": {
             "model": checker.base.model_id,
@@ -149,7 +180,7 @@ def run_tune(
         doc.update(_hand_over(checker, best_cfg, best, output))
     else:
         doc["nearest"] = nearest(checker)
-        error = _unmet(needs, doc["nearest"])
+        error = _unmet(checker, doc["nearest"])
     doc["cost_model"]["measured_graphs"] = sorted(checker.roof.used_measured)
     doc["searched"] = checker.calls
     doc["search_s"] = round(time.perf_counter() - start, 3)
@@ -193,16 +224,26 @@ def _hand_over(checker: Checker, cfg: Config, best: dict[str, Any], output: Path
 
 
 _NEED_KEYS = ("max_seq_len", "batch_size", "memory_budget")
+TOO_LARGE = (
+    "no rbln_config change fits this model on one Rebel100 with optimum-rbln 0.12; tune Qwen3-VL-30B-A3B instead "
+    "(--model Qwen/Qwen3-VL-30B-A3B-Instruct)"
+)
 
 
-def _unmet(needs: Needs, near: list[dict[str, Any]]) -> DoesNotFit:
+def _unmet(checker: Checker, near: list[dict[str, Any]]) -> DoesNotFit:
+    needs = checker.needs
     where = f"{needs.devices} NPU{'s' if needs.devices > 1 else ''}"
     lead = (
         f"no configuration meets the needs (context {needs.context}, batch >= {needs.min_batch}, {where}) with a "
         "memory verdict of fits"
     )
     if not near:
-        return DoesNotFit(lead, "lower --context or --min-batch, or allow --devices 2")
+        p = partitions_for(needs, checker.max_position)[0]
+        too_large = checker.check(Config(False, p, need_len(needs.context, p), 1)).get("too_large")
+        if too_large:  # no context, batch or placement helps: say what the planner says, and what would
+            return DoesNotFit(f"{lead}: {too_large}", TOO_LARGE)
+        more = ", or allow --devices 2" if needs.devices < 2 else ""
+        return DoesNotFit(f"{lead}, nor does any smaller batch or shorter context", f"lower --context{more}")
     options = "; ".join(_near_text(row) for row in near)
     return DoesNotFit(f"{lead}; nearest: {options}", "relax the need each one gives up (see `nearest` in --json)")
 

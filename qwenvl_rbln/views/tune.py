@@ -109,6 +109,8 @@ def print_human(console: Any, data: dict[str, Any]) -> None:
         _searched(console, data)
         _hand_over(console, data)
         return
+    elif not data["nearest"]:  # nothing fits at any batch or context: an empty table would say nothing
+        console.print("[bold]nothing meets the needs[/bold], and no configuration fits at all (the reason follows)")
     else:
         rows = [[*_config_row(i + 1, r)[:8], "; ".join(r["gives_up"])] for i, r in enumerate(data["nearest"])]
         cols = [*_config_cols()[:8], Col("gives up", justify="left", fold=True)]

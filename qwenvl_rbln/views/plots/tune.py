@@ -69,6 +69,42 @@ def tune_data(tune: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def from_tune_report(doc: dict[str, Any]) -> dict[str, Any]:
+    """``qvl tune``'s --json document as ``TUNE_SHAPE``: its ranked candidates (#1 chosen) and the costed rejected
+    neighbours, or, when nothing meets the needs (exit 4), the nearest configurations and what each gives up. Only
+    rows with an estimate are drawn: a configuration that does not fit has no cost."""
+    rows = []
+    if doc.get("best"):
+        for i, r in enumerate(doc["candidates"]):
+            where = ", ViT on device 1" if r["npus"] == 2 else ""
+            reason = None if i == 0 else f"ranked #{i + 1} by {doc['needs']['objective']}"
+            rows.append((f"#{i + 1} batch {r['batch_size']}, {r['max_seq_len']}{where}", r, reason))
+        rows += [(r["change"], r, _short(r["why"])) for r in doc.get("neighbours") or []]
+    else:
+        rows += [(f"nearest {i + 1}", r, "gives up " + "; ".join(r["gives_up"])) for i, r in enumerate(doc["nearest"])]
+    cands = [
+        {
+            "label": label,
+            "throughput": r["estimate"]["output_tokens_per_s"],
+            "ttft_s": r["estimate"]["ttft_s"],
+            "verdict": r["verdict"],
+            "chosen": reason is None,
+            "rejected": reason,
+        }
+        for label, r, reason in rows
+        if r.get("estimate")
+    ]
+    cost = doc["cost_model"]
+    label = cost["label"] + (", some graphs measured" if cost.get("measured_graphs") else "")
+    return {"throughput_unit": f"output tokens/s, {label}", "candidates": cands}
+
+
+def _short(why: str) -> str:
+    """A neighbour's reason up to its first aside ("slower by 2.7 %", "no faster"): the picture's label; the whole
+    reason stays in the report."""
+    return why.split(" (")[0].split(";")[0]
+
+
 def draw_tune(tune: dict[str, Any], path: Path) -> dict[str, Any]:
     """Draw the tune picture into ``path`` (.png / .svg); returns what was plotted."""
     data = tune_data(tune)
@@ -97,7 +133,7 @@ def draw_tune(tune: dict[str, Any], path: Path) -> dict[str, Any]:
             ax.annotate(
                 f"{r['label']}: {r['rejected']}",
                 (r["ttft_s"], r["throughput"]),
-                xytext=(8, -12 - 4 * (i % 3)),
+                xytext=(8, -12 - 11 * i),  # one line each: neighbours often share the chosen one's point
                 textcoords="offset points",
                 fontsize=7,
                 color="#444444",
