@@ -311,6 +311,13 @@ def test_tune_plot_on_exit_4_draws_the_nearest(workload, tmp_path, capsys):
     assert [(r["throughput"], r["rejected"]) for r in data["candidates"]] == [
         (n["estimate"]["output_tokens_per_s"], "gives up " + "; ".join(n["gives_up"])) for n in doc["nearest"]
     ]
+    from qwenvl_rbln.views.plots.tune import draw_tune
+
+    svg = tmp_path / "nearest.svg"
+    draw_tune(from_tune_report(doc), svg)
+    texts = _texts(svg)
+    assert any(t.startswith("tune: nothing meets the needs") for t in texts)
+    assert "chosen" not in texts and not any(t.startswith("chosen:") for t in texts)  # nothing was chosen
 
 
 def test_tune_plot_of_a_model_that_fits_nowhere_writes_nothing(workload, tmp_path, capsys):

@@ -146,9 +146,14 @@ def draw_tune(tune: dict[str, Any], path: Path) -> dict[str, Any]:
             Line2D([], [], marker="o", linestyle="", color=VERDICT_COLOUR.get(v, VERDICT_COLOUR[None]), label=v)
             for v in verdicts
         ]
-        handles.append(Line2D([], [], marker="*", linestyle="", color="black", markersize=12, label="chosen"))
+        n = len(data["candidates"])
+        if data["chosen"] is not None:
+            handles.append(Line2D([], [], marker="*", linestyle="", color="black", markersize=12, label="chosen"))
+            title = f"tune: {n} candidates, throughput against TTFT"
+        else:  # exit 4: nothing meets the needs, the nearest configurations and what each gives up
+            title = f"tune: nothing meets the needs; the {n} nearest configurations, throughput against TTFT"
         ax.legend(handles=handles, fontsize=8, loc="best")
-        fig.suptitle(f"tune: {len(data['candidates'])} candidates, throughput against TTFT", fontsize=10)
+        fig.suptitle(title, fontsize=10)
         return fig
 
     draw(path, build)
