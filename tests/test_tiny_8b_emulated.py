@@ -182,6 +182,7 @@ def test_load_check_uses_the_variants_vit(art: Path, capsys):
     """load-check's emulated allocations and the planner's estimate beside them agree on the ViT and the LM of the
     8B-shaped artifact (fp32 graphs, bf16 estimate)."""
     from qwenvl_rbln.memory.params import lm_params, vision_params
+    from qwenvl_rbln.memory.workspaces import visual_workspace_parts
     from qwenvl_rbln.planning.catalogue.modelinfo import QWEN3_VL_TINY_8B
 
     code, out, err = run_main(["load-check", str(art), "--emulate", "--json"], capsys)
@@ -194,3 +195,7 @@ def test_load_check_uses_the_variants_vit(art: Path, capsys):
     assert graphs["visual/compiled_model"]["by_key"]["Weight"] == vit * 4
     assert items["visual.weights"]["high_bytes"] == vit * 2
     assert items["lm.weights"]["high_bytes"] == lm_params(QWEN3_VL_TINY_8B.text)["device"] * 2
+    # the largest bucket's inputs and outputs, as the planner's ViT workspace counts them: hidden [S, 48], cos/sin
+    # [S, 12], the S x S mask, and (1 + 3 deepstack) merged outputs [S/4, 64] (fp32)
+    low = visual_workspace_parts(QWEN3_VL_TINY_8B, 4096, 4, "low")
+    assert graphs["visual/compiled_model"]["by_key"]["IOBuffer"] == low["attention"] + low["io"]
