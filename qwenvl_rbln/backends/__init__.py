@@ -147,20 +147,21 @@ def backend_module(name: str) -> Any:
 def resolve_source(model_id: str, *, backend: str) -> tuple[str, Any]:
     """(what to hand the backend, local directory or None) for a plan's model id.
 
-    ``qvl:tiny`` (``qvl:tiny-moe``) is created on first use (``tiny_model.ensure_tiny_model``). A hub id in the
-    local Hugging Face cache resolves to that snapshot, so it is hashed and the compile cache works; one that is not
-    cached is passed through to optimum-rbln on an RBLN host (it downloads as usual, and the manifest says it was not
-    hashed). The torch backend copies a local directory, so it never downloads.
+    ``qvl:tiny`` (``qvl:tiny-moe``, ``qvl:tiny-8b``) is created on first use (``tiny_model.ensure_tiny_model``). A
+    hub id in the local Hugging Face cache resolves to that snapshot, so it is hashed and the compile cache works; one
+    that is not cached is passed through to optimum-rbln on an RBLN host (it downloads as usual, and the manifest says
+    it was not hashed). The torch backend copies a local directory, so it never downloads.
     """
     from pathlib import Path
 
     from qwenvl_rbln.errors import InputError
-    from qwenvl_rbln.planning.catalogue.modelinfo import TINY_MODEL_ID, TINY_MOE_MODEL_ID, resolve_model_path
+    from qwenvl_rbln.planning.catalogue.modelinfo import resolve_model_path, tiny_variant
 
-    if model_id in (TINY_MODEL_ID, TINY_MOE_MODEL_ID):
+    variant = tiny_variant(model_id)
+    if variant is not None:
         from qwenvl_rbln.backends.tiny.model import ensure_tiny_model
 
-        path = Path(ensure_tiny_model(moe=model_id == TINY_MOE_MODEL_ID))
+        path = Path(ensure_tiny_model(**variant))
         return str(path), path
     path = resolve_model_path(model_id)
     if path is not None:

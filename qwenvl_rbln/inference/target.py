@@ -75,12 +75,12 @@ def _manifest_preset(manifest: dict[str, Any] | None) -> str | None:
 
 def _is_tiny(directory: Path, manifest: dict[str, Any] | None) -> bool:
     from qwenvl_rbln.backends.tiny.model import is_tiny_model
-    from qwenvl_rbln.planning.catalogue.modelinfo import TINY_MODEL_ID, TINY_MOE_MODEL_ID
+    from qwenvl_rbln.planning.catalogue.modelinfo import TINY_MODELS
 
     if is_tiny_model(directory):
         return True
     model = (manifest or {}).get("model") or {}
-    if model.get("id") in (TINY_MODEL_ID, TINY_MOE_MODEL_ID):
+    if model.get("id") in TINY_MODELS:
         return True
     local = model.get("local_path")
     return bool(local) and is_tiny_model(Path(local))

@@ -37,9 +37,22 @@ FORMAT_VERSION = 1
 DEFAULT_DIR_NAME = "tiny-qwen3-vl"
 
 
-def default_tiny_model_dir(moe: bool = False) -> Path:
+SHAPES = ("2b", "8b")  # 2b: tied head, ViT hidden = text hidden; 8b: untied head, a narrower ViT (tiny.untied)
+
+
+def default_tiny_model_dir(moe: bool = False, shape: str = "2b") -> Path:
     """The shared tiny model location, so every command and test reuses one copy (one per variant)."""
-    return tiny_model_dir(moe=moe)
+    return tiny_model_dir(moe=moe, shape=shape)
+
+
+def _check_variant(moe: bool, shape: str) -> None:
+    if shape not in SHAPES:
+        raise InputError(f"tiny model shape {shape!r} is not one of {', '.join(SHAPES)}", "pass --shape 2b or 8b")
+    if moe and shape != "2b":
+        raise InputError(
+            f"a tiny model with --moe and --shape {shape} is not built (the tiny MoE has the 2b shape)",
+            "pass --moe or --shape 8b, not both",
+        )
 
 
 def read_marker(path: Path) -> dict[str, Any] | None:
@@ -56,12 +69,13 @@ def is_tiny_model(path: Path) -> bool:
     return read_marker(path) is not None
 
 
-def _is_complete(path: Path, moe: bool = False) -> bool:
+def _is_complete(path: Path, moe: bool = False, shape: str = "2b") -> bool:
     marker = read_marker(path)
     return (
         marker is not None
         and marker.get("format") == FORMAT_VERSION
         and bool(marker.get("moe", False)) == moe
+        and marker.get("shape", "2b") == shape
         and (path / "config.json").is_file()
         and (path / "model.safetensors").is_file()
     )
@@ -81,9 +95,9 @@ def _require_heavy() -> None:
         )
 
 
-def _write_model(tmp: Path, seed: int, moe: bool = False) -> None:
+def _write_model(tmp: Path, seed: int, moe: bool = False, shape: str = "2b") -> None:
     """The model files, then the marker that says the weights are random; everything readable by others."""
-    write_checkpoint(tmp, seed, moe=moe)
+    write_checkpoint(tmp, seed, moe=moe, shape=shape)
     marker = {
         "qvl_tiny_model": True,
         "seed": seed,
@@ -94,6 +108,8 @@ def _write_model(tmp: Path, seed: int, moe: bool = False) -> None:
     }
     if moe:
         marker["moe"] = True  # Qwen3-VL-MoE (backends/tiny/moe.py)
+    if shape != "2b":
+        marker["shape"] = shape  # untied head, narrower ViT (backends/tiny/untied.py)
     (tmp / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
     for f in tmp.iterdir():
         f.chmod(0o644)  # safetensors writes 0600; a shared cache should be readable by others
@@ -136,12 +152,15 @@ def _raced(out_dir: Path) -> InputError:
     )
 
 
-def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False, moe: bool = False) -> Path:
+def create_tiny_model(
+    out_dir: Path, *, seed: int = 0, overwrite: bool = False, moe: bool = False, shape: str = "2b"
+) -> Path:
     """Write the tiny model to ``out_dir`` atomically (temp sibling + rename); return the path.
 
     Refuses to replace an existing non-empty directory unless ``overwrite``, so a typo never
-    wipes a real checkpoint.
+    wipes a real checkpoint. ``moe`` / ``shape`` "8b": the MoE or the 8B-shaped variant.
     """
+    _check_variant(moe, shape)
     out_dir = user_path(out_dir).absolute()
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"tiny model target {out_dir} exists and is not a directory", "pick another path")
@@ -158,16 +177,20 @@ def create_tiny_model(out_dir: Path, *, seed: int = 0, overwrite: bool = False, 
     old = out_dir.parent / f".{out_dir.name}.old-{tag}"
     with _writing(out_dir):
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(out_dir, tmp, old, seed, overwrite, moe)
+        _write_atomically(out_dir, tmp, old, seed, overwrite, moe, shape)
     return out_dir
 
 
-def _write_atomically(out_dir: Path, tmp: Path, old: Path, seed: int, overwrite: bool, moe: bool = False) -> None:
+def _write_atomically(
+    out_dir: Path, tmp: Path, old: Path, seed: int, overwrite: bool, moe: bool = False, shape: str = "2b"
+) -> None:
     """Build in ``tmp``, then swap it in (the old directory, if any, goes to ``old`` and is removed)."""
     try:
         tmp.mkdir()
         if moe:
             _write_model(tmp, seed, moe=True)
+        elif shape != "2b":
+            _write_model(tmp, seed, shape=shape)
         else:
             _write_model(tmp, seed)
         if out_dir.is_dir() and not _non_empty_dir(out_dir):
@@ -194,14 +217,15 @@ def _not_a_tiny_model(target: Path) -> InputError:
     )
 
 
-def ensure_tiny_model(path: Path | None = None, *, seed: int = 0, moe: bool = False) -> Path:
+def ensure_tiny_model(path: Path | None = None, *, seed: int = 0, moe: bool = False, shape: str = "2b") -> Path:
     """Return a ready tiny model at ``path`` (default: :func:`default_tiny_model_dir`), creating it once.
 
     A file lock next to the directory serialises concurrent callers: the first builds it, the
     others wait and reuse the result. ``seed`` only matters when the model has to be built.
     """
-    target = user_path(path).absolute() if path is not None else default_tiny_model_dir(moe)
-    if _is_complete(target, moe):
+    _check_variant(moe, shape)
+    target = user_path(path).absolute() if path is not None else default_tiny_model_dir(moe, shape)
+    if _is_complete(target, moe, shape):
         return target
     if _non_empty_dir(target) and not is_tiny_model(target):
         raise _not_a_tiny_model(target)
@@ -213,11 +237,11 @@ def ensure_tiny_model(path: Path | None = None, *, seed: int = 0, moe: bool = Fa
         lock = FileLock(str(target.parent / f".{target.name}.lock"), timeout=600)
         lock.acquire()
     try:
-        if not _is_complete(target, moe):
+        if not _is_complete(target, moe, shape):
             if _non_empty_dir(target) and not is_tiny_model(target):
                 raise _not_a_tiny_model(target)
             # an older-format or half-written qvl tiny model is ours to replace
-            create_tiny_model(target, seed=seed, overwrite=True, moe=moe)
+            create_tiny_model(target, seed=seed, overwrite=True, moe=moe, shape=shape)
     finally:
         lock.release()
     return target
@@ -256,53 +280,71 @@ def _one_writer(target: Path, notify: Any = None):
         flock.release(fd)
 
 
-def _reusable(target: Path, marker: dict[str, Any] | None, seed: int, moe: bool) -> bool:
-    """DIR already holds this seed's model of this variant (dense or MoE) in this format."""
+def _reusable(target: Path, marker: dict[str, Any] | None, seed: int, moe: bool, shape: str = "2b") -> bool:
+    """DIR already holds this seed's model of this variant (dense, MoE or 8B-shaped) in this format."""
     return (
         marker is not None
         and marker.get("seed") == seed
         and marker.get("format") == FORMAT_VERSION
         and bool(marker.get("moe", False)) == moe
+        and marker.get("shape", "2b") == shape
         and (target / "model.safetensors").is_file()
     )
 
 
 def build_or_reuse(
-    directory: Path | None, *, seed: int = 0, force: bool = False, notify: Any = None, moe: bool = False
+    directory: Path | None,
+    *,
+    seed: int = 0,
+    force: bool = False,
+    notify: Any = None,
+    moe: bool = False,
+    shape: str = "2b",
 ) -> dict[str, Any]:
-    """`qvl tiny-model [--moe]`: reuse DIR when it already holds this seed's model of this variant in this format
-    (unless ``force``), else build it (``notify(line)`` hears that first); returns what was done, for the renderer."""
+    """`qvl tiny-model [--moe | --shape 8b]`: reuse DIR when it already holds this seed's model of this variant in this
+    format (unless ``force``), else build it (``notify(line)`` hears that first); returns what was done, for the
+    renderer."""
     import time
 
-    default = default_tiny_model_dir(moe)
+    _check_variant(moe, shape)
+    default = default_tiny_model_dir(moe, shape)
     target = user_path(directory if directory is not None else default, "directory").absolute()
     marker = read_marker(target)
-    reuse = not force and _reusable(target, marker, seed, moe)
+    reuse = not force and _reusable(target, marker, seed, moe, shape)
     start = time.perf_counter()
     if not reuse:
         with _one_writer(target, notify):  # parallel CI jobs: the second waits, then reuses the first's model
             marker = read_marker(target)
-            reuse = not force and _reusable(target, marker, seed, moe)
+            reuse = not force and _reusable(target, marker, seed, moe, shape)
             if not reuse:
                 if not force and marker is not None and _non_empty_dir(target):
-                    variant = "MoE, " if marker.get("moe") else ""
                     raise InputError(
-                        f"{target} already holds a tiny model ({variant}seed {marker.get('seed')}, format "
-                        f"{marker.get('format')}); this asks for {'MoE, ' if moe else ''}seed {seed} "
+                        f"{target} already holds a tiny model ({_variant_words(marker.get('moe'), marker.get('shape'))}"
+                        f"seed {marker.get('seed')}, format {marker.get('format')}); this asks for "
+                        f"{_variant_words(moe, shape)}seed {seed} "
                         f"(format {FORMAT_VERSION})",
                         "pass --force to replace it, or pick another directory",
                     )
                 if notify is not None:
-                    notify(f"building tiny Qwen3-VL{'-MoE' if moe else ''} in {target} ...")
-                create_tiny_model(target, seed=seed, overwrite=force or marker is not None, moe=moe)
+                    kind = "-MoE" if moe else " (8B shape: untied head, ViT hidden 48)" if shape == "8b" else ""
+                    notify(f"building tiny Qwen3-VL{kind} in {target} ...")
+                create_tiny_model(target, seed=seed, overwrite=force or marker is not None, moe=moe, shape=shape)
     info = describe(target)
     return {
         "path": str(target),
         "created": not reuse,
         "seed": seed,
         "moe": moe,
+        "shape": shape,
         "seconds": round(time.perf_counter() - start, 3),
         "total_bytes": info["total_bytes"],
         "files": info["files"],
         "note": MARKER_NOTE,
     }
+
+
+def _variant_words(moe: Any, shape: Any) -> str:
+    """The words "MoE, " / "8b shape, " / "" for the refusal that names what DIR holds and what was asked for."""
+    if moe:
+        return "MoE, "
+    return f"{shape} shape, " if shape and shape != "2b" else ""

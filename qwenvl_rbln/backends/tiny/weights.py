@@ -147,18 +147,22 @@ def _add_legacy_rope_keys(config_path: Path) -> None:
     config_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def write_checkpoint(tmp: Path, seed: int, moe: bool = False) -> None:
+def write_checkpoint(tmp: Path, seed: int, moe: bool = False, shape: str = "2b") -> None:
     """The Hugging Face files of the tiny model in ``tmp``: seeded random weights, config, generation config,
-    tokenizer and processor (the qvl marker is written by ``tiny_model``); ``moe``: the Qwen3-VL-MoE variant."""
+    tokenizer and processor (the qvl marker is written by ``tiny_model``); ``moe``: the Qwen3-VL-MoE variant;
+    ``shape`` "8b": untied lm_head and a narrower ViT (``tiny.untied``)."""
     import torch
     from transformers.utils import logging as hf_logging
 
     from qwenvl_rbln.backends.tiny.moe import model_class, moe_config_from
+    from qwenvl_rbln.backends.tiny.untied import untied_config_from
 
     tokenizer = build_tokenizer()
     config = build_config(tokenizer)
     if moe:
         config = moe_config_from(config)
+    elif shape == "8b":
+        config = untied_config_from(config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = model_class(moe)(config).to(torch.float32).eval()

@@ -21,6 +21,7 @@ from qwenvl_rbln.planning.catalogue.hub import HubSnapshot, cached_snapshot, fet
 
 TINY_MODEL_ID = "qvl:tiny"
 TINY_MOE_MODEL_ID = "qvl:tiny-moe"
+TINY_8B_MODEL_ID = "qvl:tiny-8b"
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,21 @@ QWEN3_VL_TINY_MOE = replace(
     name="qvl-tiny-moe",
     text=replace(QWEN3_VL_TINY.text, moe=MoEGeometry(4, 2, 32, 1, (1,))),
 )
+# The offline tiny model shaped like the 8B/32B (qvl tiny-model --shape 8b; backends/tiny/untied.py): an untied
+# lm_head and a ViT narrower than the text (hidden 48, out_hidden_size = the text hidden 64), depth 4 with deepstack
+# [1, 2, 3] (the 8B's [8, 16, 24] of 27 scaled to depth 4).
+QWEN3_VL_TINY_8B = replace(
+    QWEN3_VL_TINY,
+    name="qvl-tiny-8b",
+    text=replace(QWEN3_VL_TINY.text, tie_word_embeddings=False),
+    vision=VisionGeometry(depth=4, hidden_size=48, num_heads=4, intermediate_size=96, out_hidden_size=64),
+)
+# The tiny model ids: id -> (the tiny-model variant, its directory name under QVL_HOME, its built-in geometry).
+TINY_MODELS: dict[str, tuple[str, str, ModelGeometry]] = {
+    TINY_MODEL_ID: ("2b", "tiny-qwen3-vl", QWEN3_VL_TINY),
+    TINY_MOE_MODEL_ID: ("moe", "tiny-qwen3-vl-moe", QWEN3_VL_TINY_MOE),
+    TINY_8B_MODEL_ID: ("8b", "tiny-qwen3-vl-8b", QWEN3_VL_TINY_8B),
+}
 # Qwen3-VL-MoE (model_type qwen3_vl_moe), from shared/reference/qwen3-vl-family.md sections 1-3: text head_dim 128,
 # vocab 151936, max_position_embeddings 262144, untied head; every layer sparse (decoder_sparse_step 1,
 # mlp_only_layers []), 128 experts, top 8; vision depth 27, hidden 1152, 16 heads, intermediate 4304,
@@ -202,14 +218,25 @@ def qvl_home() -> Path:
     return path
 
 
-def tiny_model_dir(moe: bool = False) -> Path:
-    return qvl_home() / ("tiny-qwen3-vl-moe" if moe else "tiny-qwen3-vl")
+def tiny_model_dir(moe: bool = False, shape: str = "2b") -> Path:
+    """Where the shared copy of one tiny-model variant lives (dense 2B-shaped, MoE, or ``shape`` "8b")."""
+    variant = "moe" if moe else shape
+    return qvl_home() / next(d for v, d, _ in TINY_MODELS.values() if v == variant)
+
+
+def tiny_variant(model: str) -> dict[str, Any] | None:
+    """The ``ensure_tiny_model`` keywords (moe, shape) of a tiny model id, or None for any other model."""
+    if model not in TINY_MODELS:
+        return None
+    variant = TINY_MODELS[model][0]
+    return {"moe": True} if variant == "moe" else {"shape": variant}
 
 
 def resolve_model_path(model: str) -> Path | None:
     """The local directory a model id refers to, or None for a hub id."""
-    if model in (TINY_MODEL_ID, TINY_MOE_MODEL_ID):
-        return tiny_model_dir(moe=model == TINY_MOE_MODEL_ID)
+    variant = tiny_variant(model)
+    if variant is not None:
+        return tiny_model_dir(**variant)
     path = user_path(model, "model")
     if path.exists() or model.startswith((".", "/", "~")):
         return path
@@ -318,9 +345,8 @@ def load_geometry(model: str, what: str = "--model") -> tuple[ModelGeometry, lis
     ``what`` names where the id came from (``--model`` or the preset's ``model`` key) for the refusal.
     """
     path = resolve_model_path(model)
-    if model in (TINY_MODEL_ID, TINY_MOE_MODEL_ID) and (path is None or not (path / "config.json").is_file()):
-        tiny = QWEN3_VL_TINY_MOE if model == TINY_MOE_MODEL_ID else QWEN3_VL_TINY
-        return replace(tiny, source="built-in (tiny model not created yet)"), []
+    if model in TINY_MODELS and (path is None or not (path / "config.json").is_file()):
+        return replace(TINY_MODELS[model][2], source="built-in (tiny model not created yet)"), []
     if path is not None:
         cfg = read_model_config(path)
         return geometry_from_config(cfg, name=path.name, source=str(path / "config.json")), []
