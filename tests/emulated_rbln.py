@@ -156,3 +156,29 @@ def record_rbln(monkeypatch: Any) -> RblnCalls:
 
     monkeypatch.setattr(rebel_api.Runtime, "__init__", runtime_init)
     return rec
+
+
+def generate_logits(model: Any, inputs: Any, new_tokens: int) -> tuple[list[int], Any]:
+    """Greedy tokens of the first row and its per-step logits (fp32), from transformers' or optimum-rbln's
+    ``generate``: what the logits-vs-reference tests compare."""
+    import torch
+
+    with torch.inference_mode():
+        out = model.generate(
+            **inputs, max_new_tokens=new_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True
+        )
+    prompt = inputs["input_ids"].shape[1]
+    return out.sequences[0, prompt:].tolist(), torch.stack([x[0].float() for x in out.logits])
+
+
+def image_prompt_inputs(model_dir: Path, image: Path) -> Any:
+    """The processor's inputs for two identical rows (the tiny presets' compiled batch 2) of one image and
+    "Describe this image.", from the model directory's own processor."""
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(str(model_dir))
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe this image."}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    rgb = Image.open(image).convert("RGB")
+    return processor(text=[text, text], images=[rgb, rgb], return_tensors="pt", padding=True)

@@ -20,6 +20,7 @@ import pytest
 
 pytestmark = pytest.mark.skipif(util.find_spec("optimum.rbln") is None, reason="optimum-rbln is not installed")
 
+from tests.emulated_rbln import generate_logits, image_prompt_inputs  # noqa: E402
 from tests.fakes_rbln import run_main, write_sweep_video  # noqa: E402
 
 N = 5  # new tokens per request
@@ -214,27 +215,9 @@ def test_eager_attention_tokens_equal_the_reference(art_eager, tiny, media, caps
 # -------------------------------------------------------------------------------- logits vs transformers
 
 
-def _generate_logits(model: Any, inputs: Any) -> tuple[list[int], Any]:
-    import torch
-
-    with torch.inference_mode():
-        out = model.generate(
-            **inputs, max_new_tokens=N, do_sample=False, output_logits=True, return_dict_in_generate=True
-        )
-    prompt = inputs["input_ids"].shape[1]
-    return out.sequences[0, prompt:].tolist(), torch.stack([x[0].float() for x in out.logits])
-
-
 @pytest.fixture(scope="module")
 def logits_inputs(art, media):
-    from PIL import Image
-    from transformers import AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(str(art))
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe this image."}]}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    image = Image.open(media["img576"]).convert("RGB")
-    return processor(text=[text, text], images=[image, image], return_tensors="pt", padding=True)
+    return image_prompt_inputs(art, media["img576"])
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +225,7 @@ def reference_logits(tiny, logits_inputs):
     from transformers import Qwen3VLForConditionalGeneration
 
     model = Qwen3VLForConditionalGeneration.from_pretrained(str(tiny)).eval()
-    return _generate_logits(model, logits_inputs)
+    return generate_logits(model, logits_inputs, N)
 
 
 def _emulated_logits(art: Path, inputs: Any) -> tuple[list[int], Any]:
@@ -250,7 +233,7 @@ def _emulated_logits(art: Path, inputs: Any) -> tuple[list[int], Any]:
 
     assert rbln_backend.use_emulator(True)
     model = rbln_backend.load_model(art, 0, 0)
-    return _generate_logits(model, inputs)
+    return generate_logits(model, inputs, N)
 
 
 def test_logits_agree_with_transformers_in_fp32(art, logits_inputs, reference_logits):

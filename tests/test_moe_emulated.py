@@ -18,6 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.skipif(util.find_spec("optimum.rbln") is None, reason="optimum-rbln is not installed")
 
+from tests.emulated_rbln import generate_logits, image_prompt_inputs  # noqa: E402
 from tests.fakes_rbln import run_main, write_sweep_video  # noqa: E402
 
 N = 6  # new tokens per request
@@ -147,27 +148,9 @@ def test_tokens_equal_the_reference_for_image_video_and_text(art, tiny_moe, medi
 # -------------------------------------------------------------------------------- logits vs transformers
 
 
-def _generate_logits(model: Any, inputs: Any) -> tuple[list[int], Any]:
-    import torch
-
-    with torch.inference_mode():
-        out = model.generate(
-            **inputs, max_new_tokens=N, do_sample=False, output_logits=True, return_dict_in_generate=True
-        )
-    prompt = inputs["input_ids"].shape[1]
-    return out.sequences[0, prompt:].tolist(), torch.stack([x[0].float() for x in out.logits])
-
-
 @pytest.fixture(scope="module")
 def logits_inputs(tiny_moe, media):
-    from PIL import Image
-    from transformers import AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(str(tiny_moe))
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe this image."}]}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    image = Image.open(media["image"]).convert("RGB")
-    return processor(text=[text, text], images=[image, image], return_tensors="pt", padding=True)
+    return image_prompt_inputs(tiny_moe, media["image"])
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +158,7 @@ def reference_logits(tiny_moe, logits_inputs):
     from transformers import Qwen3VLMoeForConditionalGeneration
 
     model = Qwen3VLMoeForConditionalGeneration.from_pretrained(str(tiny_moe)).eval()
-    return _generate_logits(model, logits_inputs)
+    return generate_logits(model, logits_inputs, N)
 
 
 def _emulated_logits(art: Path, inputs: Any) -> tuple[list[int], Any]:
@@ -184,7 +167,7 @@ def _emulated_logits(art: Path, inputs: Any) -> tuple[list[int], Any]:
     assert rbln_backend.use_emulator(True)
     model = rbln_backend.load_model(art, 0, 0)
     assert type(model).__name__ == "RBLNQwen3VLMoeForConditionalGeneration"
-    return _generate_logits(model, inputs)
+    return generate_logits(model, inputs, N)
 
 
 def test_logits_agree_with_transformers_in_fp32(art, logits_inputs, reference_logits):

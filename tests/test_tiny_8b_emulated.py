@@ -20,6 +20,7 @@ from tests.emulated_rbln import optimum_rbln_installed
 
 pytestmark = pytest.mark.skipif(not optimum_rbln_installed(), reason="optimum-rbln is not installed")
 
+from tests.emulated_rbln import generate_logits, image_prompt_inputs  # noqa: E402
 from tests.fakes_rbln import run_main  # noqa: E402
 
 N = 6  # new tokens per request
@@ -124,33 +125,17 @@ def test_tokens_equal_the_reference_for_image_and_text(art, tiny_8b, image, tmp_
     assert len({tuple(t) for t in got.values()}) == 2  # different continuations: the inputs matter
 
 
-def _generate_logits(model: Any, inputs: Any) -> tuple[list[int], Any]:
-    import torch
-
-    with torch.inference_mode():
-        out = model.generate(
-            **inputs, max_new_tokens=N, do_sample=False, output_logits=True, return_dict_in_generate=True
-        )
-    prompt = inputs["input_ids"].shape[1]
-    return out.sequences[0, prompt:].tolist(), torch.stack([x[0].float() for x in out.logits])
-
-
 def test_logits_agree_with_transformers_in_fp32(art, tiny_8b, image):
-    from PIL import Image
-    from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
+    from transformers import Qwen3VLForConditionalGeneration
 
     from qwenvl_rbln.backends.rbln import optimum as rbln_backend
 
-    processor = AutoProcessor.from_pretrained(str(tiny_8b))
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe this image."}]}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    rgb = Image.open(image).convert("RGB")
-    inputs = processor(text=[text, text], images=[rgb, rgb], return_tensors="pt", padding=True)  # compiled batch 2
+    inputs = image_prompt_inputs(tiny_8b, image)  # compiled batch 2
     reference = Qwen3VLForConditionalGeneration.from_pretrained(str(tiny_8b)).eval()
     assert reference.lm_head.weight.data_ptr() != reference.model.language_model.embed_tokens.weight.data_ptr()
-    ref_tokens, ref_logits = _generate_logits(reference, inputs)
+    ref_tokens, ref_logits = generate_logits(reference, inputs, N)
     assert rbln_backend.use_emulator(True)
-    tokens, logits = _generate_logits(rbln_backend.load_model(art, 0, 0), inputs)
+    tokens, logits = generate_logits(rbln_backend.load_model(art, 0, 0), inputs, N)
     assert tokens == ref_tokens
     assert (logits - ref_logits).abs().max().item() < 1e-4
 

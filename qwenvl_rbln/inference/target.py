@@ -100,18 +100,6 @@ def _qwen3_vl_config(directory: Path) -> None:
         ) from None
 
 
-CAP_KEYS = (
-    "min_pixels",
-    "max_pixels",
-    "video_min_pixels",
-    "video_max_pixels",
-    "fps",
-    "min_frames",
-    "max_frames",
-    "video_max_frame_pixels",
-)
-
-
 def _list_arg(values: list[int]) -> str:
     """A list as --set takes it: JSON without spaces, so the shell keeps it one argument."""
     return "[" + ",".join(str(v) for v in values) + "]"
@@ -134,9 +122,11 @@ def processor_sets(manifest: dict[str, Any] | None, derived: Any) -> list[str]:
 
     Caps that merely follow the buckets are left out, so a recompile with a larger bucket raises them too.
     """
+    from qwenvl_rbln.planning.presets import PROCESSOR_KEYS
+
     proc = (manifest or {}).get("processor")
     out = []
-    for key in CAP_KEYS if isinstance(proc, dict) else ():
+    for key in PROCESSOR_KEYS if isinstance(proc, dict) else ():
         value = proc.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool) and value != getattr(derived, key, None):
             out.append(f"processor.{key}={json.dumps(value)}")

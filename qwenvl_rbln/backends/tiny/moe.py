@@ -27,22 +27,16 @@ def moe_config_from(dense: Any) -> Any:
     """Qwen3VLMoeConfig with the dense tiny config's dims, token ids and vision tower, plus the MoE fields."""
     from transformers import Qwen3VLMoeConfig
 
-    data = dense.to_dict()
-    text = {k: v for k, v in data["text_config"].items() if k not in ("model_type", "architectures")}
-    text.update(MOE_TEXT_DIMS)
-    vision = {k: v for k, v in data["vision_config"].items() if k not in ("model_type", "architectures")}
-    config = Qwen3VLMoeConfig(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=dense.image_token_id,
-        video_token_id=dense.video_token_id,
-        vision_start_token_id=dense.vision_start_token_id,
-        vision_end_token_id=dense.vision_end_token_id,
+    from qwenvl_rbln.backends.tiny.derive import derived_config
+
+    return derived_config(
+        dense,
+        Qwen3VLMoeConfig,
+        text=MOE_TEXT_DIMS,
+        vision={},
         tie_word_embeddings=True,
+        architectures=[MOE_ARCHITECTURE],
     )
-    config.architectures = [MOE_ARCHITECTURE]
-    config.dtype = "float32"
-    return config
 
 
 def model_class(moe: bool) -> Any:

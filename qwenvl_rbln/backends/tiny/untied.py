@@ -26,20 +26,13 @@ def untied_config_from(dense: Any) -> Any:
     (out_hidden_size stays the text hidden size, as in every Qwen3-VL)."""
     from transformers import Qwen3VLConfig
 
-    data = dense.to_dict()
-    text = {k: v for k, v in data["text_config"].items() if k not in ("model_type", "architectures")}
-    text["tie_word_embeddings"] = False
-    vision = {k: v for k, v in data["vision_config"].items() if k not in ("model_type", "architectures")}
-    vision.update(VISION_8B_DIMS)
-    config = Qwen3VLConfig(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=dense.image_token_id,
-        video_token_id=dense.video_token_id,
-        vision_start_token_id=dense.vision_start_token_id,
-        vision_end_token_id=dense.vision_end_token_id,
+    from qwenvl_rbln.backends.tiny.derive import derived_config
+
+    return derived_config(
+        dense,
+        Qwen3VLConfig,
+        text={"tie_word_embeddings": False},
+        vision=VISION_8B_DIMS,
         tie_word_embeddings=False,
+        architectures=list(dense.architectures),
     )
-    config.architectures = list(dense.architectures)
-    config.dtype = "float32"
-    return config
