@@ -122,7 +122,11 @@ def test_memory_plot_of_a_dry_run(tmp_path, capsys):
     assert sum(p["high"] for p in dev["parts"]) == report_dev["total_high_bytes"]
     assert {p["category"] for p in dev["parts"]} >= {"weights", "KV cache", "workspaces"}
     assert dev["verdict"] == "does_not_fit" and dev["usable"] == report_dev["usable_bytes"]
-    assert dev["chiplets"]["bars"][0]["bytes"] == report_dev["chiplets"]["fullest_bytes"]
+    chip = report_dev["chiplets"]
+    bars = dev["chiplets"]["bars"]
+    assert [b["bytes"] for b in bars] == chip["loads_bytes"] and len(bars) == chip["count"]  # every chiplet drawn
+    fullest = max(bars, key=lambda b: b["bytes"])
+    assert (fullest["bytes"], fullest["high"]) == (chip["fullest_bytes"], chip["fullest_high_bytes"])
     assert [s["cli"] for s in data["suggestions"]] == [s["cli"] for s in memory["suggestions"]]
     ghost = {s["label"]: s for s in data["suggestions"]}["visual_device"]
     assert [d["device"] for d in ghost["devices"]] == [0, 1]  # the ViT's own NPU is drawn as its own group

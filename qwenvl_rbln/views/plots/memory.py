@@ -3,8 +3,8 @@
 From the memory report alone (``--json``'s ``memory``): per device one stacked bar (weights, KV cache,
 workspaces, masks), each part with its low..high range as a whisker, the device's usable bytes as a line
 coloured by its verdict, and every suggestion as a ghost bar beside it (its total, whisker to its high end).
-Per chiplet: the planner models the fullest chiplet against its share (a bar with its range); load-check's
-exact read-out has every chiplet's allocation, drawn one bar each.
+Per chiplet: the planner's load of each chiplet at the estimate, the fullest with its low..high range, against
+its share; load-check's exact read-out has every chiplet's allocation, drawn one bar each.
 """
 
 from __future__ import annotations
@@ -57,21 +57,28 @@ def _parts(dev: dict[str, Any]) -> list[dict[str, Any]]:
     return [parts[c] for c in CATEGORIES if c in parts]
 
 
+def _chiplet_bars(chip: dict[str, Any]) -> list[dict[str, Any]]:
+    """One bar per chiplet at the estimate (the planner's ``loads_bytes``), the fullest one with its low..high range;
+    only the fullest when a report carries no per-chiplet loads."""
+    fullest = chip.get("fullest_bytes")
+    rng = {"low": chip.get("fullest_low_bytes", fullest), "high": chip.get("fullest_high_bytes", fullest)}
+    loads = chip.get("loads_bytes")
+    if not loads:
+        return [{"label": f"fullest of {chip.get('count')}", "bytes": fullest, **rng}]
+    top = loads.index(max(loads))
+    return [
+        {"label": f"chiplet {i}", "bytes": b, **(rng if i == top else {"low": b, "high": b})}
+        for i, b in enumerate(loads)
+    ]
+
+
 def _estimate_device(dev: dict[str, Any]) -> dict[str, Any]:
     chip = dev.get("chiplets") or None
     chiplets = None
     if chip:
-        fullest = chip.get("fullest_bytes")
         chiplets = {
             "usable": chip.get("usable_per_chiplet_bytes"),
-            "bars": [
-                {
-                    "label": f"fullest of {chip.get('count')}",
-                    "bytes": fullest,
-                    "low": chip.get("fullest_low_bytes", fullest),
-                    "high": chip.get("fullest_high_bytes", fullest),
-                }
-            ],
+            "bars": _chiplet_bars(chip),
             "fits": chip.get("fits"),
         }
     return {
