@@ -517,3 +517,12 @@ def test_an_ignored_workload_key_that_looks_like_markup_prints_literally(tmp_pat
     assert r.exit_code == 0, r.stderr
     (line,) = [x for x in r.stderr.splitlines() if "ignored keys" in x]
     assert "[bold]note" in line and "\\[" not in line
+
+
+def test_the_processor_line_names_the_per_frame_video_cap() -> None:
+    """The human header states the cap that keeps every video frame inside the largest bucket, as --json has it."""
+    code, data = _json("--size", "640x480")
+    cap = data["summary"]["processor"]["video_max_frame_pixels"]
+    human = _invoke("--size", "640x480")
+    assert code == human.exit_code == 0 and cap == 16384 * 256  # rebel100-1npu: the largest bucket x 256
+    assert f"and {cap:,} px per frame" in human.stdout

@@ -42,7 +42,9 @@ def _print_header(console: Any, data: dict[str, Any]) -> None:
         console.print(f"model: {s['model_moe']} (ViT FLOPs and workspaces use these)", markup=False)
     console.print(
         f"processor: images {p['min_pixels']:,}..{p['max_pixels']:,} px, videos {p['video_min_pixels']:,}.."
-        f"{p['video_max_pixels']:,} px over all frames, {p['fps']:g} fps",
+        f"{p['video_max_pixels']:,} px over all frames"
+        + (f" and {p['video_max_frame_pixels']:,} px per frame" if p.get("video_max_frame_pixels") else "")
+        + f", {p['fps']:g} fps",
         markup=False,
     )
     if data.get("workload"):
