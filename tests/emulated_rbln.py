@@ -182,3 +182,11 @@ def image_prompt_inputs(model_dir: Path, image: Path) -> Any:
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
     rgb = Image.open(image).convert("RGB")
     return processor(text=[text, text], images=[rgb, rgb], return_tensors="pt", padding=True)
+
+
+def emulated_model(art: Path) -> Any:
+    """An artifact loaded through optimum-rbln on qvl's emulator (devices 0, 0), ready for ``generate``."""
+    from qwenvl_rbln.backends.rbln import optimum as rbln_backend
+
+    assert rbln_backend.use_emulator(True)
+    return rbln_backend.load_model(art, 0, 0)

@@ -20,7 +20,7 @@ import pytest
 
 pytestmark = pytest.mark.skipif(util.find_spec("optimum.rbln") is None, reason="optimum-rbln is not installed")
 
-from tests.emulated_rbln import generate_logits, image_prompt_inputs  # noqa: E402
+from tests.emulated_rbln import emulated_model, generate_logits, image_prompt_inputs  # noqa: E402
 from tests.fakes_rbln import run_main, write_sweep_video  # noqa: E402
 
 N = 5  # new tokens per request
@@ -229,11 +229,7 @@ def reference_logits(tiny, logits_inputs):
 
 
 def _emulated_logits(art: Path, inputs: Any) -> tuple[list[int], Any]:
-    from qwenvl_rbln.backends.rbln import optimum as rbln_backend
-
-    assert rbln_backend.use_emulator(True)
-    model = rbln_backend.load_model(art, 0, 0)
-    return generate_logits(model, inputs, N)
+    return generate_logits(emulated_model(art), inputs, N)
 
 
 def test_logits_agree_with_transformers_in_fp32(art, logits_inputs, reference_logits):

@@ -23,6 +23,7 @@ av = pytest.importorskip("av")
 
 from qwenvl_rbln.errors import BackendError, InputError  # noqa: E402
 from tests.fakes_rbln import refused_infer as refused  # noqa: E402
+from tests.fakes_rbln import write_noise_video  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "assets" / "demo.jpg"
@@ -52,19 +53,7 @@ def artifact(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _faststart_mp4_cut_in_half(path: Path) -> Path:
     """A faststart mp4 (index first) cut in half: the header still promises all 40 frames."""
-    import numpy as np
-
-    full = path.with_name("full-" + path.name)
-    rng = np.random.default_rng(0)
-    with av.open(str(full), "w", options={"movflags": "faststart"}) as container:
-        stream = container.add_stream("mpeg4", rate=10)
-        stream.width, stream.height, stream.pix_fmt = 160, 120, "yuv420p"
-        for _ in range(40):
-            frame = rng.integers(0, 255, (120, 160, 3), dtype=np.uint8)
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    full = write_noise_video(path.with_name("full-" + path.name), 160, 120, frames=40, fps=10, movflags="faststart")
     data = full.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     return path

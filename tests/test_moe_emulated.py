@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.skipif(util.find_spec("optimum.rbln") is None, reason="optimum-rbln is not installed")
 
-from tests.emulated_rbln import generate_logits, image_prompt_inputs  # noqa: E402
+from tests.emulated_rbln import emulated_model, generate_logits, image_prompt_inputs  # noqa: E402
 from tests.fakes_rbln import run_main, write_sweep_video  # noqa: E402
 
 N = 6  # new tokens per request
@@ -162,10 +162,7 @@ def reference_logits(tiny_moe, logits_inputs):
 
 
 def _emulated_logits(art: Path, inputs: Any) -> tuple[list[int], Any]:
-    from qwenvl_rbln.backends.rbln import optimum as rbln_backend
-
-    assert rbln_backend.use_emulator(True)
-    model = rbln_backend.load_model(art, 0, 0)
+    model = emulated_model(art)
     assert type(model).__name__ == "RBLNQwen3VLMoeForConditionalGeneration"
     return generate_logits(model, inputs, N)
 

@@ -14,7 +14,7 @@ from qwenvl_rbln.artifacts.manifest import write_manifest
 from qwenvl_rbln.planning.plan import build_plan
 from qwenvl_rbln.vision import frame_cap, geometry
 from qwenvl_rbln.vision.bucket_plan.report import run_bucket_plan
-from tests.fakes_rbln import run_main, write_artifact
+from tests.fakes_rbln import run_main, write_artifact, write_noise_video
 
 
 def _plan(preset: str, *lines: dict, **kw) -> dict:
@@ -250,21 +250,8 @@ def test_install_on_class_caps_processors_whose_config_has_the_key(tiny_model, m
 @pytest.fixture(scope="module")
 def hd_clip(tmp_path_factory) -> Path:
     """2 s of 1920x1080 at 2 fps: 4 sampled frames of 2 M px, twice the tiny artifact's 1 M px per frame."""
-    av = pytest.importorskip("av")
-    import numpy as np
-
-    path = tmp_path_factory.mktemp("clip") / "hd.mp4"
-    rng = np.random.default_rng(0)
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("mpeg4", rate=2)
-        stream.width, stream.height, stream.pix_fmt = 1920, 1080, "yuv420p"
-        for _ in range(4):
-            frame = rng.integers(0, 255, (1080, 1920, 3), dtype=np.uint8)
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
+    pytest.importorskip("av")
+    return write_noise_video(tmp_path_factory.mktemp("clip") / "hd.mp4", 1920, 1080, frames=4, fps=2)
 
 
 def test_padding_rows_carry_text_only_and_the_real_rows_tokens_are_unchanged(tiny_rbln, emulated, hd_clip, monkeypatch):

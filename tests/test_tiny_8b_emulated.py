@@ -20,7 +20,7 @@ from tests.emulated_rbln import optimum_rbln_installed
 
 pytestmark = pytest.mark.skipif(not optimum_rbln_installed(), reason="optimum-rbln is not installed")
 
-from tests.emulated_rbln import generate_logits, image_prompt_inputs  # noqa: E402
+from tests.emulated_rbln import emulated_model, generate_logits, image_prompt_inputs  # noqa: E402
 from tests.fakes_rbln import run_main  # noqa: E402
 
 N = 6  # new tokens per request
@@ -128,14 +128,11 @@ def test_tokens_equal_the_reference_for_image_and_text(art, tiny_8b, image, tmp_
 def test_logits_agree_with_transformers_in_fp32(art, tiny_8b, image):
     from transformers import Qwen3VLForConditionalGeneration
 
-    from qwenvl_rbln.backends.rbln import optimum as rbln_backend
-
     inputs = image_prompt_inputs(tiny_8b, image)  # compiled batch 2
     reference = Qwen3VLForConditionalGeneration.from_pretrained(str(tiny_8b)).eval()
     assert reference.lm_head.weight.data_ptr() != reference.model.language_model.embed_tokens.weight.data_ptr()
     ref_tokens, ref_logits = generate_logits(reference, inputs, N)
-    assert rbln_backend.use_emulator(True)
-    tokens, logits = generate_logits(rbln_backend.load_model(art, 0, 0), inputs, N)
+    tokens, logits = generate_logits(emulated_model(art), inputs, N)
     assert tokens == ref_tokens
     assert (logits - ref_logits).abs().max().item() < 1e-4
 
