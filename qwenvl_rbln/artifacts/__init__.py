@@ -1,6 +1,6 @@
 """Artifact directories: hashing, the qvl manifest, atomic writes, locks, the compile cache, layout checks.
 
-Everything here is plain Python (hashlib, json, os, filelock): no torch, transformers or optimum import,
+Everything here is plain Python (hashlib, json, os, fcntl): no torch, transformers or optimum import,
 so ``qvl load-check --no-runtime`` and the cache logic work on any host.
 
 - ``manifest``: file names, sha256 and the file listing, the model fingerprint, versions, qvl-manifest.json.

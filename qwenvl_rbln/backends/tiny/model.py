@@ -229,21 +229,13 @@ def ensure_tiny_model(path: Path | None = None, *, seed: int = 0, moe: bool = Fa
         return target
     if _non_empty_dir(target) and not is_tiny_model(target):
         raise _not_a_tiny_model(target)
-    _require_heavy()  # filelock comes with transformers (via huggingface_hub)
-    from filelock import FileLock
-
-    with _writing(target):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(target.parent / f".{target.name}.lock"), timeout=600)
-        lock.acquire()
-    try:
+    _require_heavy()  # building needs torch and transformers
+    with _one_writer(target):
         if not _is_complete(target, moe, shape):
             if _non_empty_dir(target) and not is_tiny_model(target):
                 raise _not_a_tiny_model(target)
             # an older-format or half-written qvl tiny model is ours to replace
             create_tiny_model(target, seed=seed, overwrite=True, moe=moe, shape=shape)
-    finally:
-        lock.release()
     return target
 
 
@@ -261,8 +253,8 @@ def describe(path: Path) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _one_writer(target: Path, notify: Any = None):
-    """One writer per tiny model directory (a lock file beside it, as ``ensure_tiny_model`` uses); a second one
-    says it waits, then waits."""
+    """One writer per tiny model directory (a lock file beside it, for ``ensure_tiny_model`` and ``qvl tiny-model``
+    alike); a second one says it waits (when ``notify`` is given), then waits."""
     from qwenvl_rbln.artifacts import flock
 
     lock = target.parent / f".{target.name}.lock"
