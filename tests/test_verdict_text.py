@@ -202,3 +202,12 @@ def test_every_device_header_names_the_usable_bytes_source():
         print_memory(Console(file=out, width=400, color_system=None), dry_report("rebel100-2npu-batch4", [], memory))
         headers = re.findall(r"memory on device (\d) \(RBLN-CR13, usable [0-9.]+ GiB: ([^)]*)\)", out.getvalue())
         assert headers == [("0", source), ("1", source)], out.getvalue()
+
+
+def test_a_multi_device_headline_names_the_deciding_device():
+    over = dry_report("rebel100-2npu-batch4", [], "20GiB")
+    assert over["headline"] == "does not fit: device 0: card total 115.25 .. 116.05 of 20.00 GiB"
+    assert over["decided_by"]["device"] == 0 and over["decided_by"]["constraint"] == "device"
+    sets = ["placement.visual_device=1", "batch_size=8", "decoder_batch_sizes=[8]"]
+    tight = dry_report("rebel100-2npu-batch4", sets)  # a fit names its tightest device only
+    assert tight["headline"] == "fits: device 0: fullest chiplet 34.81 .. 34.94 of 35.00 GiB"

@@ -152,7 +152,7 @@ def decided_by(dev: dict[str, Any], kv: dict[str, Any] | None = None) -> dict[st
         pick = next((c for c in limits if c["every"]), None) if verdict == "does_not_fit" else None
         pick = pick or next((c for c in limits if c["some"]), None)
     if pick is None:  # uncertain although every limit holds: the compiler's own split decides
-        return {"constraint": "split", "text": "a submodule split over num_devices (the compiler decides the split)"}
+        return {"constraint": "split", "text": "a submodule split over several devices (the compiler decides the split)"}
     out = {k if k.startswith(("blocks", "min")) else f"{k}_bytes": v for k, v in pick.items() if k not in _NOT_OUT}
     return {"constraint": pick["kind"], **out, "text": _limit_text(pick, kv)}
 
@@ -162,21 +162,35 @@ def device_decided_by(dev: dict[str, Any], kv: dict[str, Any] | None = None) -> 
     return dev.get("decided_by") or decided_by(dev, kv)
 
 
-def headline(report: dict[str, Any]) -> str:
-    """The one-line verdict with what decides it, e.g. ``does not fit: KV blocks 17 < minimum 33 under
-    memory_budget 0.5`` or ``uncertain: device 0 fullest chiplet 22.43 .. 38.33 of 35.00 GiB`` (the device is
-    named when there are several)."""
+def deciding_devices(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The devices whose verdict is the plan's: every one that does not fit (or is uncertain); for a plan that
+    fits, the one with the least worst-case margin on its deciding limit."""
     devices = report.get("devices") or []
     verdict = report.get("verdict") or "uncertain"
     deciding = [d for d in devices if d.get("verdict") == verdict] or devices
+    if verdict != "fits" or len(deciding) < 2:
+        return deciding
+    kv = report.get("kv") or {}
+    margins = [device_decided_by(d, kv).get("margin_worst_bytes") for d in deciding]
+    if any(m is None for m in margins):
+        return deciding
+    return [min(zip(margins, range(len(deciding)), deciding, strict=True))[2]]
+
+
+def headline(report: dict[str, Any]) -> str:
+    """The one-line verdict with what decides it, e.g. ``does not fit: KV blocks 17 < minimum 33 under
+    memory_budget 0.5`` or ``uncertain: device 0: fullest chiplet 22.43 .. 38.33 of 35.00 GiB`` (the device is
+    named when there are several)."""
+    devices = report.get("devices") or []
+    verdict = report.get("verdict") or "uncertain"
+    words = VERDICT_WORDS.get(verdict, verdict)
+    deciding = deciding_devices(report)
     if not deciding:
-        return VERDICT_WORDS.get(verdict, verdict)
+        return words
     kv = report.get("kv") or {}
     texts = [device_decided_by(d, kv)["text"] for d in deciding]
-    if len(devices) > 1 and len(set(texts)) > 1:
-        texts = [f"device {d['device']} {t}" for d, t in zip(deciding, texts, strict=True)]
+    if len(devices) > 1 and len(deciding) == len(devices) and len(set(texts)) == 1:
+        texts = [f"every device: {texts[0]}"]
     elif len(devices) > 1:
-        texts = [
-            f"{'every device' if len(deciding) == len(devices) else 'device ' + str(deciding[0]['device'])} {texts[0]}"
-        ]
-    return f"{VERDICT_WORDS.get(verdict, verdict)}: " + "; ".join(texts)
+        texts = [f"device {d['device']}: {t}" for d, t in zip(deciding, texts, strict=True)]
+    return f"{words}: " + "; ".join(texts)

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.memory.binding import device_decided_by, headline
+from qwenvl_rbln.memory.binding import deciding_devices, device_decided_by, headline
 from qwenvl_rbln.memory.workspaces import (
     LM_WORKSPACE_FORMULA,
     LM_WORKSPACE_RANGE,
@@ -135,7 +135,7 @@ class MemoryReport:
 
     def to_dict(self) -> dict[str, Any]:
         out = self._fields()
-        deciding = next((d for d in out["devices"] if d["verdict"] == out["verdict"]), None)
+        deciding = next(iter(deciding_devices(out)), None)
         out["decided_by"] = {"device": deciding["device"], **device_decided_by(deciding, self.kv)} if deciding else {}
         out["headline"] = headline(out)
         return out
