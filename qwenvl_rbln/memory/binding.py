@@ -152,7 +152,10 @@ def decided_by(dev: dict[str, Any], kv: dict[str, Any] | None = None) -> dict[st
         pick = next((c for c in limits if c["every"]), None) if verdict == "does_not_fit" else None
         pick = pick or next((c for c in limits if c["some"]), None)
     if pick is None:  # uncertain although every limit holds: the compiler's own split decides
-        return {"constraint": "split", "text": "a submodule split over several devices (the compiler decides the split)"}
+        return {
+            "constraint": "split",
+            "text": "a submodule split over several devices (the compiler decides the split)",
+        }
     out = {k if k.startswith(("blocks", "min")) else f"{k}_bytes": v for k, v in pick.items() if k not in _NOT_OUT}
     return {"constraint": pick["kind"], **out, "text": _limit_text(pick, kv)}
 
