@@ -211,3 +211,13 @@ def test_a_multi_device_headline_names_the_deciding_device():
     sets = ["placement.visual_device=1", "batch_size=8", "decoder_batch_sizes=[8]"]
     tight = dry_report("rebel100-2npu-batch4", sets)  # a fit names its tightest device only
     assert tight["headline"] == "fits: device 0: fullest chiplet 34.81 .. 34.94 of 35.00 GiB"
+
+
+def test_a_report_without_decided_by_still_prints_what_decides():
+    """A memory dict written before decided_by existed (an older artifact's manifest) is worked out on view."""
+    report = dry_report("rebel100-30b-a3b", ["memory_budget=0.5"])
+    old = {k: v for k, v in report.items() if k not in ("decided_by", "headline")}
+    old["devices"] = [{k: v for k, v in d.items() if k != "decided_by"} for d in report["devices"]]
+    out = io.StringIO()
+    print_memory(Console(file=out, width=400, color_system=None), old)
+    assert "memory: does not fit: KV blocks 15 .. 18 < minimum 33 under memory_budget 0.5" in out.getvalue()

@@ -43,11 +43,9 @@ def _decided_text(decided: dict[str, Any]) -> str:
     kind = decided.get("constraint")
     if kind == "observed":
         return "as observed in the product document (below)"
-    if kind in ("device", "chiplet"):
+    if kind == "chiplet":  # the card's margin follows on the same line, so the chiplet's is given here
         worst, best = decided["margin_worst_bytes"] / GiB, decided["margin_best_bytes"] / GiB
         span = f"{worst:+.2f}" if worst == best else f"{worst:+.2f} .. {best:+.2f}"
-        if kind == "device":  # its margin follows on the same line
-            return decided["text"]
         return f"{decided['text']} (fullest chiplet margin {span} GiB)"
     return decided.get("text", "")
 
@@ -123,7 +121,9 @@ def print_memory(console: Any, report: dict[str, Any] | None, *, show_assumption
     verdict = verdict_of(report)
     if verdict:
         style = VERDICT_STYLE[verdict]
-        line = report.get("headline") or headline({**report, "verdict": verdict})
+        line = str(report.get("headline") or "")
+        if not line.startswith(VERDICT_TEXT[verdict]):  # absent (an older report) or not this verdict's
+            line = headline({**report, "verdict": verdict})
         console.print(f"[{style}]memory: {escape(line)}[/{style}]")
         if verdict == "uncertain":
             console.print(
