@@ -283,6 +283,21 @@ def test_cache_store_lookup_and_corruption(tmp_path):
     assert temp_entries(cache) == []
 
 
+def test_a_cache_entry_with_an_extra_file_fails_verification_and_is_removed(tmp_path):
+    """Mutation S07 (the manifest check ignoring extra files): a file the entry's manifest does not list would be
+    copied into the next artifact, so the entry is refused and removed."""
+    src = write_hf_model(tmp_path / "art")
+    write_manifest(src, {"format": 1})
+    cache = tmp_path / "cache"
+    entry = cache_store(cache, "k1", src)
+    assert cache_lookup(cache, "k1") == (entry, "verified")
+    (entry / "stray.bin").write_bytes(b"not listed")
+    found, why = cache_lookup(cache, "k1")
+    assert found is None and why == "entry failed verification (stray.bin); removed", why
+    assert not entry.exists() and temp_entries(cache) == []
+    assert cache_lookup(cache, "k1") == (None, "no entry")
+
+
 # ----------------------------------------------------------------------------------------------- layout
 
 

@@ -81,9 +81,12 @@ def test_a_dry_run_refuses_what_the_real_run_refuses(capsys, tmp_path: Path):
     taken = tmp_path / "mine"
     taken.mkdir()
     (taken / "notes.txt").write_text("my files")
-    for extra in ([], ["--force"]):  # an existing directory; with --force, one that is not an artifact
-        code, _, err = run_main(["compile", "--preset", "cpu-tiny", "-o", str(taken), "--dry-run", *extra], capsys)
-        assert code == 2 and str(taken) in err, err
+    # an existing directory: a dry run writes nothing, so it only warns (D3); with --force, one that is not an
+    # artifact is refused as the real run refuses it
+    code, _, err = run_main(["compile", "--preset", "cpu-tiny", "-o", str(taken), "--dry-run"], capsys)
+    assert code == 0 and str(taken) in err and "even with --force" in err, err
+    code, _, err = run_main(["compile", "--preset", "cpu-tiny", "-o", str(taken), "--dry-run", "--force"], capsys)
+    assert code == 2 and str(taken) in err, err
     assert (taken / "notes.txt").read_text() == "my files"
     code, _, err = run_main(["compile", "--preset", "cpu-tiny", "-o", str(tmp_path / "new"), "--dry-run"], capsys)
     assert code == 0, err

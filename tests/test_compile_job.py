@@ -144,6 +144,32 @@ def test_existing_target_without_force_exit_2_untouched(tmp_path, rbln_calls, ca
     assert [p.name for p in out.iterdir()] == ["keep.txt"] and rbln_calls.calls == []
 
 
+def test_a_dry_run_into_an_occupied_output_prints_its_plan_and_warns(tmp_path, capsys):
+    """D3: a dry run compiles nothing, so an existing output directory no longer stops it (it exited 2 with 'pass
+    --force to replace it'); it prints the plan and verdict, exits per the verdict, and warns once what a real
+    compile would need. The real compile still refuses (test_existing_target_without_force_exit_2_untouched)."""
+    art = tmp_path / "art"
+    art.mkdir()
+    write_manifest(art, {"format": 1})  # a qvl artifact: --force may replace it
+    code, out, err = run_main(["compile", "--preset", "rebel100-1npu", "-o", str(art), "--dry-run"], capsys)
+    assert code == 0, err
+    assert "memory: fits" in out and "dry run: nothing was compiled" in out and "Traceback" not in err
+    (warning,) = err.strip().splitlines()
+    assert str(art) in warning and "a real compile would refuse it; pass --force to replace it, or -o DIR" in warning
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my files")
+    argv = ["compile", "--preset", "rebel100-1npu", "-o", str(mine), "--dry-run", "--json"]
+    code, out, err = run_main(argv, capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["dry_run"] is True and doc["memory"]["verdict"] == "fits", err
+    (warning,) = doc["warnings"]
+    assert "even with --force" in warning and "notes.txt" in warning and "-o DIR" in warning
+    code, out, err = run_main([*argv[:-1], "--set", "batch_size=8", "--set", "decoder_batch_sizes=[8]"], capsys)
+    assert code == 4 and "memory: does not fit" in out and "a real compile would refuse it" in err, err
+    assert (mine / "notes.txt").read_text() == "my files" and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
 @pytest.mark.parametrize(("behavior", "exit_code"), [({"save_error": "disk full"}, 5), ({"save_interrupt": True}, 130)])
 def test_failure_or_interrupt_mid_write_leaves_old_artifact(
     tmp_path, monkeypatch, capsys, model_dir, behavior, exit_code

@@ -207,6 +207,42 @@ def test_chiplet_view():
     assert chip["fullest_bytes"] >= 7 * GiB
 
 
+def test_a_chiplet_full_to_the_exact_byte_fits_and_one_byte_less_does_not():
+    """Mutation S03 (``fullest <= usable_chiplet`` -> ``<``): the chiplet limit is inclusive. --device-memory =
+    chiplets x the fullest chiplet at the high end leaves that chiplet exactly full in the worst scenario."""
+    _, base = est("rebel100-1npu", suggest=False)
+    chip = base.to_dict()["devices"][0]["chiplets"]
+    exact = chip["count"] * chip["fullest_high_bytes"]
+    assert exact == 104357303296  # the audit's figure: 4 x 26,089,325,824 B
+    _, full = est("rebel100-1npu", device_memory=f"{exact}B", suggest=False)
+    dev = full.to_dict()["devices"][0]
+    assert dev["chiplets"]["fullest_high_bytes"] == dev["chiplets"]["usable_per_chiplet_bytes"]  # exactly full
+    assert full.verdict == "fits", dev["notes"]
+    _, over = est("rebel100-1npu", device_memory=f"{exact - chip['count']}B", suggest=False)  # 1 B less a chiplet
+    assert over.verdict == "uncertain"
+    assert over.to_dict()["decided_by"]["constraint"] == "chiplet"
+
+
+def test_a_kv_pool_at_exactly_the_minimum_is_partial_and_one_byte_less_is_insufficient():
+    """Mutation S04 (``n >= minimum`` -> ``n > minimum``): exactly num_min_blocks is enough (partial, the plan
+    may load); one byte less of memory_budget leaves 4 of 5 blocks, and that is refused."""
+
+    def at(budget: int):
+        return est("rebel100-1npu-batch4", ["max_seq_len=32768", f"memory_budget={budget}"], suggest=False)[1]
+
+    mid = at(8590235136)  # the audit's figure: the estimate's search ends at exactly 5 blocks
+    assert mid.kv["num_min_blocks"] == mid.kv["num_blocks"] == 5 and mid.kv["outcome"] == "partial"
+    assert at(8590235135).kv["num_blocks"] == 4 and at(8590235135).kv["outcome"] == "insufficient"
+    every = at(9041699840)  # the least budget where every scenario's search ends at exactly 5 blocks
+    assert every.kv["num_blocks_range"] == [5, 5] and every.kv["outcome"] == "partial"
+    assert every.verdict == "fits"
+    below = at(9041699839)  # one byte less: the worst scenario gets 4
+    assert below.kv["num_blocks_range"] == [4, 5] and below.verdict == "uncertain"
+    assert below.to_dict()["headline"] == (
+        "uncertain: KV blocks 4 .. 5 vs minimum 5 under memory_budget 9041699839 B (8.42 GiB)"
+    )
+
+
 # --- suggestions -----------------------------------------------------------------------------------
 
 

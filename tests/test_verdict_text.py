@@ -8,6 +8,7 @@ quotes supports the verdict it explains.
 from __future__ import annotations
 
 import io
+import json
 import re
 
 from hypothesis import HealthCheck, example, given, settings
@@ -31,7 +32,10 @@ NO_ROOM = re.compile(rf"for the LM alone \({NUM} GiB of {NUM} GiB budget\); the 
 CHIP_OVER = re.compile(
     rf"fullest chiplet is over \({NUM} GiB of {NUM} GiB\) although the card total fits \({NUM} GiB of {NUM}"
 )
-VIEW_LINE = re.compile(rf"device \d+: (fits|does not fit|uncertain), (fullest chiplet margin {SIGNED} \.\. {SIGNED})?")
+VIEW_LINE = re.compile(
+    rf"device \d+: (fits|does not fit|uncertain): [^\n]*?"
+    rf"(fullest chiplet margin {SIGNED}(?: \.\. {SIGNED})? GiB)?(?:; card|, margin)"
+)
 EPS = 0.006  # two decimals
 
 
@@ -54,6 +58,20 @@ def check_clauses(text: str, verdict: str) -> int:
     for m in FINE.finditer(text):
         assert float(m.group(2)) > -EPS, text
     return found
+
+
+def check_decided(dev: dict, kv: dict) -> None:
+    """What a device's verdict line names as deciding really decides it: a memory limit crossed in some scenario
+    (every one for does_not_fit when one is), never one that always holds; a fit's tightest limit holds."""
+    d, verdict = dev["decided_by"], dev["verdict"]
+    if d["constraint"] in ("device", "chiplet"):
+        crossed = d["need_high_bytes"] > d["usable_bytes"]
+        assert crossed == (verdict != "fits"), d
+    elif d["constraint"] == "kv_blocks":
+        assert verdict != "fits" and d["blocks_low"] < d["minimum"], d
+        assert [d["blocks_low"], d["blocks_high"]] == kv["num_blocks_range"], d
+    else:
+        assert d["constraint"] in ("observed", "split"), d
 
 
 def check_notes(dev: dict) -> None:
@@ -99,6 +117,9 @@ def test_every_message_s_numbers_support_its_verdict(config):
     verdict = verdict_of(report)
     for dev in report["devices"]:
         check_notes(dev)
+        check_decided(dev, report["kv"])
+    words = {"fits": "fits", "does_not_fit": "does not fit", "uncertain": "uncertain"}[verdict]
+    assert report["headline"].startswith(f"{words}: "), report["headline"]
     if verdict != "fits":
         message = gate_message(report)
         planner_decided = any(
@@ -107,9 +128,13 @@ def test_every_message_s_numbers_support_its_verdict(config):
         assert check_clauses(message, verdict) > 0 or not planner_decided, message
     out = io.StringIO()
     print_memory(Console(file=out, width=400, color_system=None), report)
-    for m in VIEW_LINE.finditer(out.getvalue()):
-        if m.group(2):  # a chiplet margin named as what binds: it really straddles or is over
+    lines = list(VIEW_LINE.finditer(out.getvalue()))
+    assert len(lines) == len(report["devices"]), out.getvalue()
+    for m, dev in zip(lines, report["devices"], strict=True):
+        if m.group(2) and m.group(1) != "fits":  # a chiplet margin named as what binds: it straddles or is over
             assert float(m.group(3)) < EPS, m.group(0)
+        if m.group(2) and dev["verdict"] == "fits":  # the tightest limit of a fit holds in every scenario
+            assert float(m.group(3)) > -EPS, m.group(0)
 
 
 def test_the_issue_s_chiplet_bound_dry_run_names_the_chiplet():
@@ -120,3 +145,79 @@ def test_the_issue_s_chiplet_bound_dry_run_names_the_chiplet():
     assert "the fullest chiplet needs" in res.stderr and "of 35.00 GiB (margin -" in res.stderr
     assert "left no room for the ViT" not in res.stdout
     assert "fullest chiplet margin -" in res.stdout
+
+
+def dry_report(preset: str, sets: list[str], memory: str | None = None) -> dict:
+    return estimate_plan(build_plan(preset, sets), device_memory=memory, calibration={}, suggest=False).to_dict()
+
+
+def test_the_headline_names_the_kv_block_minimum_under_a_memory_budget():
+    """D9: the 30B MoE at memory_budget=0.5 said 'does not fit, margin +53.69 .. +57.78 GiB' (all positive); what
+    decides it is optimum-rbln's KV search, which finds fewer blocks than the minimum under that budget."""
+    report = dry_report("rebel100-30b-a3b", ["memory_budget=0.5"])
+    assert report["verdict"] == "does_not_fit"
+    decided = report["decided_by"]
+    assert decided["constraint"] == "kv_blocks" and decided["device"] == 0
+    assert decided["blocks_high"] < decided["minimum"] == 33
+    assert report["headline"] == f"does not fit: {decided['text']}"
+    assert decided["text"] == "KV blocks 15 .. 18 < minimum 33 under memory_budget 0.5"
+    assert report["devices"][0]["decided_by"]["constraint"] == "kv_blocks"
+    assert "KV blocks 15 .. 18 < minimum 33" in gate_message(report)
+
+
+def test_an_uncertain_kv_search_is_named_with_its_block_range():
+    """D9: the 32B at memory_budget=0.5 said 'uncertain, margin +32.54 .. +68.17 GiB'; the KV search ends between
+    3 and 5 blocks against a minimum of 5."""
+    report = dry_report("rebel100-32b", ["memory_budget=0.5"])
+    assert report["verdict"] == "uncertain"
+    assert report["headline"] == "uncertain: KV blocks 3 .. 5 vs minimum 5 under memory_budget 0.5"
+    assert "device 0: KV blocks 3 .. 5 vs minimum 5" in gate_message(report)
+
+
+def test_an_uncertain_chiplet_is_named_with_its_own_numbers():
+    """D9: the 8B at batch 2 said 'uncertain: device 0 113.49 GiB of 140.00 GiB'; its fullest chiplet decides."""
+    report = dry_report("rebel100-8b", ["batch_size=2"])
+    decided = report["decided_by"]
+    assert report["verdict"] == "uncertain" and decided["constraint"] == "chiplet"
+    assert decided["need_low_bytes"] <= decided["usable_bytes"] < decided["need_high_bytes"]
+    assert report["headline"] == "uncertain: fullest chiplet 22.43 .. 38.33 of 35.00 GiB"
+
+
+def test_the_dry_run_s_memory_line_and_json_say_what_decides():
+    res = run_qvl("compile", "--preset", "rebel100-30b-a3b", "--set", "memory_budget=0.5", "--dry-run")
+    assert res.exit_code == 4, res.stderr
+    assert "memory: does not fit: KV blocks 15 .. 18 < minimum 33 under memory_budget 0.5" in res.stdout
+    assert "device 0: does not fit: KV blocks 15 .. 18 < minimum 33 under memory_budget 0.5; card margin" in res.stdout
+    js = run_qvl("compile", "--preset", "rebel100-30b-a3b", "--set", "memory_budget=0.5", "--dry-run", "--json")
+    memory = json.loads(js.stdout)["memory"]
+    assert memory["decided_by"]["constraint"] == "kv_blocks"
+    assert memory["headline"].startswith("does not fit: KV blocks")
+
+
+def test_every_device_header_names_the_usable_bytes_source():
+    """D27: device 1's header said 'usable 140.00 GiB: planner' (its verdict source) where device 0 said the
+    DRAM spec."""
+    for memory, source in ((None, "optimum-rbln 0.12 DRAM spec"), ("120GiB", "--device-memory")):
+        out = io.StringIO()
+        print_memory(Console(file=out, width=400, color_system=None), dry_report("rebel100-2npu-batch4", [], memory))
+        headers = re.findall(r"memory on device (\d) \(RBLN-CR13, usable [0-9.]+ GiB: ([^)]*)\)", out.getvalue())
+        assert headers == [("0", source), ("1", source)], out.getvalue()
+
+
+def test_a_multi_device_headline_names_the_deciding_device():
+    over = dry_report("rebel100-2npu-batch4", [], "20GiB")
+    assert over["headline"] == "does not fit: device 0: card total 115.25 .. 116.05 of 20.00 GiB"
+    assert over["decided_by"]["device"] == 0 and over["decided_by"]["constraint"] == "device"
+    sets = ["placement.visual_device=1", "batch_size=8", "decoder_batch_sizes=[8]"]
+    tight = dry_report("rebel100-2npu-batch4", sets)  # a fit names its tightest device only
+    assert tight["headline"] == "fits: device 0: fullest chiplet 34.81 .. 34.94 of 35.00 GiB"
+
+
+def test_a_report_without_decided_by_still_prints_what_decides():
+    """A memory dict written before decided_by existed (an older artifact's manifest) is worked out on view."""
+    report = dry_report("rebel100-30b-a3b", ["memory_budget=0.5"])
+    old = {k: v for k, v in report.items() if k not in ("decided_by", "headline")}
+    old["devices"] = [{k: v for k, v in d.items() if k != "decided_by"} for d in report["devices"]]
+    out = io.StringIO()
+    print_memory(Console(file=out, width=400, color_system=None), old)
+    assert "memory: does not fit: KV blocks 15 .. 18 < minimum 33 under memory_budget 0.5" in out.getvalue()

@@ -110,7 +110,10 @@ def register(app: typer.Typer) -> None:
             draw_memory(data["memory"], plot, title=plan.preset)
             plotted(plot)
         if dry_run:
-            refuse_before_compile(plan, emulate=emulate, force=force)  # what the real run refuses, a dry run does
+            # what the real run refuses, a dry run does; an occupied output directory is only a warning there
+            occupied = refuse_before_compile(plan, emulate=emulate, force=force, dry_run=True)
+            print_warnings(occupied)
+            data["warnings"] = [*data.get("warnings", []), *occupied]
 
             def human(console: Any, d: dict[str, Any]) -> None:
                 plan_summary(console, d)

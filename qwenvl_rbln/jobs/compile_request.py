@@ -44,10 +44,14 @@ def dry_run_gate(memory: dict[str, Any], uncertain_ok: bool, as_json: bool) -> D
     )
 
 
-def refuse_before_compile(plan: Any, *, emulate: bool, force: bool) -> None:
+def refuse_before_compile(plan: Any, *, emulate: bool, force: bool, dry_run: bool = False) -> list[str]:
     """The refusals that need no model, run by a dry run and the real compile alike, so a dry run that passes
     means the real run gets past them: --emulate on a torch preset, --emulate beside a real rebel, and an output
-    path that is a file, an existing artifact without --force, or (with --force) a directory that is not one."""
+    path that is a file, an existing artifact without --force, or (with --force) a directory that is not one.
+
+    A dry run writes nothing, so an occupied output directory without --force is not refused there: it returns
+    the one warning saying what the real compile would need (the plan and verdict still print). Returns the
+    warnings (none for a real compile)."""
     from qwenvl_rbln.artifacts.staging import check_target
     from qwenvl_rbln.backends import emulator
     from qwenvl_rbln.paths import user_path
@@ -60,7 +64,25 @@ def refuse_before_compile(plan: Any, *, emulate: bool, force: bool) -> None:
         )
     if plan.backend == "rbln" and emulator.requested(emulate) and emulator.real_rebel_importable():
         emulator.activate("--emulate" if emulate else "QVL_EMULATE_NPU=1")  # raises its one-line refusal
-    check_target(user_path(plan.output_dir, "output_dir").absolute(), force)
+    target = user_path(plan.output_dir, "output_dir").absolute()
+    if dry_run and not force and target.is_dir() and any(target.iterdir()):
+        return [occupied_warning(target)]
+    check_target(target, force)
+    return []
+
+
+def occupied_warning(target: Path) -> str:
+    """What a real compile into the occupied ``target`` would need: --force for an artifact it may replace, -o for
+    a directory of other files (which --force never replaces)."""
+    from qwenvl_rbln.artifacts.staging import refuse_to_replace_a_non_artifact
+
+    lead = f"output directory {target} already exists and is not empty: a real compile would refuse it"
+    try:
+        refuse_to_replace_a_non_artifact(target)
+    except InputError as exc:
+        why = exc.message.split(" with --force: ", 1)[-1].removesuffix("; nothing was touched")
+        return f"{lead}, even with --force ({why}); compile with -o DIR into a new directory"
+    return f"{lead}; pass --force to replace it, or -o DIR to compile into a new directory"
 
 
 def compile_for_real(

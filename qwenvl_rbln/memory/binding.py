@@ -50,6 +50,20 @@ def _gib(n: int) -> str:
     return f"{n / GiB:.2f}"
 
 
+def describe_limit(c: dict[str, Any]) -> str:
+    """One limit with its need, usable bytes and margin, e.g. ``the fullest chiplet needs 34.90 .. 36.55 of
+    35.00 GiB (margin -1.55 .. +0.10 GiB)``."""
+    need = (
+        _gib(c["need_high"]) if c["need_low"] == c["need_high"] else f"{_gib(c['need_low'])} .. {_gib(c['need_high'])}"
+    )
+    margin = (
+        f"{c['margin_worst'] / GiB:+.2f} GiB"
+        if c["need_low"] == c["need_high"]
+        else f"{c['margin_worst'] / GiB:+.2f} .. {c['margin_best'] / GiB:+.2f} GiB"
+    )
+    return f"{_name(c)} needs {need} of {_gib(c['usable'])} GiB (margin {margin})"
+
+
 def describe(dev: dict[str, Any], verdict: str) -> str:
     """One clause for device ``dev`` that names the binding limit with its own numbers, e.g. ``device 0's
     fullest chiplet needs 34.90 .. 36.55 of 35.00 GiB (margin -1.55 .. +0.10 GiB); the card total fits
@@ -62,23 +76,124 @@ def describe(dev: dict[str, Any], verdict: str) -> str:
     source = dev.get("verdict_source") or ""
     if source.startswith("observed") and (not bind or verdict == "fits"):
         return f"{lead}: {source}"
+    decided = dev.get("decided_by") or {}
+    if decided.get("constraint") == "kv_blocks":  # optimum-rbln's compile stops on the KV minimum first
+        return f"{lead}: {decided['text']}" + "".join(f"; {describe_limit(c)}" for c in bind)
     if not bind:
         return f"{lead}: the KV pool search leaves fewer blocks than the minimum in some scenario"
-    parts = []
-    for c in bind:
-        need = (
-            _gib(c["need_high"])
-            if c["need_low"] == c["need_high"]
-            else f"{_gib(c['need_low'])} .. {_gib(c['need_high'])}"
-        )
-        margin = (
-            f"{c['margin_worst'] / GiB:+.2f} GiB"
-            if c["need_low"] == c["need_high"]
-            else f"{c['margin_worst'] / GiB:+.2f} .. {c['margin_best'] / GiB:+.2f} GiB"
-        )
-        parts.append(f"{_name(c)} needs {need} of {_gib(c['usable'])} GiB (margin {margin})")
-    text = f"{lead}: " + "; ".join(parts)
+    text = f"{lead}: " + "; ".join(describe_limit(c) for c in bind)
     fine = [c for c in cons if c not in bind and c["margin_worst"] >= 0]
     for c in fine:
         text += f"; {_name(c)} fits in every scenario (margin {c['margin_worst'] / GiB:+.2f} GiB at worst)"
     return text
+
+
+VERDICT_WORDS = {"fits": "fits", "does_not_fit": "does not fit", "uncertain": "uncertain"}
+_NOT_OUT = ("kind", "some", "every")
+_LIMIT_NAMES = {"device": "card total", "chiplet": "fullest chiplet"}
+
+
+def _span(low: int | float, high: int | float, fmt: Any = str) -> str:
+    return fmt(high) if low == high else f"{fmt(low)} .. {fmt(high)}"
+
+
+def _budget(kv: dict[str, Any]) -> str:
+    """How the automatic KV search was bounded: the memory_budget as written, or the nominal DRAM."""
+    budget = kv.get("memory_budget")
+    if budget is None:
+        return "in the nominal DRAM beside the LM (no memory_budget)"
+    if isinstance(budget, float):
+        return f"under memory_budget {budget:g}"
+    return f"under memory_budget {budget} B ({_gib(int(budget))} GiB)"
+
+
+def _kv_limit(dev: dict[str, Any], kv: dict[str, Any]) -> dict[str, Any] | None:
+    """The KV-block minimum as a limit of an LM device under optimum-rbln's automatic search, else None."""
+    on_lm = any(str(i.get("name", "")).startswith("lm.") for i in dev.get("items") or [])
+    if not on_lm or kv.get("mode") != "auto" or "num_min_blocks" not in kv:
+        return None
+    low, high = kv.get("num_blocks_range") or [kv["num_blocks"], kv["num_blocks"]]
+    minimum = kv["num_min_blocks"]
+    return {
+        "kind": "kv_blocks",
+        "blocks_low": low,
+        "blocks_high": high,
+        "minimum": minimum,
+        "some": low < minimum,
+        "every": high < minimum,
+    }
+
+
+def _limit_text(c: dict[str, Any], kv: dict[str, Any]) -> str:
+    if c["kind"] == "kv_blocks":
+        rel = "<" if c["every"] else "vs"
+        return f"KV blocks {_span(c['blocks_low'], c['blocks_high'])} {rel} minimum {c['minimum']} {_budget(kv)}"
+    return f"{_LIMIT_NAMES[c['kind']]} {_span(c['need_low'], c['need_high'], _gib)} of {_gib(c['usable'])} GiB"
+
+
+def decided_by(dev: dict[str, Any], kv: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one constraint that decides device ``dev``'s verdict, with its numbers and a short ``text``: the
+    KV-block minimum (optimum-rbln's compile stops first), the card total or the fullest chiplet; for ``fits``
+    the tightest of the two memory limits; an observed verdict or a compiler split when those decide."""
+    kv = kv or {}
+    verdict = dev.get("verdict") or "uncertain"
+    source = dev.get("verdict_source") or ""
+    if source.startswith("observed"):
+        return {"constraint": "observed", "text": "as observed in the product document", "source": source}
+    limits = []
+    kv_limit = _kv_limit(dev, kv)
+    if kv_limit is not None:
+        limits.append(kv_limit)
+    for c in sorted(constraints(dev), key=lambda c: c["kind"] != "device"):
+        limits.append({**c, "some": c["margin_worst"] < 0, "every": c["margin_best"] < 0})
+    if verdict == "fits":
+        pick = min(limits[1:] if kv_limit else limits, key=lambda c: c["margin_worst"])
+    else:
+        pick = next((c for c in limits if c["every"]), None) if verdict == "does_not_fit" else None
+        pick = pick or next((c for c in limits if c["some"]), None)
+    if pick is None:  # uncertain although every limit holds: the compiler's own split decides
+        return {
+            "constraint": "split",
+            "text": "a submodule split over several devices (the compiler decides the split)",
+        }
+    out = {k if k.startswith(("blocks", "min")) else f"{k}_bytes": v for k, v in pick.items() if k not in _NOT_OUT}
+    return {"constraint": pick["kind"], **out, "text": _limit_text(pick, kv)}
+
+
+def device_decided_by(dev: dict[str, Any], kv: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``dev['decided_by']`` as the planner stored it, or worked out now (a report from an older qvl)."""
+    return dev.get("decided_by") or decided_by(dev, kv)
+
+
+def deciding_devices(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The devices whose verdict is the plan's: every one that does not fit (or is uncertain); for a plan that
+    fits, the one with the least worst-case margin on its deciding limit."""
+    devices = report.get("devices") or []
+    verdict = report.get("verdict") or "uncertain"
+    deciding = [d for d in devices if d.get("verdict") == verdict] or devices
+    if verdict != "fits" or len(deciding) < 2:
+        return deciding
+    kv = report.get("kv") or {}
+    margins = [device_decided_by(d, kv).get("margin_worst_bytes") for d in deciding]
+    if any(m is None for m in margins):
+        return deciding
+    return [min(zip(margins, range(len(deciding)), deciding, strict=True))[2]]
+
+
+def headline(report: dict[str, Any]) -> str:
+    """The one-line verdict with what decides it, e.g. ``does not fit: KV blocks 17 < minimum 33 under
+    memory_budget 0.5`` or ``uncertain: device 0: fullest chiplet 22.43 .. 38.33 of 35.00 GiB`` (the device is
+    named when there are several)."""
+    devices = report.get("devices") or []
+    verdict = report.get("verdict") or "uncertain"
+    words = VERDICT_WORDS.get(verdict, verdict)
+    deciding = deciding_devices(report)
+    if not deciding:
+        return words
+    kv = report.get("kv") or {}
+    texts = [device_decided_by(d, kv)["text"] for d in deciding]
+    if len(devices) > 1 and len(deciding) == len(devices) and len(set(texts)) == 1:
+        texts = [f"every device: {texts[0]}"]
+    elif len(devices) > 1:
+        texts = [f"device {d['device']}: {t}" for d, t in zip(deciding, texts, strict=True)]
+    return f"{words}: " + "; ".join(texts)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from qwenvl_rbln.memory.binding import describe
+from qwenvl_rbln.memory.binding import decided_by, describe
 from qwenvl_rbln.memory.calibration import model_key
 from qwenvl_rbln.memory.chiplets import chiplet_view
 from qwenvl_rbln.memory.context import Ctx, quant
@@ -116,6 +116,8 @@ def evaluate(ctx: Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryReport
     runs = {s: _estimate(replace(ctx, scenario=s), resolved, placement) for s in SCENARIOS}
     report = runs["mid"]
     observed = observed_case(ctx, resolved, placement)
+    low_kv, high_kv = runs["low"].kv["num_blocks"], runs["high"].kv["num_blocks"]
+    report.kv["num_blocks_range"] = [min(low_kv, high_kv, report.kv["num_blocks"]), max(low_kv, high_kv)]
     for dev in report.devices:
         others = [run.device(dev.device) for run in runs.values()]
         for item in dev.items:
@@ -146,7 +148,8 @@ def evaluate(ctx: Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryReport
                     f"{(dev.usable_bytes - dev.total_low_bytes) / GiB:+.2f} GiB); the observed verdict is kept"
                 )
             dev.verdict, dev.verdict_source = verdict, "observed: " + source
-        elif dev.verdict == UNCERTAIN:
+        dev.decided_by = decided_by(dev.to_dict(), report.kv)
+        if not observed and dev.verdict == UNCERTAIN:
             if not dev.ok:  # the estimate's failure note is one scenario's, not the verdict
                 dev.notes[0] = "at the estimate: " + dev.notes[0]
             dev.notes.append(
@@ -155,8 +158,6 @@ def evaluate(ctx: Ctx, resolved: Any, placement: dict[str, Any]) -> MemoryReport
                 "suggestion that fits"
             )
         dev.fits = {FITS: True, DOES_NOT_FIT: False, UNCERTAIN: None}[dev.verdict]
-    low_kv, high_kv = runs["low"].kv["num_blocks"], runs["high"].kv["num_blocks"]
-    report.kv["num_blocks_range"] = [min(low_kv, high_kv, report.kv["num_blocks"]), max(low_kv, high_kv)]
     return report
 
 

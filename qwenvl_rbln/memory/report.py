@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.memory.binding import deciding_devices, device_decided_by, headline
 from qwenvl_rbln.memory.workspaces import (
     LM_WORKSPACE_FORMULA,
     LM_WORKSPACE_RANGE,
@@ -62,6 +63,7 @@ class DeviceMemory:
     total_low_bytes: int | None = None
     total_high_bytes: int | None = None
     ok: bool = True  # this scenario alone: pooled and fullest chiplet within usable, KV search not insufficient
+    decided_by: dict[str, Any] = field(default_factory=dict)  # memory.binding.decided_by, set with the verdict
 
     @property
     def total_bytes(self) -> int:
@@ -89,6 +91,7 @@ class DeviceMemory:
             "fits": self.fits,
             "chiplets": self.chiplets,
             "notes": self.notes,
+            "decided_by": self.decided_by,
         }
 
 
@@ -131,6 +134,13 @@ class MemoryReport:
         raise KeyError(device_id)
 
     def to_dict(self) -> dict[str, Any]:
+        out = self._fields()
+        deciding = next(iter(deciding_devices(out)), None)
+        out["decided_by"] = {"device": deciding["device"], **device_decided_by(deciding, self.kv)} if deciding else {}
+        out["headline"] = headline(out)
+        return out
+
+    def _fields(self) -> dict[str, Any]:
         return {
             "npu": self.npu,
             "usable_bytes": self.usable_bytes,

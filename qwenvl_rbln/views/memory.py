@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qwenvl_rbln.memory.binding import binding
+from qwenvl_rbln.memory.binding import device_decided_by, headline
 
 GiB = 1 << 30
 
@@ -37,6 +37,19 @@ def _kind(item: dict[str, Any]) -> str:
     return "exact" if item.get("exact") else "modelled"
 
 
+def _decided_text(decided: dict[str, Any]) -> str:
+    """What decides a device's verdict, for its verdict line: a memory limit with its margin, the KV-block
+    minimum, or (observed, split) a pointer to the note below."""
+    kind = decided.get("constraint")
+    if kind == "observed":
+        return "as observed in the product document (below)"
+    if kind == "chiplet":  # the card's margin follows on the same line, so the chiplet's is given here
+        worst, best = decided["margin_worst_bytes"] / GiB, decided["margin_best_bytes"] / GiB
+        span = f"{worst:+.2f}" if worst == best else f"{worst:+.2f} .. {best:+.2f}"
+        return f"{decided['text']} (fullest chiplet margin {span} GiB)"
+    return decided.get("text", "")
+
+
 def print_memory(console: Any, report: dict[str, Any] | None, *, show_assumptions: bool = False) -> None:
     """Per device: items (GiB, exact/modelled/calibrated), a verdict with the margin; then notes and suggestions."""
     from rich.markup import escape
@@ -45,7 +58,7 @@ def print_memory(console: Any, report: dict[str, Any] | None, *, show_assumption
     if not report or not report.get("devices"):
         console.print("[dim]memory: no estimate[/dim]")
         return
-    source = report.get("usable_source", "")
+    source = report.get("usable_source", "")  # one source for every device (D27: not the verdict's)
     npu = report.get("npu", "")
     for dev in report["devices"]:
         usable = dev["usable_bytes"]
@@ -92,17 +105,15 @@ def print_memory(console: Any, report: dict[str, Any] | None, *, show_assumption
             )
         else:
             margin = f"{free / GiB:.2f} GiB free" if free >= 0 else f"over by {-free / GiB:.2f} GiB"
-        bind = [c for c in binding(dev) if c["kind"] == "chiplet"] if verdict != "fits" else []
-        if bind:  # the card total is not what decides: say so before its (possibly all-positive) margin
-            c = bind[0]
-            margin = (
-                f"fullest chiplet margin {c['margin_worst'] / GiB:+.2f} .. {c['margin_best'] / GiB:+.2f} GiB; "
-                f"card {margin}"
-            )
-        console.print(f"[{style}]device {dev['device']}: {VERDICT_TEXT[verdict]}[/{style}], {margin}{chip_text}")
-        source = dev.get("verdict_source") or ""
-        if source.startswith("observed"):
-            console.print(f"  [cyan]•[/cyan] {escape(source)}")
+        decided = _decided_text(device_decided_by(dev, report.get("kv")))
+        # the card total is not always what decides: name what does before the card's (maybe all-positive) margin
+        margin = f"{decided}, {margin}" if decided.startswith("card total") else f"{decided}; card {margin}"
+        console.print(
+            f"[{style}]device {dev['device']}: {VERDICT_TEXT[verdict]}:[/{style}] {escape(margin)}{chip_text}"
+        )
+        observed = dev.get("verdict_source") or ""
+        if observed.startswith("observed"):
+            console.print(f"  [cyan]•[/cyan] {escape(observed)}")
         for note in dev.get("notes") or []:
             console.print(f"  [yellow]•[/yellow] {escape(note)}")
     for note in report.get("notes") or []:
@@ -110,7 +121,10 @@ def print_memory(console: Any, report: dict[str, Any] | None, *, show_assumption
     verdict = verdict_of(report)
     if verdict:
         style = VERDICT_STYLE[verdict]
-        console.print(f"[{style}]memory: {VERDICT_TEXT[verdict]}[/{style}]")
+        line = str(report.get("headline") or "")
+        if not line.startswith(VERDICT_TEXT[verdict]):  # absent (an older report) or not this verdict's
+            line = headline({**report, "verdict": verdict})
+        console.print(f"[{style}]memory: {escape(line)}[/{style}]")
         if verdict == "uncertain":
             console.print(
                 "[yellow]uncertain: the margin lies inside the range of the modelled items; a dry run exits 4 "
