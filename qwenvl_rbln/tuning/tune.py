@@ -14,7 +14,7 @@ from typing import Any
 
 from qwenvl_rbln.errors import DoesNotFit
 from qwenvl_rbln.tuning.neighbours import nearest, neighbours
-from qwenvl_rbln.tuning.result import commands, output_dir_for, preset_data, preset_yaml
+from qwenvl_rbln.tuning.result import HEADER, commands, output_dir_for, preset_data, preset_yaml
 from qwenvl_rbln.tuning.roofline import LABEL, Roofline
 from qwenvl_rbln.tuning.search import (
     BASE_PRESET,
@@ -210,7 +210,7 @@ def _hand_over(checker: Checker, cfg: Config, best: dict[str, Any], output: Path
     plan = plan_from_loaded(loaded, model=checker.needs.model)
     verdict = estimate_plan(plan, checker.needs.device_memory, suggest=False).verdict
     header = [
-        "Written by `qvl tune`. Every figure in the description is a roofline bound from published peak figures,",
+        f"{HEADER} Every figure in the description is a roofline bound from published peak figures,",
         "not a measurement. Check it: qvl compile --preset THIS_FILE --dry-run",
     ]
     ref = str(output) if output is not None else "tuned.yaml"
@@ -219,6 +219,7 @@ def _hand_over(checker: Checker, cfg: Config, best: dict[str, Any], output: Path
         "preset_yaml": preset_yaml(data, header),
         "preset_verdict": verdict,
         "preset_path": str(output) if output is not None else None,
+        "preset_replaced": False,  # the command sets it once -o has replaced a preset tune wrote before
         "commands": commands(ref, data, cfg.max_seq_len, cfg.batch),
     }
 

@@ -104,6 +104,9 @@ def print_human(console: Any, data: dict[str, Any]) -> None:
         rows = [_config_row(i + 1, r) for i, r in enumerate(data["candidates"])]
         print_table(console, _config_cols(), rows, title="best configurations (every one fits)")
         console.print(markup("decoder graphs: {}", data.get("decoder_graphs_from") or ""))
+        capped = [f["largest_batch"] for f in data["frontier"] if f["batch_cap_reached"]]
+        if capped:  # the binary search stops there: the largest batch shown is a floor, not the most that fits
+            console.print(markup("batch {} is the search's cap: a larger batch may fit too", capped[0]))
         _breakdown(console, data["best"])
         _neighbours(console, data["neighbours"])
         _searched(console, data)
@@ -173,7 +176,8 @@ def _hand_over(console: Any, data: dict[str, Any]) -> None:
     env = " ".join(f"{k}={v}" for k, v in cmds["env"].items())
     console.print(markup("  [dim]which runs: {} {}[/dim]", env, shlex.join(cmds["vllm"])))
     if data.get("preset_path"):
-        console.print(markup("[bold]written[/bold] {}", data["preset_path"]))
+        done = "replaced" if data.get("preset_replaced") else "written"
+        console.print(markup("[bold]{}[/bold] {}", done, data["preset_path"]))
     else:
         console.print("[bold]tuned preset[/bold] (save it as tuned.yaml, or pass -o tuned.yaml)")
         console.print(data["preset_yaml"], markup=False, highlight=False, end="")

@@ -1,0 +1,89 @@
+"""qvl tune's answers hold up: every request fits --context, a video workload gets buckets the plan accepts, the
+margin shown is the one that binds, smaller images are offered when they are what fits, a narrow table says what
+it left out, -o never loses a file, and the batch search reaches its cap."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from qwenvl_rbln.planning.catalogue.modelinfo import QWEN3_VL_TINY
+from qwenvl_rbln.tuning.search import BATCH_CAP, Needs
+from qwenvl_rbln.tuning.tune import run_tune
+from tests.helpers_cli import run_qvl
+
+
+def _workload(path: Path, *lines: dict) -> Path:
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> Path:
+    """Two common image sizes: tunes in well under a second."""
+    root = tmp_path_factory.mktemp("answers")
+    return _workload(root / "small.jsonl", {"width": 1280, "height": 720, "count": 5}, {"width": 640, "height": 480})
+
+
+# --- S02: the batch search reaches BATCH_CAP ---------------------------------------------------------------------
+
+
+def test_a_tiny_model_reaches_the_batch_cap_and_says_so(tmp_path):
+    text, vision = asdict(QWEN3_VL_TINY.text), asdict(QWEN3_VL_TINY.vision)
+    text.pop("moe", None)
+    tied = text.pop("tie_word_embeddings")
+    config = {"model_type": "qwen3_vl", "tie_word_embeddings": tied, "text_config": text, "vision_config": vision}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    wl = _workload(tmp_path / "wl.jsonl", {"width": 256, "height": 256, "count": 10})
+    doc, error = run_tune(Needs(model=str(tmp_path), context=1024), wl)
+    assert error is None
+    assert [(f["largest_batch"], f["batch_cap_reached"]) for f in doc["frontier"]] == [(BATCH_CAP, True)]
+    assert BATCH_CAP == 256 and doc["best"]["batch_size"] == 256
+    res = run_qvl("tune", "--model", str(tmp_path), "-w", str(wl), "--context", "1024")
+    assert res.exit_code == 0, res.stderr
+    assert "batch 256 is the search's cap" in " ".join(res.stdout.split())
+
+
+# --- D6, D24: -o never loses a file --------------------------------------------------------------------------------
+
+
+def test_output_never_replaces_a_file_tune_did_not_write(small, tmp_path):
+    notes = tmp_path / "existing.yaml"
+    notes.write_text("my precious notes\n")
+    res = run_qvl("tune", "-w", str(small), "--context", "32768", "-o", str(notes))
+    assert res.exit_code == 2 and "was not written by qvl tune" in res.stderr and "--force" in res.stderr
+    assert "Traceback" not in res.stderr and notes.read_text() == "my precious notes\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["existing.yaml"]  # no temporary file left behind
+    forced = run_qvl("tune", "-w", str(small), "--context", "32768", "-o", str(notes), "--force")
+    assert forced.exit_code == 0, forced.stderr
+    assert notes.read_text().startswith("# Written by `qvl tune`.") and "replaced" in forced.stdout
+
+
+def test_output_replaces_its_own_preset_with_umask_permissions(small, tmp_path):
+    out = tmp_path / "t.yaml"
+    old = os.umask(0o022)
+    try:
+        first = run_qvl("tune", "-w", str(small), "--context", "32768", "-o", str(out))
+        again = run_qvl("tune", "-w", str(small), "--context", "32768", "-o", str(out), "--json")
+    finally:
+        os.umask(old)
+    assert first.exit_code == 0 and "written" in first.stdout and "replaced" not in first.stdout
+    assert again.exit_code == 0, again.stderr
+    assert json.loads(again.stdout)["preset_replaced"] is True
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644  # what the umask gives any new file, not 0600
+
+
+def test_output_never_creates_folders_and_names_a_file_in_the_path(small, tmp_path):
+    missing = tmp_path / "nodir" / "t.yaml"
+    res = run_qvl("tune", "-w", str(small), "--context", "32768", "-o", str(missing))
+    assert res.exit_code == 2 and "does not exist" in res.stderr and str(missing.parent) in res.stderr
+    assert not missing.parent.exists()
+    (tmp_path / "existing.yaml").write_text("x\n")
+    under_file = tmp_path / "existing.yaml" / "t.yaml"
+    res = run_qvl("tune", "-w", str(small), "--context", "32768", "-o", str(under_file))
+    assert res.exit_code == 2 and "is a file, not a folder" in res.stderr and "File exists" not in res.stderr
