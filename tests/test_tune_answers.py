@@ -87,3 +87,64 @@ def test_output_never_creates_folders_and_names_a_file_in_the_path(small, tmp_pa
     under_file = tmp_path / "existing.yaml" / "t.yaml"
     res = run_qvl("tune", "-w", str(small), "--context", "32768", "-o", str(under_file))
     assert res.exit_code == 2 and "is a file, not a folder" in res.stderr and "File exists" not in res.stderr
+
+
+# --- D2: every request fits --context ------------------------------------------------------------------------------
+
+
+def test_a_request_above_the_context_is_refused_with_its_line_and_the_fix(tmp_path):
+    wl = _workload(tmp_path / "img40.jsonl", {"width": 1920, "height": 1080, "images": 40, "count": 10})
+    res = run_qvl("tune", "-w", str(wl), "--context", "32768", "-o", str(tmp_path / "img40.yaml"))
+    assert res.exit_code == 2 and "Traceback" not in res.stderr, res.stderr
+    line = " ".join(res.stderr.split())
+    assert "request 1920x1080 x40 needs 82,064 tokens" in line and "above --context 32768" in line
+    assert "raise --context to 82064" in line and "send at most 15 of these images per request" in line
+    assert not (tmp_path / "img40.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    ("line", "context", "extra", "needle"),
+    [
+        ({"width": 640, "height": 480}, 8192, {"prompt_tokens": 300000}, "lower --prompt-tokens/--output-tokens"),
+        ({"width": 640, "height": 480}, 8192, {"output_tokens": 100000}, "raise --context to 100"),
+        ({"width": 1920, "height": 1080, "images": 100000}, 32768, {}, "of these images per request"),
+    ],
+)
+def test_prompt_output_and_image_tokens_all_count_against_the_context(tmp_path, line, context, extra, needle):
+    from qwenvl_rbln.errors import InputError
+
+    wl = _workload(tmp_path / "wl.jsonl", line)
+    with pytest.raises(InputError) as err:
+        run_tune(Needs(model=None, context=context), wl, **extra)
+    assert f"above --context {context}" in err.value.one_line() and needle in err.value.one_line()
+
+
+# --- D1: a video workload gets buckets the plan accepts ------------------------------------------------------------
+
+
+def test_a_video_workload_gets_a_largest_bucket_that_holds_min_pixels(tmp_path):
+    wl = _workload(tmp_path / "video.jsonl", {"width": 1280, "height": 720, "frames": 9000, "fps": 30, "count": 100})
+    doc, error = run_tune(Needs(model=None, context=32768), wl)
+    assert error is None, error
+    assert doc["workload"]["vit_buckets"][-1] == 256 and "min_pixels=65536" in doc["workload"]["vit_buckets_note"]
+    assert doc["best"]["batch_size"] >= 16 and doc["preset_verdict"] == "fits"
+
+
+# --- D7: the margin shown is the one that binds --------------------------------------------------------------------
+
+
+def test_the_margin_shown_is_the_fullest_chiplets_when_it_binds(small):
+    from qwenvl_rbln.memory.planner import estimate_plan
+    from qwenvl_rbln.planning.plan import build_plan
+    from qwenvl_rbln.tuning.search import BASE_PRESET
+
+    doc, _ = run_tune(Needs(model=None, context=32768, min_batch=4), small)
+    best = doc["best"]
+    report = estimate_plan(build_plan(BASE_PRESET, best["set"]), None, suggest=False).to_dict()
+    chip = report["devices"][0]["chiplets"]
+    chiplet = chip["usable_per_chiplet_bytes"] - chip["fullest_high_bytes"]
+    assert chiplet < report["margin_low_bytes"]  # this case: the card has room, its fullest chiplet less
+    assert best["margin_binding_bytes"] == chiplet and best["margin_binds"] == "chiplet"
+    res = run_qvl("tune", "-w", str(small), "--context", "32768", "--min-batch", "4")
+    row = next(line for line in res.stdout.splitlines() if line.startswith("│ 1 "))
+    assert f"{chiplet / (1 << 30):+.2f} chiplet" in row and f"{report['margin_low_bytes'] / (1 << 30):+.2f}" not in row

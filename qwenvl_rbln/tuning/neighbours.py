@@ -14,7 +14,10 @@ FASTER = (
     "tune keeps bucket-plan's --optimize buckets and --optimize-decoder graphs (fewest padded patches and rows); "
     "take this one with its --set"
 )
-TIE = "ties go to fewer NPUs, the documented partition 8192, the smaller batch, then the larger margin"
+TIE = (
+    "ties go to fewer NPUs, the documented partition 8192, the smaller batch, then the larger binding margin "
+    "(the card's or its fullest chiplet's, whichever is smaller)"
+)
 
 
 def _slower(best: dict[str, Any], other: dict[str, Any], objective: str, tie: str) -> str:

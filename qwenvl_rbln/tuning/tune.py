@@ -29,7 +29,7 @@ from qwenvl_rbln.tuning.search import (
     need_len,
     partitions_for,
 )
-from qwenvl_rbln.tuning.workload import read_work
+from qwenvl_rbln.tuning.workload import check_context, read_work
 
 
 def _setup(needs: Needs, workload: Path, trace: Path | None, prompt_tokens: int, output_tokens: int) -> Checker:
@@ -53,6 +53,7 @@ def _setup(needs: Needs, workload: Path, trace: Path | None, prompt_tokens: int,
     base = build_plan(BASE_PRESET, [f"kvcache_partition_len={p}", f"max_seq_len={need_len(needs.context, p)}"],
                       model=needs.model)  # fmt: skip
     work = read_work(base, workload, needs.max_buckets, trace, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+    check_context(work, needs.context, max_position)
     roof = Roofline(
         base.geometry,
         compute_spec(base.npu),
@@ -100,8 +101,8 @@ def _table(found: list[tuple[Config, dict[str, Any]]]) -> list[dict[str, Any]]:
 
 def _rank_key(item: tuple[Config, dict[str, Any]]) -> tuple:
     cfg, row = item
-    # the objective, then fewer NPUs, the documented partition, the smaller batch, the larger margin
-    return (round(row["score"], 12), cfg.split, cfg.partition != 8192, cfg.batch, -(row["margin_low_bytes"] or 0))
+    # the objective, then fewer NPUs, the documented partition, the smaller batch, the larger binding margin
+    return (round(row["score"], 12), cfg.split, cfg.partition != 8192, cfg.batch, -(row["margin_binding_bytes"] or 0))
 
 
 def _climb(checker: Checker, found: list[tuple[Config, dict[str, Any]]]) -> None:

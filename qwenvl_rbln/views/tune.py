@@ -27,7 +27,7 @@ def _config_cols() -> list[Col]:
         Col("partition", drop=2),
         Col("ViT", justify="left", drop=3),
         Col("verdict", justify="left"),
-        Col("margin GiB", drop=1),
+        Col("margin GiB", drop=1),  # the binding one: the card's or its fullest chiplet's
         Col("tok/s"),
         Col("TTFT ms"),
         Col("TPOT ms"),
@@ -37,7 +37,7 @@ def _config_cols() -> list[Col]:
 
 def _config_row(i: int, row: dict[str, Any]) -> list[str]:
     est = row.get("estimate") or {}
-    margin = row.get("margin_low_bytes")
+    margin = row.get("margin_binding_bytes")
     return [
         str(i),
         str(row["batch_size"]),
@@ -46,7 +46,7 @@ def _config_row(i: int, row: dict[str, Any]) -> list[str]:
         str(row["kvcache_partition_len"]),
         _where(row),
         row["verdict"],
-        "-" if margin is None else f"{margin / GiB:+.2f}",
+        "-" if margin is None else f"{margin / GiB:+.2f} {row['margin_binds']}",
         f"{est['output_tokens_per_s']:.0f}" if est else "-",
         _ms(est.get("ttft_s")),
         _ms(est.get("tpot_s")),
@@ -85,6 +85,8 @@ def _needs(console: Any, data: dict[str, Any]) -> None:
             n["max_buckets"],
         )
     )
+    if w.get("vit_buckets_note"):
+        console.print(markup("  [dim]{}[/dim]", w["vit_buckets_note"]))
     cm = data["cost_model"]
     console.print(
         markup("[bold]estimates[/bold] [yellow]{}[/yellow]: {}", cm["label"], _figures(cm["npu"])), highlight=False
