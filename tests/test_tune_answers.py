@@ -148,3 +148,25 @@ def test_the_margin_shown_is_the_fullest_chiplets_when_it_binds(small):
     res = run_qvl("tune", "-w", str(small), "--context", "32768", "--min-batch", "4")
     row = next(line for line in res.stdout.splitlines() if line.startswith("│ 1 "))
     assert f"{chiplet / (1 << 30):+.2f} chiplet" in row and f"{report['margin_low_bytes'] / (1 << 30):+.2f}" not in row
+
+
+# --- D10: a narrow table says what it left out, and keeps the objective's column ----------------------------------
+
+
+def _human(doc: dict, width: int) -> str:
+    import io
+
+    from rich.console import Console
+
+    from qwenvl_rbln.views.tune import print_human
+
+    out = io.StringIO()
+    print_human(Console(file=out, width=width, no_color=True), doc)
+    return " ".join(out.getvalue().split())
+
+
+def test_a_narrow_table_names_the_columns_it_left_out_and_keeps_the_objective(small):
+    doc, _ = run_tune(Needs(model=None, context=32768, min_batch=4, devices=2, objective="latency"), small)
+    text = _human(doc, 80)
+    assert "latency ms" in text and "left out at 80 columns: partition, ViT, margin GiB" in text
+    assert "left out at" not in _human(doc, 200)

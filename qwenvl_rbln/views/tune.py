@@ -18,20 +18,24 @@ def _where(row: dict[str, Any]) -> str:
     return "own NPU (1)" if row["npus"] == 2 else "beside LM (0)"
 
 
-def _config_cols() -> list[Col]:
+def _config_cols(needs: dict[str, Any]) -> list[Col]:
+    """The table's columns; a narrow console drops the droppable ones first (and says so), never the objective's
+    own column, and with two NPUs the ViT placement last (it is what tells two otherwise equal rows apart)."""
+    latency = 0 if needs.get("objective") == "latency" else 4
+    vit = 5 if needs.get("devices", 1) > 1 else 3
     return [
         Col("#"),
         Col("batch"),
         Col("decoder graphs", justify="left", fold=True),
         Col("max_seq_len"),
         Col("partition", drop=2),
-        Col("ViT", justify="left", drop=3),
+        Col("ViT", justify="left", drop=vit),
         Col("verdict", justify="left"),
         Col("margin GiB", drop=1),  # the binding one: the card's or its fullest chiplet's
         Col("tok/s"),
         Col("TTFT ms"),
         Col("TPOT ms"),
-        Col("latency ms", drop=4),
+        Col("latency ms", drop=latency),
     ]
 
 
@@ -104,7 +108,8 @@ def print_human(console: Any, data: dict[str, Any]) -> None:
     _needs(console, data)
     if data.get("best"):
         rows = [_config_row(i + 1, r) for i, r in enumerate(data["candidates"])]
-        print_table(console, _config_cols(), rows, title="best configurations (every one fits)")
+        cols = _config_cols(data["needs"])
+        _left_out(console, print_table(console, cols, rows, title="best configurations (every one fits)"))
         console.print(markup("decoder graphs: {}", data.get("decoder_graphs_from") or ""))
         capped = [f["largest_batch"] for f in data["frontier"] if f["batch_cap_reached"]]
         if capped:  # the binary search stops there: the largest batch shown is a floor, not the most that fits
@@ -118,9 +123,20 @@ def print_human(console: Any, data: dict[str, Any]) -> None:
         console.print("[bold]nothing meets the needs[/bold], and no configuration fits at all (the reason follows)")
     else:
         rows = [[*_config_row(i + 1, r)[:8], "; ".join(r["gives_up"])] for i, r in enumerate(data["nearest"])]
-        cols = [*_config_cols()[:8], Col("gives up", justify="left", fold=True)]
-        print_table(console, cols, rows, title="nothing meets the needs; the nearest configurations")
+        cols = [*_config_cols(data["needs"])[:8], Col("gives up", justify="left", fold=True)]
+        _left_out(
+            console, print_table(console, cols, rows, title="nothing meets the needs; the nearest configurations")
+        )
     _searched(console, data)
+
+
+def _left_out(console: Any, dropped: list[str]) -> None:
+    """Name the columns a narrow console left out (as bucket-plan does): a missing one is not missing data."""
+    if dropped:
+        console.print(
+            markup("[dim]left out at {} columns: {} (a wider terminal or --json shows them)[/dim]", console.width,
+                   ", ".join(dropped))
+        )  # fmt: skip
 
 
 def _searched(console: Any, data: dict[str, Any]) -> None:
