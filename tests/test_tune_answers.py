@@ -170,3 +170,39 @@ def test_a_narrow_table_names_the_columns_it_left_out_and_keeps_the_objective(sm
     text = _human(doc, 80)
     assert "latency ms" in text and "left out at 80 columns: partition, ViT, margin GiB" in text
     assert "left out at" not in _human(doc, 200)
+
+
+# --- D8: smaller images are offered when they are what fits --------------------------------------------------------
+
+SIZES = (
+    {"width": 1920, "height": 1080, "count": 40},
+    {"width": 640, "height": 480, "count": 100},
+    {"width": 3840, "height": 2160, "count": 3},
+    {"width": 320, "height": 240, "images": 8},
+    {"width": 1280, "height": 720, "frames": 9000, "fps": 30},
+)
+
+
+def test_the_30b_at_full_context_is_offered_the_shipped_presets_smaller_images(tmp_path):
+    wl = _workload(tmp_path / "sizes.jsonl", *SIZES)
+    doc, error = run_tune(Needs(model="Qwen/Qwen3-VL-30B-A3B-Instruct", context=262144), wl)
+    assert error is not None and error.exit_code == 4
+    smaller = [r for r in doc["nearest"] if r.get("images_max_pixels")]
+    # rebel100-30b-a3b: buckets [1024, 4096], images at ~1 MP, batch 3 at 262144 on one card
+    row = next(r for r in smaller if r["images_max_pixels"] <= 4096 * 256)
+    assert (row["batch_size"], row["max_seq_len"], row["npus"], row["counts"]) == (3, 262144, 1, True)
+    assert row["vit_buckets"][-1] <= 4096 and "resized" in row["gives_up"][0] and "~1.0 MP" in row["gives_up"][0]
+    assert "visual.max_seq_len=[" in error.one_line() and "--set batch_size=3" in error.one_line()
+
+
+def test_advice_never_names_a_change_that_cannot_help(tmp_path):
+    wl = _workload(tmp_path / "sizes.jsonl", *SIZES)
+    doc, error = run_tune(Needs(model=None, context=32768, device_memory="10GiB"), wl)
+    assert error is not None and doc["nearest"]
+    assert all(r.get("images_max_pixels") for r in doc["nearest"])  # only smaller images help at 10 GiB
+    assert "lower --context" not in error.one_line() and "--devices 2" not in error.one_line()
+    doc, error = run_tune(Needs(model=None, context=32768, device_memory="4GiB"), wl)
+    assert error is not None and not doc["nearest"]
+    line = error.one_line()
+    assert "lower --context" not in line and "--devices 2" not in line and "nor smaller images" in line
+    assert "fullest chiplet needs" in line  # the planner's own reason

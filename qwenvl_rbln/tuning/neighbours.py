@@ -34,6 +34,7 @@ def _lost(
     checker: Checker, best: dict[str, Any], cfg: Config, change: str, why: str | None = None, tie: str = TIE
 ) -> dict[str, Any]:
     row = checker.describe(cfg, change=change)
+    row["meets_needs"] = row["counts"] and why is None  # an explicit why is a need it gives up (or a graph limit)
     if why is not None:
         row["why"] = why
     elif not row["counts"]:
@@ -132,7 +133,9 @@ def nearest(checker: Checker) -> list[dict[str, Any]]:
             out.append(checker.describe(longest[1], gives_up=gives))
         if not split:
             out.extend(_budget(checker, at_need))
-    return out
+    from qwenvl_rbln.tuning.smaller import smaller_images
+
+    return out + smaller_images(checker)
 
 
 def _longest(checker: Checker, cfg: Config) -> tuple[int, Config] | None:

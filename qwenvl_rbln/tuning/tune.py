@@ -244,14 +244,21 @@ def _unmet(checker: Checker, near: list[dict[str, Any]]) -> DoesNotFit:
         too_large = checker.check(Config(False, p, need_len(needs.context, p), 1)).get("too_large")
         if too_large:  # no context, batch or placement helps: say what the planner says, and what would
             return DoesNotFit(f"{lead}: {too_large}", TOO_LARGE)
-        more = ", or allow --devices 2" if needs.devices < 2 else ""
-        return DoesNotFit(f"{lead}, nor does any smaller batch or shorter context", f"lower --context{more}")
+        # nearest tried batch 1 at every shorter context, and the ViT on a second NPU: neither helps, so say why
+        shortest = Config(False, p, 2 * p, 1)
+        return DoesNotFit(
+            f"{lead}, nor does batch 1 at the shortest context ({2 * p}) or with the ViT on a second NPU, nor smaller "
+            f"images (a lower largest ViT bucket): {checker.why_not(shortest)}",
+            "more usable device memory (--device-memory), or a smaller model (--model)",
+        )
     options = "; ".join(_near_text(row) for row in near)
     return DoesNotFit(f"{lead}; nearest: {options}", "relax the need each one gives up (see `nearest` in --json)")
 
 
 def _near_text(row: dict[str, Any]) -> str:
     keys = _NEED_KEYS if row["kvcache_partition_len"] == 8192 else ("kvcache_partition_len", *_NEED_KEYS)
+    if row.get("images_max_pixels"):  # the smaller-images trade: its buckets are the change
+        keys = ("visual.max_seq_len", *keys)
     sets = " ".join("--set " + s for s in row["set"] if s.startswith(keys))
     where = " (ViT on device 1)" if row["npus"] == 2 else ""
     return f"{sets}{where} gives up {', '.join(row['gives_up'])}"
