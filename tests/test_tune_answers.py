@@ -206,3 +206,70 @@ def test_advice_never_names_a_change_that_cannot_help(tmp_path):
     line = error.one_line()
     assert "lower --context" not in line and "--devices 2" not in line and "nor smaller images" in line
     assert "fullest chiplet needs" in line  # the planner's own reason
+
+
+# --- D19: the tune picture is readable -----------------------------------------------------------------------------
+
+
+def _figure(monkeypatch, shape: dict):
+    """Build the tune figure in memory (no file): its axes, for texts and limits."""
+    from matplotlib.figure import Figure
+
+    from qwenvl_rbln.views.plots import tune as plot
+
+    built = []
+    monkeypatch.setattr(plot, "draw", lambda path, build: built.append(build(Figure)))
+    data = plot.draw_tune(shape, Path("unused.png"))
+    return data, built[0].axes[0]
+
+
+def _cand(label, thr, ttft, lat, chosen=False, rejected="slower", meets=True):
+    return {"label": label, "throughput": thr, "ttft_s": ttft, "latency_s": lat, "verdict": "fits",
+            "chosen": chosen, "rejected": None if chosen else rejected, "meets_needs": meets}  # fmt: skip
+
+
+SHAPE = {
+    "throughput_unit": "tokens/s",
+    "candidates": [
+        _cand("best", 660.0, 0.010, 0.30, chosen=True),
+        _cand("partition 4096", 660.0, 0.010, 0.30, rejected="no faster"),
+        _cand("graphs [20]", 660.0, 0.010, 0.30, rejected="no faster"),
+        _cand("batch 19", 649.0, 0.010, 0.29, rejected="below the need", meets=False),
+        _cand("ViT on device 1", 670.0, 0.012, 0.31),
+        _cand("batch 8", 400.0, 0.010, 0.20),
+    ],
+}
+
+
+def test_tune_plot_labels_stand_beside_the_plot_one_leader_line_per_point(monkeypatch):
+    _, ax = _figure(monkeypatch, SHAPE)
+    notes = [t for t in ax.texts if t.get_text()]
+    lines = [t for t in notes if t.arrow_patch is not None]
+    same = next(t for t in notes if t.get_text().startswith("at the same estimate as the chosen one"))
+    assert same.arrow_patch is None and "partition 4096: no faster" in same.get_text()  # no line under the star
+    assert len(lines) == 4 == len({(t.xy[0], t.xy[1]) for t in lines})  # the chosen one and 3 other points
+    assert all(t.xyann[0] > 1.0 for t in notes)  # beside the axes, so no line crosses a label
+    tops = [t.xyann[1] for t in notes]
+    assert tops == sorted(tops, reverse=True) and len(set(tops)) == len(tops)
+    assert ax.get_ylim()[0] == 0 and ax.get_xlim()[0] == 0  # a 649..670 spread is not drawn full height
+
+
+def test_tune_plot_with_objective_latency_plots_latency(monkeypatch):
+    data, ax = _figure(monkeypatch, {**SHAPE, "objective": "latency"})
+    assert "latency per request" in ax.get_ylabel() and data["chosen"]["y"] == 0.30
+    star = next(t for t in ax.texts if t.get_text().startswith("chosen: best"))
+    assert star.xy == (0.010, 0.30) and "latency 0.300 s per request" in star.get_text()
+
+
+def test_tune_plot_legend_never_says_fits_for_a_point_that_gives_up_a_need(monkeypatch, tmp_path):
+    from qwenvl_rbln.views.plots.tune import from_tune_report
+
+    wl = _workload(tmp_path / "sizes.jsonl", *SIZES)
+    doc, error = run_tune(Needs(model="Qwen/Qwen3-VL-30B-A3B-Instruct", context=262144), wl)
+    assert error is not None
+    _, ax = _figure(monkeypatch, from_tune_report(doc))
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["fits in memory, gives up a need (hollow)"]
+    assert ax.get_ylim()[0] == 0
+    _, ax = _figure(monkeypatch, SHAPE)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["fits in memory, gives up a need (hollow)", "fits, meets the needs", "chosen"]

@@ -75,8 +75,8 @@ def smaller_images(checker: Checker) -> list[dict[str, Any]]:
         row = chk.describe(cfg, longest_max_seq_len_that_fits=chk.longest(cfg, cfg.max_seq_len))
         row["images_max_pixels"] = pixels
         row["gives_up"] = [
-            f"image size: images above {pixels:,} px (~{pixels / 1e6:.1f} MP) resized, largest ViT bucket "
-            f"{chk.vit(cfg)[-1]} (bucket-plan --optimize {needs.max_buckets} under that cap)"
+            f"image size: images resized to at most {pixels:,} px (~{pixels / 1e6:.1f} MP), largest ViT bucket "
+            f"{chk.vit(cfg)[-1]}"
         ]
         out.append(row)
         if len(out) == 2:
