@@ -79,17 +79,6 @@ def commands(preset_ref: str, data: dict[str, Any], max_len: int, batch: int) ->
     }
 
 
-HEADER = "Written by `qvl tune`."  # the first line of every preset tune writes: what -o may replace without --force
-
-
-def _written_by_tune(target: Path) -> bool:
-    try:
-        with target.open(encoding="utf-8", errors="replace") as f:
-            return f.readline().startswith(f"# {HEADER}")
-    except OSError:
-        return False
-
-
 def check_output(path: Path, *, force: bool = False) -> Path:
     """-o names a .yaml file (what --preset reads) in a folder that exists, and replaces only a preset tune wrote
     unless --force: checked before the search runs, so a bad path costs nothing and no user file is lost."""
@@ -143,3 +132,14 @@ def write_preset(path: Path, text: str, *, force: bool = False) -> bool:
             f"-o {path}: cannot write the preset ({exc.strerror or exc})", "choose a writable path"
         ) from None
     return replaced
+
+
+HEADER = "Written by `qvl tune`."  # the first line of every preset tune writes: what -o may replace without --force
+
+
+def _written_by_tune(target: Path) -> bool:
+    try:
+        with target.open(encoding="utf-8", errors="replace") as f:
+            return f.readline().startswith(f"# {HEADER}")
+    except OSError:
+        return False

@@ -118,6 +118,8 @@ def print_human(console: Any, data: dict[str, Any]) -> None:
         _neighbours(console, data["neighbours"])
         _searched(console, data)
         _hand_over(console, data)
+        if data.get("preset_replaced"):  # -o named a preset tune wrote before (anything else needs --force)
+            console.print(markup("[bold]replaced[/bold] the file that was at {}", data["preset_path"]))
         return
     elif not data["nearest"]:  # nothing fits at any batch or context: an empty table would say nothing
         console.print("[bold]nothing meets the needs[/bold], and no configuration fits at all (the reason follows)")
@@ -194,8 +196,7 @@ def _hand_over(console: Any, data: dict[str, Any]) -> None:
     env = " ".join(f"{k}={v}" for k, v in cmds["env"].items())
     console.print(markup("  [dim]which runs: {} {}[/dim]", env, shlex.join(cmds["vllm"])))
     if data.get("preset_path"):
-        done = "replaced" if data.get("preset_replaced") else "written"
-        console.print(markup("[bold]{}[/bold] {}", done, data["preset_path"]))
+        console.print(markup("[bold]written[/bold] {}", data["preset_path"]))
     else:
         console.print("[bold]tuned preset[/bold] (save it as tuned.yaml, or pass -o tuned.yaml)")
         console.print(data["preset_yaml"], markup=False, highlight=False, end="")
