@@ -150,6 +150,16 @@ def test_the_margin_shown_is_the_fullest_chiplets_when_it_binds(small):
     assert f"{chiplet / (1 << 30):+.2f} chiplet" in row and f"{report['margin_low_bytes'] / (1 << 30):+.2f}" not in row
 
 
+def test_ties_go_to_the_larger_binding_margin_not_the_card_margin():
+    from qwenvl_rbln.tuning.search import Config
+    from qwenvl_rbln.tuning.tune import _rank_key
+
+    cfg = Config(False, 8192, 32768, 4)
+    roomy_card = {"score": 1.0, "margin_low_bytes": 30 << 30, "margin_binding_bytes": 1 << 28}  # a full chiplet
+    even = {"score": 1.0, "margin_low_bytes": 10 << 30, "margin_binding_bytes": 2 << 30}
+    assert sorted([(cfg, roomy_card), (cfg, even)], key=_rank_key)[0][1] is even
+
+
 # --- D10: a narrow table says what it left out, and keeps the objective's column ----------------------------------
 
 
