@@ -40,6 +40,9 @@ def register(app: typer.Typer) -> None:
             None, "--device-memory", help="Usable memory per NPU if not the nominal 140 GiB (e.g. 120GiB)."
         ),
         output: Path = typer.Option(None, "--output", "-o", help="Write the tuned preset here (default: stdout)."),
+        force: bool = typer.Option(
+            False, "--force", help="Let -o replace a file that qvl tune did not write (its own presets need not)."
+        ),
         plot: Path = PlotOpt,
         as_json: bool = JsonOpt,
     ) -> None:
@@ -54,7 +57,7 @@ def register(app: typer.Typer) -> None:
 
         plot = check_plot(plot)
         if output is not None:
-            check_output(output)
+            check_output(output, force=force)
         needs = Needs(
             model=model,
             context=context,
@@ -73,7 +76,7 @@ def register(app: typer.Typer) -> None:
             output=output,
         )
         if error is None and output is not None:
-            write_preset(output, data["preset_yaml"])
+            data["preset_replaced"] = write_preset(output, data["preset_yaml"], force=force)
         render.emit(data, as_json=as_json, human=print_human, error=error)
         if plot is not None:
             _plot(data, plot)

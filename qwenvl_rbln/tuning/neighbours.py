@@ -14,7 +14,10 @@ FASTER = (
     "tune keeps bucket-plan's --optimize buckets and --optimize-decoder graphs (fewest padded patches and rows); "
     "take this one with its --set"
 )
-TIE = "ties go to fewer NPUs, the documented partition 8192, the smaller batch, then the larger margin"
+TIE = (
+    "ties go to fewer NPUs, the documented partition 8192, the smaller batch, then the larger binding margin "
+    "(the card's or its fullest chiplet's, whichever is smaller)"
+)
 
 
 def _slower(best: dict[str, Any], other: dict[str, Any], objective: str, tie: str) -> str:
@@ -31,6 +34,7 @@ def _lost(
     checker: Checker, best: dict[str, Any], cfg: Config, change: str, why: str | None = None, tie: str = TIE
 ) -> dict[str, Any]:
     row = checker.describe(cfg, change=change)
+    row["meets_needs"] = row["counts"] and why is None  # an explicit why is a need it gives up (or a graph limit)
     if why is not None:
         row["why"] = why
     elif not row["counts"]:
@@ -129,7 +133,9 @@ def nearest(checker: Checker) -> list[dict[str, Any]]:
             out.append(checker.describe(longest[1], gives_up=gives))
         if not split:
             out.extend(_budget(checker, at_need))
-    return out
+    from qwenvl_rbln.tuning.smaller import smaller_images
+
+    return out + smaller_images(checker)
 
 
 def _longest(checker: Checker, cfg: Config) -> tuple[int, Config] | None:

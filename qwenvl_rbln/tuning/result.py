@@ -79,8 +79,9 @@ def commands(preset_ref: str, data: dict[str, Any], max_len: int, batch: int) ->
     }
 
 
-def check_output(path: Path) -> Path:
-    """-o names a .yaml file (what --preset reads), checked before the search runs."""
+def check_output(path: Path, *, force: bool = False) -> Path:
+    """-o names a .yaml file (what --preset reads) in a folder that exists, and replaces only a preset tune wrote
+    unless --force: checked before the search runs, so a bad path costs nothing and no user file is lost."""
     from qwenvl_rbln.errors import InputError
     from qwenvl_rbln.paths import user_path
 
@@ -89,25 +90,56 @@ def check_output(path: Path) -> Path:
         raise InputError(f"-o {path} is a directory", "give a file name, e.g. -o tuned.yaml")
     if target.suffix not in (".yaml", ".yml"):
         raise InputError(f"-o {path} does not end in .yaml", "name the preset e.g. tuned.yaml (--preset reads .yaml)")
+    parent = target.parent
+    for folder in (parent, *parent.parents):  # the nearest part of the path that exists says what is wrong
+        if folder.exists():
+            if not folder.is_dir():
+                raise InputError(f"-o {path}: {folder} is a file, not a folder", "give a path inside a folder")
+            break
+    if not parent.is_dir():
+        raise InputError(f"-o {path}: the folder {parent} does not exist", f"create it first (mkdir -p {parent})")
+    if target.exists() and not force and not _written_by_tune(target):
+        raise InputError(
+            f"-o {path} exists and was not written by qvl tune (its first line is not '# {HEADER}')",
+            "choose another file name, or pass --force to replace it",
+        )
     return target
 
 
-def write_preset(path: Path, text: str) -> None:
-    """Write the preset whole or not at all: a temporary file beside it, then a rename."""
+def write_preset(path: Path, text: str, *, force: bool = False) -> bool:
+    """Write the preset whole or not at all: a temporary file beside it, then a rename. The file gets the
+    permissions any new file gets under the umask (mkstemp makes 0600). Returns True when it replaced a file."""
     import os
     import tempfile
 
     from qwenvl_rbln.errors import InputError
 
-    target = check_output(path)
-    parent = target.parent if str(target.parent) else Path(".")
+    target = check_output(path, force=force)
+    replaced = target.exists()
+    tmp = None
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, target)
     except OSError as exc:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
         raise InputError(
             f"-o {path}: cannot write the preset ({exc.strerror or exc})", "choose a writable path"
         ) from None
+    return replaced
+
+
+HEADER = "Written by `qvl tune`."  # the first line of every preset tune writes: what -o may replace without --force
+
+
+def _written_by_tune(target: Path) -> bool:
+    try:
+        with target.open(encoding="utf-8", errors="replace") as f:
+            return f.readline().startswith(f"# {HEADER}")
+    except OSError:
+        return False

@@ -129,6 +129,7 @@ class Checker:
             "verdict": report["verdict"],
             "reason": None if report["verdict"] == FITS else _why_not(report),
             "margin_low_bytes": report.get("margin_low_bytes"),
+            **binding_margin(report),
             "kv_blocks": report["kv"].get("num_blocks"),
             "full_blocks": plan.resolved.num_full_blocks,
             "kv_full": (report["kv"].get("num_blocks") or 0) >= plan.resolved.num_full_blocks,
@@ -202,12 +203,33 @@ class Checker:
             "counts": ok,
             "reason": self.why_not(cfg),
             "margin_low_bytes": chk.get("margin_low_bytes"),
+            "margin_chiplet_bytes": chk.get("margin_chiplet_bytes"),
+            "margin_binding_bytes": chk.get("margin_binding_bytes"),
+            "margin_binds": chk.get("margin_binds"),
             "kv_blocks": chk.get("kv_blocks"),
             "full_kv_blocks": chk.get("full_blocks"),
             "estimate": est,
             "score": score(est, self.needs.objective) if est else None,
             **extra,
         }
+
+
+def binding_margin(report: dict[str, Any]) -> dict[str, Any]:
+    """The margin that binds: the card's (usable less the high end of its total) or its fullest chiplet's (a
+    chiplet's share less its high-end load), whichever is smaller, over every device. A card with 30 GiB free can
+    have a chiplet at its limit (a KV tensor or a ViT workspace is placed whole): that chiplet is what fails."""
+    card = report.get("margin_low_bytes")
+    chips = []
+    for dev in report.get("devices") or []:
+        c = dev.get("chiplets")
+        if c:
+            chips.append(c["usable_per_chiplet_bytes"] - c.get("fullest_high_bytes", c["fullest_bytes"]))
+    chip = min(chips) if chips else None
+    known = [x for x in (card, chip) if x is not None]
+    if not known:
+        return {"margin_chiplet_bytes": None, "margin_binding_bytes": None, "margin_binds": None}
+    binds = "chiplet" if chip is not None and (card is None or chip < card) else "card"
+    return {"margin_chiplet_bytes": chip, "margin_binding_bytes": min(known), "margin_binds": binds}
 
 
 def _why_not(report: dict[str, Any]) -> str:

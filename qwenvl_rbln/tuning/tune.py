@@ -14,7 +14,7 @@ from typing import Any
 
 from qwenvl_rbln.errors import DoesNotFit
 from qwenvl_rbln.tuning.neighbours import nearest, neighbours
-from qwenvl_rbln.tuning.result import commands, output_dir_for, preset_data, preset_yaml
+from qwenvl_rbln.tuning.result import HEADER, commands, output_dir_for, preset_data, preset_yaml
 from qwenvl_rbln.tuning.roofline import LABEL, Roofline
 from qwenvl_rbln.tuning.search import (
     BASE_PRESET,
@@ -29,7 +29,7 @@ from qwenvl_rbln.tuning.search import (
     need_len,
     partitions_for,
 )
-from qwenvl_rbln.tuning.workload import read_work
+from qwenvl_rbln.tuning.workload import check_context, read_work
 
 
 def _setup(needs: Needs, workload: Path, trace: Path | None, prompt_tokens: int, output_tokens: int) -> Checker:
@@ -53,6 +53,7 @@ def _setup(needs: Needs, workload: Path, trace: Path | None, prompt_tokens: int,
     base = build_plan(BASE_PRESET, [f"kvcache_partition_len={p}", f"max_seq_len={need_len(needs.context, p)}"],
                       model=needs.model)  # fmt: skip
     work = read_work(base, workload, needs.max_buckets, trace, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+    check_context(work, needs.context, max_position)
     roof = Roofline(
         base.geometry,
         compute_spec(base.npu),
@@ -100,8 +101,8 @@ def _table(found: list[tuple[Config, dict[str, Any]]]) -> list[dict[str, Any]]:
 
 def _rank_key(item: tuple[Config, dict[str, Any]]) -> tuple:
     cfg, row = item
-    # the objective, then fewer NPUs, the documented partition, the smaller batch, the larger margin
-    return (round(row["score"], 12), cfg.split, cfg.partition != 8192, cfg.batch, -(row["margin_low_bytes"] or 0))
+    # the objective, then fewer NPUs, the documented partition, the smaller batch, the larger binding margin
+    return (round(row["score"], 12), cfg.split, cfg.partition != 8192, cfg.batch, -(row["margin_binding_bytes"] or 0))
 
 
 def _climb(checker: Checker, found: list[tuple[Config, dict[str, Any]]]) -> None:
@@ -210,7 +211,7 @@ def _hand_over(checker: Checker, cfg: Config, best: dict[str, Any], output: Path
     plan = plan_from_loaded(loaded, model=checker.needs.model)
     verdict = estimate_plan(plan, checker.needs.device_memory, suggest=False).verdict
     header = [
-        "Written by `qvl tune`. Every figure in the description is a roofline bound from published peak figures,",
+        f"{HEADER} Every figure in the description is a roofline bound from published peak figures,",
         "not a measurement. Check it: qvl compile --preset THIS_FILE --dry-run",
     ]
     ref = str(output) if output is not None else "tuned.yaml"
@@ -219,6 +220,7 @@ def _hand_over(checker: Checker, cfg: Config, best: dict[str, Any], output: Path
         "preset_yaml": preset_yaml(data, header),
         "preset_verdict": verdict,
         "preset_path": str(output) if output is not None else None,
+        "preset_replaced": False,  # the command sets it once -o has replaced a preset tune wrote before
         "commands": commands(ref, data, cfg.max_seq_len, cfg.batch),
     }
 
@@ -242,14 +244,21 @@ def _unmet(checker: Checker, near: list[dict[str, Any]]) -> DoesNotFit:
         too_large = checker.check(Config(False, p, need_len(needs.context, p), 1)).get("too_large")
         if too_large:  # no context, batch or placement helps: say what the planner says, and what would
             return DoesNotFit(f"{lead}: {too_large}", TOO_LARGE)
-        more = ", or allow --devices 2" if needs.devices < 2 else ""
-        return DoesNotFit(f"{lead}, nor does any smaller batch or shorter context", f"lower --context{more}")
+        # nearest tried batch 1 at every shorter context, and the ViT on a second NPU: neither helps, so say why
+        shortest = Config(False, p, 2 * p, 1)
+        return DoesNotFit(
+            f"{lead}, nor does batch 1 at the shortest context ({2 * p}) or with the ViT on a second NPU, nor smaller "
+            f"images (a lower largest ViT bucket): {checker.why_not(shortest)}",
+            "more usable device memory (--device-memory), or a smaller model (--model)",
+        )
     options = "; ".join(_near_text(row) for row in near)
     return DoesNotFit(f"{lead}; nearest: {options}", "relax the need each one gives up (see `nearest` in --json)")
 
 
 def _near_text(row: dict[str, Any]) -> str:
     keys = _NEED_KEYS if row["kvcache_partition_len"] == 8192 else ("kvcache_partition_len", *_NEED_KEYS)
+    if row.get("images_max_pixels"):  # the smaller-images trade: its buckets are the change
+        keys = ("visual.max_seq_len", *keys)
     sets = " ".join("--set " + s for s in row["set"] if s.startswith(keys))
     where = " (ViT on device 1)" if row["npus"] == 2 else ""
     return f"{sets}{where} gives up {', '.join(row['gives_up'])}"

@@ -38,6 +38,8 @@ class Work:
     trace_path: str | None = None
     prompt_tokens: int = 128
     output_tokens: int = 256
+    longest: tuple[str, int, int] | None = None  # the request with the most media tokens: (line, tokens, images)
+    vit_note: str | None = None  # why the buckets differ from bucket-plan --optimize K's, when they do
 
     @property
     def mean_input_tokens(self) -> float:
@@ -57,6 +59,7 @@ class Work:
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
             "vit_buckets": self.vit_buckets,
+            "vit_buckets_note": self.vit_note,
             "vit_cost": sec.get("cost"),
             "vit_executed_over_useful": sec.get("executed_over_useful"),
             "vit_baselines": {k: v.get("buckets") for k, v in sec.get("baselines", {}).items()},
@@ -88,8 +91,10 @@ def read_work(
         )
     cost = vit_cost_fn(base_plan.geometry.vision)
     section = optimize_section(good, base_plan, k, None, cost, planner)
+    buckets, note = above_min_pixels(list(section["buckets"]), base_plan, k)
     groups: dict[tuple[int, int], int] = {}
     tokens: dict[int, int] = {}
+    longest = max(good, key=lambda it: it["lm_fit"]["tokens"] if it.get("lm_fit") else 0)
     for it in good:
         key = (it["patches"], it["vit_calls"])
         groups[key] = groups.get(key, 0) + it["count"]
@@ -101,7 +106,7 @@ def read_work(
         distinct=wl.distinct,
         errors=sum(it["count"] for it in bad),
         first_error=bad[0]["error"] if bad else None,
-        vit_buckets=list(section["buckets"]),
+        vit_buckets=buckets,
         vit_section=section,
         groups=groups,
         chunks_hist=tokens,
@@ -109,7 +114,66 @@ def read_work(
         trace_path=str(trace) if trace is not None else None,
         prompt_tokens=prompt_tokens,
         output_tokens=output_tokens,
+        longest=(longest["input"], longest["lm_fit"]["tokens"], longest.get("images", 1))
+        if longest["lm_fit"]
+        else None,
+        vit_note=note,
     )
+
+
+def min_pixels_bucket(plan: Any) -> int:
+    """The smallest largest-bucket the plan accepts: it must hold an image of processor.min_pixels (the plan
+    refuses a lower one: "no image fits"), in whole 2x2 merge groups."""
+    v = plan.geometry.vision
+    need = -(-plan.processor.min_pixels // v.patch_size**2)
+    return need + -need % (v.spatial_merge_size**2)
+
+
+def above_min_pixels(buckets: list[int], plan: Any, k: int) -> tuple[list[int], str | None]:
+    """The DP's buckets with the largest raised to the min_pixels floor when the workload alone (small video
+    frames) chose less: the smaller buckets are kept for the frames, at most K in all."""
+    floor = min_pixels_bucket(plan)
+    if buckets[-1] >= floor:
+        return buckets, None
+    kept = sorted(set(buckets))[: max(0, k - 1)]
+    note = (
+        f"bucket-plan --optimize {k} chooses {buckets} for these inputs alone; the largest bucket is raised to {floor} "
+        f"patches, the least that holds an image of processor.min_pixels={plan.processor.min_pixels} (the plan "
+        "refuses less)"
+    )
+    return [*kept, floor], note
+
+
+def check_context(work: Work, context: int, max_position: int) -> None:
+    """Every request fits --context, as bucket-plan's ``lm_fit`` and infer count it: its media tokens (pads, the
+    vision start/end pairs, a video's timestamps) plus --prompt-tokens and --output-tokens, and never less than
+    bucket-plan's reserve for the template, prompt and output. A configuration at --context cannot serve a longer
+    request, so tune refuses rather than recommend it (it does not raise the context: that is the user's need)."""
+    from qwenvl_rbln.vision.context import RESERVE_TOKENS
+
+    if work.longest is None:
+        media, name, images = 0, "every request", 1
+    else:
+        name, media, images = work.longest
+        name = f"request {name}"
+    text = work.prompt_tokens + work.output_tokens
+    need = media + max(text, RESERVE_TOKENS)
+    if need <= context:
+        return
+    parts = f"{media:,} for its images/videos + " if media else ""
+    parts += f"--prompt-tokens {work.prompt_tokens} + --output-tokens {work.output_tokens}"
+    if text < RESERVE_TOKENS:
+        parts += f", at least bucket-plan's reserve of {RESERVE_TOKENS}"
+    fixes = [f"raise --context to {need} (or more)"] if need <= max_position else []
+    if text >= context:
+        fixes.append(f"lower --prompt-tokens/--output-tokens (together {text:,})")
+    per_image = media // images
+    if media and images > 1 and per_image + max(text, RESERVE_TOKENS) <= context:
+        fixes.append(f"send at most {(context - max(text, RESERVE_TOKENS)) // per_image} of these images per request")
+    elif media:
+        fixes.append("send fewer or smaller images/videos per request")
+    fix = ", or ".join(fixes) + f" (the model holds at most {max_position} tokens)"
+    raise InputError(f"{work.path}: {name} needs {need:,} tokens ({parts}), above --context {context}", fix)
 
 
 def vit_seconds_per_request(work: Work, buckets: list[int], call_seconds: Any) -> float:

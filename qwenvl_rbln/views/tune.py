@@ -18,26 +18,30 @@ def _where(row: dict[str, Any]) -> str:
     return "own NPU (1)" if row["npus"] == 2 else "beside LM (0)"
 
 
-def _config_cols() -> list[Col]:
+def _config_cols(needs: dict[str, Any]) -> list[Col]:
+    """The table's columns; a narrow console drops the droppable ones first (and says so), never the objective's
+    own column, and with two NPUs the ViT placement last (it is what tells two otherwise equal rows apart)."""
+    latency = 0 if needs.get("objective") == "latency" else 4
+    vit = 5 if needs.get("devices", 1) > 1 else 3
     return [
         Col("#"),
         Col("batch"),
         Col("decoder graphs", justify="left", fold=True),
         Col("max_seq_len"),
         Col("partition", drop=2),
-        Col("ViT", justify="left", drop=3),
+        Col("ViT", justify="left", drop=vit),
         Col("verdict", justify="left"),
-        Col("margin GiB", drop=1),
+        Col("margin GiB", drop=1),  # the binding one: the card's or its fullest chiplet's
         Col("tok/s"),
         Col("TTFT ms"),
         Col("TPOT ms"),
-        Col("latency ms", drop=4),
+        Col("latency ms", drop=latency),
     ]
 
 
 def _config_row(i: int, row: dict[str, Any]) -> list[str]:
     est = row.get("estimate") or {}
-    margin = row.get("margin_low_bytes")
+    margin = row.get("margin_binding_bytes")
     return [
         str(i),
         str(row["batch_size"]),
@@ -46,7 +50,7 @@ def _config_row(i: int, row: dict[str, Any]) -> list[str]:
         str(row["kvcache_partition_len"]),
         _where(row),
         row["verdict"],
-        "-" if margin is None else f"{margin / GiB:+.2f}",
+        "-" if margin is None else f"{margin / GiB:+.2f} {row['margin_binds']}",
         f"{est['output_tokens_per_s']:.0f}" if est else "-",
         _ms(est.get("ttft_s")),
         _ms(est.get("tpot_s")),
@@ -85,6 +89,8 @@ def _needs(console: Any, data: dict[str, Any]) -> None:
             n["max_buckets"],
         )
     )
+    if w.get("vit_buckets_note"):
+        console.print(markup("  [dim]{}[/dim]", w["vit_buckets_note"]))
     cm = data["cost_model"]
     console.print(
         markup("[bold]estimates[/bold] [yellow]{}[/yellow]: {}", cm["label"], _figures(cm["npu"])), highlight=False
@@ -102,20 +108,37 @@ def print_human(console: Any, data: dict[str, Any]) -> None:
     _needs(console, data)
     if data.get("best"):
         rows = [_config_row(i + 1, r) for i, r in enumerate(data["candidates"])]
-        print_table(console, _config_cols(), rows, title="best configurations (every one fits)")
+        cols = _config_cols(data["needs"])
+        _left_out(console, print_table(console, cols, rows, title="best configurations (every one fits)"))
         console.print(markup("decoder graphs: {}", data.get("decoder_graphs_from") or ""))
+        capped = [f["largest_batch"] for f in data["frontier"] if f["batch_cap_reached"]]
+        if capped:  # the binary search stops there: the largest batch shown is a floor, not the most that fits
+            console.print(markup("batch {} is the search's cap: a larger batch may fit too", capped[0]))
         _breakdown(console, data["best"])
         _neighbours(console, data["neighbours"])
         _searched(console, data)
         _hand_over(console, data)
+        if data.get("preset_replaced"):  # -o named a preset tune wrote before (anything else needs --force)
+            console.print(markup("[bold]replaced[/bold] the file that was at {}", data["preset_path"]))
         return
     elif not data["nearest"]:  # nothing fits at any batch or context: an empty table would say nothing
         console.print("[bold]nothing meets the needs[/bold], and no configuration fits at all (the reason follows)")
     else:
         rows = [[*_config_row(i + 1, r)[:8], "; ".join(r["gives_up"])] for i, r in enumerate(data["nearest"])]
-        cols = [*_config_cols()[:8], Col("gives up", justify="left", fold=True)]
-        print_table(console, cols, rows, title="nothing meets the needs; the nearest configurations")
+        cols = [*_config_cols(data["needs"])[:8], Col("gives up", justify="left", fold=True)]
+        _left_out(
+            console, print_table(console, cols, rows, title="nothing meets the needs; the nearest configurations")
+        )
     _searched(console, data)
+
+
+def _left_out(console: Any, dropped: list[str]) -> None:
+    """Name the columns a narrow console left out (as bucket-plan does): a missing one is not missing data."""
+    if dropped:
+        console.print(
+            markup("[dim]left out at {} columns: {} (a wider terminal or --json shows them)[/dim]", console.width,
+                   ", ".join(dropped))
+        )  # fmt: skip
 
 
 def _searched(console: Any, data: dict[str, Any]) -> None:
