@@ -100,6 +100,26 @@ def test_stale_lock_files_are_removed_and_held_ones_kept(tmp_path: Path):
         pass
 
 
+def test_a_dry_run_counts_the_stale_locks_the_real_prune_removes(tmp_path: Path, capsys):
+    """D16: the dry run said "0 stale lock files removed" where the real run right after removed 5."""
+    for n in range(5):  # interrupted compiles leave their lock files
+        with output_lock(tmp_path / f"done{n}"):
+            pass
+    stale = {lock_path(tmp_path / f"done{n}").name for n in range(5)}
+    argv = ["cache", "prune", "--older-than", "30d", "--cache-dir", str(tmp_path / "cache")]
+    with output_lock(tmp_path / "busy"):
+        code, out, err = run_main([*argv, "--dry-run", "--json"], capsys)
+        would = set(json.loads(out)["stale_locks_removed"])
+        assert code == 0 and stale <= would, err
+        assert lock_path(tmp_path / "busy").name not in would  # held by a running compile: not stale
+        assert all(lock_path(tmp_path / f"done{n}").exists() for n in range(5))  # a dry run removes nothing
+        code, out, _ = run_main([*argv, "--dry-run"], capsys)
+        assert f"would remove {len(would)} stale lock files" in out
+        code, out, _ = run_main([*argv, "--json"], capsys)
+        assert set(json.loads(out)["stale_locks_removed"]) == would
+        assert not any(lock_path(tmp_path / f"done{n}").exists() for n in range(5))
+
+
 def test_a_lock_file_removed_between_open_and_lock_is_not_shared(tmp_path: Path):
     """The safety remove_if_free relies on: a taker that locked a file since unlinked retries on the new one."""
     path = tmp_path / "x.lock"

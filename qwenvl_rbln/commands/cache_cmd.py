@@ -96,7 +96,7 @@ def register(app: typer.Typer) -> None:
                 console.print(f"skipped {e['key']}: a compile is using it", markup=False)
             console.print(
                 f"{verb} {len(d['removed'])} entries ({fmt_bytes(d['freed_bytes'])}); {d['entries_left']} left "
-                f"({fmt_bytes(d['total_bytes_left'])}); {len(d['stale_locks_removed'])} stale lock files removed",
+                f"({fmt_bytes(d['total_bytes_left'])}); {verb} {len(d['stale_locks_removed'])} stale lock files",
                 markup=False,
             )
 
