@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,6 +55,13 @@ def _stage_label(cls: Any, name: str, cfg: Any, plan: Any) -> tuple[str, str]:
         pos = names.index(name) + 1 if name in names else 0
         return f"decoder graph {name}", f"{name}.rbln ({pos}/{len(names)})" if pos else f"{name}.rbln"
     return f"graph {name}", f"{name}.rbln"
+
+
+def import_stage(progress: Any, model_cls: Any = None) -> None:
+    """Importing optimum-rbln's model classes (with torch, transformers and the compiler's Python side) takes
+    seconds on the first compile of a process: its own stage, so it is not counted in the stage before it."""
+    if model_cls is None and "optimum.rbln.modeling_base" not in sys.modules:
+        progress.stage("importing optimum-rbln", "optimum.rbln with torch and transformers, once per process")
 
 
 @contextlib.contextmanager
