@@ -195,3 +195,28 @@ def test_a_finished_compile_leaves_no_lock_file_behind(tmp_path: Path, tiny_mode
     code, _, err = run_main(argv, capsys)
     assert code == 0, err
     assert not lock_path(out).exists() and not lock_path(out).with_name(lock_path(out).name + ".owner").exists()
+
+
+def test_cache_list_tells_apart_entries_that_differ_only_by_a_set(tmp_path: Path, capsys, monkeypatch):
+    """D27: two compiles of cpu-tiny / qvl:tiny, one with --set, were two identical rows but for the key."""
+    cache = tmp_path / "cache"
+    argvs = [
+        ["compile", "--preset", "cpu-tiny", "-o", "a"],
+        ["compile", "--preset", "cpu-tiny", "--set", "max_seq_len=2048", "-s", "batch_size=1", "-o", "b"],
+    ]
+    for n, argv in enumerate(argvs, start=1):
+        src = tmp_path / f"src{n}"
+        src.mkdir()
+        (src / "prefill.rbln").write_bytes(b"x")
+        manifest = {"format": 1, "preset": {"name": "cpu-tiny"}, "model": {"id": "qvl:tiny"}, "backend": "torch"}
+        write_manifest(src, {**manifest, "created_by": {"pid": 1, "host": "h", "argv": argv}})
+        cache_store(cache, f"{n:032x}", src)
+    code, out, err = run_main(["cache", "list", "--cache-dir", str(cache), "--json"], capsys)
+    assert code == 0, err
+    got = {e["key"]: e["overrides"] for e in json.loads(out)["entries"]}
+    assert got == {f"{1:032x}": [], f"{2:032x}": ["max_seq_len=2048", "batch_size=1"]}
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run_main(["cache", "list", "--cache-dir", str(cache)], capsys)
+    rows = [" ".join(line.split()[1:]) for line in out.splitlines() if line.startswith(("0000",))]
+    assert len(rows) == 2 and rows[0] != rows[1]  # the same preset and model, told apart beyond the key
+    assert any("max_seq_len=2048 batch_size=1" in row for row in rows)

@@ -62,8 +62,27 @@ def _size(entry: Path) -> int:
     return total
 
 
+def _overrides(manifest: dict[str, Any]) -> list[str]:
+    """The ``--set`` values of the compile that stored the entry (from its manifest's argv): two entries of one
+    preset and model differ by these, so ``cache list`` shows them."""
+    argv = (manifest.get("created_by") or {}).get("argv") if isinstance(manifest.get("created_by"), dict) else None
+    if not isinstance(argv, list):
+        return []
+    words = iter(str(word) for word in argv)
+    found = []
+    for word in words:
+        if word in ("--set", "-s"):
+            found.append(next(words, ""))
+        elif word.startswith("--set="):
+            found.append(word.removeprefix("--set="))
+        elif word.startswith("-s") and not word.startswith("--"):
+            found.append(word[2:])
+    return [value for value in found if value]
+
+
 def list_entries(cache_dir: Path) -> list[dict[str, Any]]:
-    """Every entry: key, preset, model, size, last use (oldest first)."""
+    """Every entry: key, preset, model, the --set overrides it was compiled with, size, last use (oldest
+    first)."""
     cache_dir = Path(cache_dir)
     out = []
     for entry in sorted(cache_dir.iterdir()) if cache_dir.is_dir() else []:
@@ -85,6 +104,7 @@ def list_entries(cache_dir: Path) -> list[dict[str, Any]]:
                 "key": entry.name,
                 "preset": preset,
                 "model": model.get("id"),
+                "overrides": _overrides(manifest),
                 "backend": manifest.get("backend"),
                 "emulated": bool(manifest.get("emulated")),
                 "size_bytes": _size(entry),
