@@ -10,6 +10,7 @@ a log handler), apart from the compile call itself in ``rbln``. What it relies o
   messages at INFO level (only DEBUG lines during KV sizing, ``modeling_attention_utils.py:253-268, 374-398``), so
   stages are reported by wrapping ``RBLNBaseModel.compile`` for the duration of the export, plus a handler on
   the ``optimum.rbln`` logger for the KV-sizing debug lines when OPTIMUM_RBLN_VERBOSE=debug.
+- Importing optimum-rbln's model classes takes seconds; ``import_stage`` gives it a stage of its own.
 """
 
 from __future__ import annotations
