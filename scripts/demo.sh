@@ -9,7 +9,9 @@ export HF_HUB_OFFLINE=1
 export COLUMNS="${COLUMNS:-120}"  # wide enough for the tables when the output is not a terminal
 IMAGE=assets/demo.jpg
 
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+# bold headings only on a terminal (a log file gets plain text), and never with NO_COLOR
+if [[ -t 1 && -z "${NO_COLOR:-}" ]]; then BOLD=$'\033[1m' PLAIN=$'\033[0m'; else BOLD='' PLAIN=''; fi
+step() { printf '\n%s== %s%s\n' "$BOLD" "$*" "$PLAIN"; }
 
 step "qvl tiny-model: the offline tiny Qwen3-VL (created once, reused)"
 qvl tiny-model

@@ -26,7 +26,7 @@ MAX_ROOT_MODULES = 8  # besides __init__ and __main__
 # The one declared order, lowest first: a module may import from its own layer or an earlier one, never a later.
 # The README's "Where things live" lists the packages in this order.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("qwenvl_rbln", "qwenvl_rbln.errors", "qwenvl_rbln.paths", "qwenvl_rbln.units"),
+    ("qwenvl_rbln", "qwenvl_rbln.errors", "qwenvl_rbln.paths", "qwenvl_rbln.progress", "qwenvl_rbln.units"),
     ("qwenvl_rbln.planning",),
     ("qwenvl_rbln.artifacts",),
     ("qwenvl_rbln.memory",),
@@ -259,6 +259,18 @@ def test_serving_asks_the_artifact_layer_never_a_backend():
         module: sorted(t for t in targets if t.startswith("qwenvl_rbln.backends"))
         for module, targets in graph.items()
         if module.startswith("qwenvl_rbln.serving")
+    }
+    assert not {m: t for m, t in reach.items() if t}
+
+
+def test_views_read_progress_never_reach_into_a_backend_or_the_inference_runner():
+    """A view shows state it is handed: the compile's stages and the work events come from ``qwenvl_rbln.progress``
+    (below every layer), never from a backend or the inference code that does the work."""
+    graph = import_graph(PACKAGE)
+    reach = {
+        module: sorted(t for t in targets if t.startswith(("qwenvl_rbln.backends", "qwenvl_rbln.inference")))
+        for module, targets in graph.items()
+        if module.startswith("qwenvl_rbln.views")
     }
     assert not {m: t for m, t in reach.items() if t}
 

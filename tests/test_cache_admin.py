@@ -100,6 +100,26 @@ def test_stale_lock_files_are_removed_and_held_ones_kept(tmp_path: Path):
         pass
 
 
+def test_a_dry_run_counts_the_stale_locks_the_real_prune_removes(tmp_path: Path, capsys):
+    """D16: the dry run said "0 stale lock files removed" where the real run right after removed 5."""
+    for n in range(5):  # interrupted compiles leave their lock files
+        with output_lock(tmp_path / f"done{n}"):
+            pass
+    stale = {lock_path(tmp_path / f"done{n}").name for n in range(5)}
+    argv = ["cache", "prune", "--older-than", "30d", "--cache-dir", str(tmp_path / "cache")]
+    with output_lock(tmp_path / "busy"):
+        code, out, err = run_main([*argv, "--dry-run", "--json"], capsys)
+        would = set(json.loads(out)["stale_locks_removed"])
+        assert code == 0 and stale <= would, err
+        assert lock_path(tmp_path / "busy").name not in would  # held by a running compile: not stale
+        assert all(lock_path(tmp_path / f"done{n}").exists() for n in range(5))  # a dry run removes nothing
+        code, out, _ = run_main([*argv, "--dry-run"], capsys)
+        assert f"would remove {len(would)} stale lock files" in out
+        code, out, _ = run_main([*argv, "--json"], capsys)
+        assert set(json.loads(out)["stale_locks_removed"]) == would
+        assert not any(lock_path(tmp_path / f"done{n}").exists() for n in range(5))
+
+
 def test_a_lock_file_removed_between_open_and_lock_is_not_shared(tmp_path: Path):
     """The safety remove_if_free relies on: a taker that locked a file since unlinked retries on the new one."""
     path = tmp_path / "x.lock"
@@ -175,3 +195,28 @@ def test_a_finished_compile_leaves_no_lock_file_behind(tmp_path: Path, tiny_mode
     code, _, err = run_main(argv, capsys)
     assert code == 0, err
     assert not lock_path(out).exists() and not lock_path(out).with_name(lock_path(out).name + ".owner").exists()
+
+
+def test_cache_list_tells_apart_entries_that_differ_only_by_a_set(tmp_path: Path, capsys, monkeypatch):
+    """D27: two compiles of cpu-tiny / qvl:tiny, one with --set, were two identical rows but for the key."""
+    cache = tmp_path / "cache"
+    argvs = [
+        ["compile", "--preset", "cpu-tiny", "-o", "a"],
+        ["compile", "--preset", "cpu-tiny", "--set", "max_seq_len=2048", "-s", "batch_size=1", "-o", "b"],
+    ]
+    for n, argv in enumerate(argvs, start=1):
+        src = tmp_path / f"src{n}"
+        src.mkdir()
+        (src / "prefill.rbln").write_bytes(b"x")
+        manifest = {"format": 1, "preset": {"name": "cpu-tiny"}, "model": {"id": "qvl:tiny"}, "backend": "torch"}
+        write_manifest(src, {**manifest, "created_by": {"pid": 1, "host": "h", "argv": argv}})
+        cache_store(cache, f"{n:032x}", src)
+    code, out, err = run_main(["cache", "list", "--cache-dir", str(cache), "--json"], capsys)
+    assert code == 0, err
+    got = {e["key"]: e["overrides"] for e in json.loads(out)["entries"]}
+    assert got == {f"{1:032x}": [], f"{2:032x}": ["max_seq_len=2048", "batch_size=1"]}
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run_main(["cache", "list", "--cache-dir", str(cache)], capsys)
+    rows = [" ".join(line.split()[1:]) for line in out.splitlines() if line.startswith(("0000",))]
+    assert len(rows) == 2 and rows[0] != rows[1]  # the same preset and model, told apart beyond the key
+    assert any("max_seq_len=2048 batch_size=1" in row for row in rows)

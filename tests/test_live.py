@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from qwenvl_rbln.backends import Progress
 from qwenvl_rbln.inference import work
 from qwenvl_rbln.planning.plan import build_plan
+from qwenvl_rbln.progress import Progress
 from qwenvl_rbln.views import live
 from tests.fakes_rbln import install, make_auto, run_main, write_hf_model, write_sweep_video
 
@@ -193,3 +193,165 @@ def test_batch_file_stdout_identical_with_the_live_bar(tmp_path, monkeypatch, ca
     assert events[0] == "requests.start" and events.count("requests.batch") == 2  # batch_size 2: 2 batches
     assert _mask(shown).splitlines() == _mask(plain).splitlines()  # the results, as today, whatever stderr shows
     assert "requests" in ANSI.sub("", err)  # the bar was drawn on stderr
+
+
+# ------------------------------------------------------------------------------ the board on a real terminal (D18)
+
+CSI = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])")
+
+
+def _screen(stream: str) -> list[str]:
+    """What a terminal shows after ``stream``: text, \\r, \\n, erase line (ESC[2K) and cursor up (ESC[nA); colours
+    and cursor visibility ignored. Enough to see a stale row that a redraw failed to erase."""
+    rows: list[list[str]] = [[]]
+    x = y = 0
+    i = 0
+    while i < len(stream):
+        m = CSI.match(stream, i)
+        if m:
+            if m.group(2) == "A":
+                y = max(0, y - int(m.group(1) or 1))
+            elif m.group(2) == "K" and m.group(1) == "2":
+                rows[y] = []
+            i = m.end()
+            continue
+        ch = stream[i]
+        if ch == "\r":
+            x = 0
+        elif ch == "\n":
+            x, y = 0, y + 1
+            rows.extend([] for _ in range(y + 1 - len(rows)))
+        else:
+            rows[y].extend(" " for _ in range(x + 1 - len(rows[y])))
+            rows[y][x] = ch
+            x += 1
+        i += 1
+    return ["".join(row).rstrip() for row in rows]
+
+
+class _Clock:
+    """A fake monotonic clock: the board's times are what the test says, not how long the test took."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def manual_live(monkeypatch):
+    """rich's Live without its refresh thread; the test redraws the board itself (``frames[-1].refresh()``)."""
+    import rich.live
+
+    frames: list = []
+
+    class ManualLive(rich.live.Live):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "auto_refresh": False})
+            frames.append(self)
+
+    monkeypatch.setattr(rich.live, "Live", ManualLive)
+    return frames
+
+
+@pytest.mark.parametrize("width", [60, 120])
+def test_lines_written_to_stderr_during_the_board_leave_no_stale_rows(monkeypatch, manual_live, width):
+    """D18 (a): a plain progress line and a library's progress bar (tqdm ends its bar with a bare newline) written
+    to stderr while the board is up used to leave a stale copy of the first row ("✓ resolving model" twice)."""
+    import sys
+
+    term = io.StringIO()  # one terminal: the board's console and sys.stderr write to it, as on a tty
+    monkeypatch.setattr(sys, "stderr", term)
+    clock = _Clock()
+    p = Progress(lambda line: print(line, file=sys.stderr, flush=True), heartbeat_s=0, clock=clock)
+    with live.compile_watch(p, Console(file=term, force_terminal=True, width=width)):
+        (board,) = manual_live
+        p.stage("resolving model", "qvl:tiny")
+        clock.now += 0.5
+        board.refresh()
+        p.stage("hashing model files", "/models/tiny")
+        p.say("compile cache off: --no-cache")  # not a stage: printed, above the board
+        board.refresh()
+        p.stage("loading model", "RBLNAutoModelForImageTextToText.from_pretrained(...)")
+        p.graphs_planned = 4
+        board.refresh()
+        for text in ("\rLoading weights:   0%| 0/98", "\rLoading weights: 100%| 98/98", "\n"):  # tqdm's writes
+            sys.stderr.write(text)
+        clock.now += 2.0
+        board.refresh()
+        p.stage("ViT buckets", "visual/compiled_model.rbln")
+        board.refresh()
+        p.stop()
+    assert sys.stderr is term  # restored
+    screen = [row for row in _screen(term.getvalue()) if row]
+    for name in ("resolving model", "hashing model files", "loading model", "ViT buckets"):
+        assert sum(name in row for row in screen) == 1, "\n".join(screen)
+    assert sum("compile cache off: --no-cache" in row for row in screen) == 1
+    assert [row for row in screen if "Loading weights" in row] == ["Loading weights: 100%| 98/98"]  # as tqdm left it
+    assert re.search(r"✓ +resolving model +qvl:tiny +0\.5s$", screen[-5]), "\n".join(screen)
+    assert screen[-1] == "total 2.5s · graphs 0/4"
+    assert screen.index("Loading weights: 100%| 98/98") < screen.index(screen[-5])  # above the board
+
+
+def test_an_interrupted_stage_is_shown_interrupted_not_done(manual_live):
+    """D18 (b): after Ctrl-C the stage that was running is marked as cut short, with its time, never ✓."""
+    term = io.StringIO()
+    clock = _Clock()
+    p = Progress(heartbeat_s=0, clock=clock)
+    board = live.compile_watch(p, Console(file=term, force_terminal=True, width=80))
+    with pytest.raises(KeyboardInterrupt), board, p:  # as the compile job nests them
+        p.stage("loading model")
+        clock.now += 1.0
+        p.graphs_planned = 4
+        p.stage("ViT buckets", "visual/compiled_model.rbln")
+        clock.now += 3.5
+        raise KeyboardInterrupt
+    assert p.stages[-1] == {"stage": "ViT buckets", "started_s": 1.0, "seconds": 3.5, "ended": "interrupted"}
+    assert "ended" not in p.stages[0]
+    screen = [row for row in _screen(term.getvalue()) if row]
+    assert re.search(r"✓ +loading model +1\.0s$", screen[-3]), screen
+    assert re.search(r"✗ +ViT buckets +interrupted · visual/compiled_model\.rbln +3\.5s$", screen[-2]), screen
+    assert screen[-1] == "total 4.5s · graphs 0/4"
+
+    failed = Progress(heartbeat_s=0, clock=clock)
+    with pytest.raises(OSError), failed:
+        failed.stage("saving")
+        raise OSError("disk full")
+    assert failed.stages[-1]["ended"] == "failed"
+
+
+def test_importing_optimum_rbln_is_its_own_stage(tmp_path, monkeypatch):
+    """D18 (c): the seconds spent importing optimum-rbln were counted in the stage before ("locking 3.0s")."""
+    import sys
+
+    from qwenvl_rbln.backends.rbln import optimum
+
+    model = write_hf_model(tmp_path / "Qwen3-VL-2B-Instruct")
+    plan = build_plan("rebel100-1npu", model=str(model))
+    auto = make_auto(plan)
+    install(monkeypatch, auto)
+    base = sys.modules["optimum.rbln.modeling_base"]
+    monkeypatch.delitem(sys.modules, "optimum.rbln.modeling_base")  # not imported yet in this process
+    p = Progress(heartbeat_s=0)
+    p.stage("locking", "out.lock")
+    during: list[str | None] = []
+
+    def importing(model_cls=None):  # what model_class does: import optimum.rbln and its model classes
+        during.append(p.current)
+        monkeypatch.setitem(sys.modules, "optimum.rbln.modeling_base", base)
+        return auto
+
+    monkeypatch.setattr(optimum, "model_class", importing)
+    staging = tmp_path / ".out.qvl-tmp-1-abcd"
+    staging.mkdir()
+    optimum.compile_model(plan, staging, p)
+    p.stop()
+    assert during == ["importing optimum-rbln"]
+    assert [s["stage"] for s in p.stages][:3] == ["locking", "importing optimum-rbln", "loading model"]
+
+    again = Progress(heartbeat_s=0)  # imported already (a second compile in the process): no empty stage
+    (tmp_path / "second").mkdir()
+    optimum.compile_model(plan, tmp_path / "second", again)
+    again.stop()
+    assert "importing optimum-rbln" not in [s["stage"] for s in again.stages]

@@ -9,6 +9,7 @@ they cannot get. Last use is the entry directory's mtime, set on every store and
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import secrets
@@ -61,8 +62,27 @@ def _size(entry: Path) -> int:
     return total
 
 
+def _overrides(manifest: dict[str, Any]) -> list[str]:
+    """The ``--set`` values of the compile that stored the entry (from its manifest's argv): two entries of one
+    preset and model differ by these, so ``cache list`` shows them."""
+    argv = (manifest.get("created_by") or {}).get("argv") if isinstance(manifest.get("created_by"), dict) else None
+    if not isinstance(argv, list):
+        return []
+    words = iter(str(word) for word in argv)
+    found = []
+    for word in words:
+        if word in ("--set", "-s"):
+            found.append(next(words, ""))
+        elif word.startswith("--set="):
+            found.append(word.removeprefix("--set="))
+        elif word.startswith("-s") and not word.startswith("--"):
+            found.append(word[2:])
+    return [value for value in found if value]
+
+
 def list_entries(cache_dir: Path) -> list[dict[str, Any]]:
-    """Every entry: key, preset, model, size, last use (oldest first)."""
+    """Every entry: key, preset, model, the --set overrides it was compiled with, size, last use (oldest
+    first)."""
     cache_dir = Path(cache_dir)
     out = []
     for entry in sorted(cache_dir.iterdir()) if cache_dir.is_dir() else []:
@@ -84,6 +104,7 @@ def list_entries(cache_dir: Path) -> list[dict[str, Any]]:
                 "key": entry.name,
                 "preset": preset,
                 "model": model.get("id"),
+                "overrides": _overrides(manifest),
                 "backend": manifest.get("backend"),
                 "emulated": bool(manifest.get("emulated")),
                 "size_bytes": _size(entry),
@@ -113,6 +134,29 @@ def remove_entry(cache_dir: Path, key: str) -> bool:
     finally:
         flock.release(fd)
         flock.remove_if_free(_lock(cache_dir, key))
+
+
+def stale_locks() -> list[str]:
+    """The lock files under ``$QVL_HOME/locks`` that nobody holds now: what ``remove_stale_locks`` would delete,
+    for a dry run. Each is tried without creating or deleting anything (a lock file gone meanwhile is skipped)."""
+    from qwenvl_rbln.planning.catalogue.modelinfo import qvl_home
+
+    root = qvl_home() / "locks"
+    free = []
+    for path in sorted(root.glob("*.lock")) if root.is_dir() else []:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held by a running compile (or prune)
+            continue
+        else:
+            free.append(path.name)
+        finally:
+            os.close(fd)  # closing releases the lock
+    return free
 
 
 def parse_duration(text: str, flag: str = "--older-than") -> float:
@@ -162,7 +206,8 @@ def prune(
     dry_run: bool = False,
     keep: set[str] = frozenset(),
 ) -> dict[str, Any]:
-    """Remove what ``plan_prune`` chooses (nothing with ``dry_run``); entries in use are skipped and reported."""
+    """Remove what ``plan_prune`` chooses (nothing with ``dry_run``); entries in use are skipped and reported.
+    With ``dry_run``, ``removed`` and ``stale_locks_removed`` name what the same prune would remove."""
     from qwenvl_rbln.artifacts.locks import remove_stale_locks
 
     entries = list_entries(cache_dir)
@@ -173,7 +218,7 @@ def prune(
             removed.append(e)
         else:
             in_use.append(e)
-    locks = [] if dry_run else remove_stale_locks()
+    locks = stale_locks() if dry_run else remove_stale_locks()
     left = [e for e in entries if e not in removed]
     return {
         "cache_dir": str(cache_dir),

@@ -7,126 +7,12 @@
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 from qwenvl_rbln.paths import user_path
+from qwenvl_rbln.progress import Progress, fmt_elapsed
 
-
-def fmt_elapsed(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, sec = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes}m{sec:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m{sec:02d}s"
-
-
-class Progress:
-    """Stage lines with elapsed time, a heartbeat while a stage runs long, and per-stage timings.
-
-    ``emit`` receives finished lines (the CLI sends them to stderr). ``heartbeat_s`` <= 0 disables the
-    background heartbeat (tests). A live display (``views/live.py``) reads ``current``, ``stages``, ``details``
-    and the graph counts while it runs and sets ``quiet_stages``: stage and heartbeat lines are then recorded but
-    not emitted (the display shows them); every other line still is.
-    """
-
-    def __init__(self, emit: Callable[[str], None] | None = None, *, heartbeat_s: float = 30.0, prefix: str = ""):
-        self._emit = emit or (lambda line: None)
-        self.prefix = prefix
-        self.t0 = time.monotonic()
-        self.current: str | None = None
-        self._stage_t0 = self.t0
-        self.stages: list[dict[str, Any]] = []
-        self.lines: list[str] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.heartbeat_s = heartbeat_s
-        self.details: list[str] = []  # each stage's detail, in the order of stages (+ the current one)
-        self.graphs_planned: int | None = None  # graphs the backend will compile (None: not a graph compile)
-        self.graphs_done = 0
-        self.quiet_stages = False
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.t0
-
-    def say(self, message: str, *, stage_line: bool = False) -> None:
-        line = f"{self.prefix}[{fmt_elapsed(self.elapsed())}] {message}"
-        with self._lock:
-            self.lines.append(line)
-        if not (stage_line and self.quiet_stages):
-            self._emit(line)
-
-    def _close_stage(self, now: float) -> None:
-        if self.current is not None:
-            self.stages.append(
-                {
-                    "stage": self.current,
-                    "started_s": round(self._stage_t0 - self.t0, 3),
-                    "seconds": round(now - self._stage_t0, 3),
-                }
-            )
-
-    def stage(self, name: str, detail: str = "") -> None:
-        now = time.monotonic()
-        with self._lock:
-            self._close_stage(now)
-            self.current = name
-            self._stage_t0 = now
-            self.details.append(detail)
-        self.say(f"{name}{': ' + detail if detail else ''}", stage_line=True)
-
-    def graph_done(self) -> None:
-        """One compiled graph finished (the backend's hook calls it after each graph)."""
-        with self._lock:
-            self.graphs_done += 1
-
-    def stage_elapsed(self) -> float:
-        """Seconds in the current stage."""
-        return time.monotonic() - self._stage_t0
-
-    def note(self, message: str) -> None:
-        self.say(f"  {message}")
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.heartbeat_s):
-            with self._lock:
-                current, since = self.current, time.monotonic() - self._stage_t0
-            if current:
-                self.say(f"still in {current} ({fmt_elapsed(since)} in this stage)", stage_line=True)
-
-    def start(self) -> Progress:
-        if self.heartbeat_s > 0 and self._thread is None:
-            self._thread = threading.Thread(target=self._beat, name="qvl-progress", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=1)
-            self._thread = None
-        with self._lock:
-            self._close_stage(time.monotonic())
-            self.current = None
-
-    def timings(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for item in self.stages:
-            out[item["stage"]] = round(out.get(item["stage"], 0.0) + item["seconds"], 3)
-        out["total"] = round(self.elapsed(), 3)
-        return out
-
-    def __enter__(self) -> Progress:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+__all__ = ["Progress", "backend_module", "fmt_elapsed", "resolve_source"]  # Progress lives in qwenvl_rbln.progress
 
 
 def backend_module(name: str) -> Any:

@@ -24,12 +24,13 @@ def _table(console: Any, entries: list[dict[str, Any]]) -> None:
 
     from qwenvl_rbln.views.render import fmt_bytes, markup, one_line
 
-    table = Table("key", "preset", "model", "size", "last used", box=None, pad_edge=False)
+    table = Table("key", "preset", "model", "overrides", "size", "last used", box=None, pad_edge=False)
     for e in entries:
         table.add_row(
             e["key"],
             markup("{}", one_line(e.get("preset") or "-")),
             markup("{}", one_line(e.get("model") or "-")),
+            markup("{}", one_line(" ".join(e.get("overrides") or []) or "-")),  # what tells one preset's entries apart
             fmt_bytes(e["size_bytes"]),
             e["last_used"],
         )
@@ -41,7 +42,8 @@ def register(app: typer.Typer) -> None:
 
     @cache.command("list")
     def list_cmd(cache_dir: Path = CacheDirOpt, as_json: bool = JsonOpt) -> None:
-        """Entries with key, preset, model, size and last use (least recently used first), and the total."""
+        """Entries with key, preset, model, --set overrides, size and last use (least recently used first), and
+        the total."""
         from qwenvl_rbln.artifacts.cache_admin import list_entries
         from qwenvl_rbln.views import render
         from qwenvl_rbln.views.render import fmt_bytes
@@ -96,7 +98,7 @@ def register(app: typer.Typer) -> None:
                 console.print(f"skipped {e['key']}: a compile is using it", markup=False)
             console.print(
                 f"{verb} {len(d['removed'])} entries ({fmt_bytes(d['freed_bytes'])}); {d['entries_left']} left "
-                f"({fmt_bytes(d['total_bytes_left'])}); {len(d['stale_locks_removed'])} stale lock files removed",
+                f"({fmt_bytes(d['total_bytes_left'])}); {verb} {len(d['stale_locks_removed'])} stale lock files",
                 markup=False,
             )
 

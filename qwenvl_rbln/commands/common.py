@@ -28,12 +28,13 @@ def print_warnings(warnings: list[str]) -> None:
         render.warn(w)
 
 
+# ``\\[`` keeps ``[plot]`` literal: --help renders rich markup, where ``[plot]`` alone is a tag and vanishes
 PlotOpt = typer.Option(
     None,
     "--plot",
     metavar="FILE",
     help="Also draw the report as a picture, FILE ending in .png or .svg (needs matplotlib: "
-    'pip install "qwenvl-rbln[plot]").',
+    'pip install "qwenvl-rbln\\[plot]").',
 )
 
 

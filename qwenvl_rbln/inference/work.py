@@ -12,39 +12,15 @@ Events (name, fields):
 - ``video.start`` key (the file), total (frames to decode: up to the last sampled one);
 - ``video.frames`` key, done (frames decoded so far);
 - ``video.end`` key.
+
+The channel itself (``report``, ``watching``) lives in ``qwenvl_rbln.progress``, below every layer, so the live
+display that watches it never imports inference; the names here are the same objects.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
-from contextvars import ContextVar
-from typing import Any
+from qwenvl_rbln.progress import Sink, report, watched, watching
 
-Sink = Callable[[str, dict[str, Any]], None]
-_sink: ContextVar[Sink | None] = ContextVar("qvl_work_sink", default=None)
+__all__ = ["FRAME_EVERY", "Sink", "report", "watched", "watching"]
 
 FRAME_EVERY = 8  # video.frames once per this many decoded frames (and at the end)
-
-
-def report(event: str, **fields: Any) -> None:
-    """Tell the watcher, if any; a watcher's failure never stops the work."""
-    sink = _sink.get()
-    if sink is None:
-        return
-    with contextlib.suppress(Exception):
-        sink(event, fields)
-
-
-def watched() -> bool:
-    return _sink.get() is not None
-
-
-@contextlib.contextmanager
-def watching(sink: Sink | None) -> Iterator[None]:
-    """Send ``report``'s events to ``sink`` inside the block (None: nobody watches)."""
-    token = _sink.set(sink)
-    try:
-        yield
-    finally:
-        _sink.reset(token)

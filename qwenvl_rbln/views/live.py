@@ -5,9 +5,14 @@ plain stderr lines of before are printed and nothing here runs. stdout is never 
 ``Live`` that has stopped (its last frame left on screen, or erased for the transient ones) before a command's
 error line is printed, so it cannot hide that line; Ctrl-C stops it the same way.
 
-The displays read state, they do not compute it: the compile board reads the job's ``backends.Progress`` (stages
-with their times, graphs done out of planned, counted by the hook on optimum-rbln's ``RBLNBaseModel.compile``);
-the work bars read ``inference.work`` events (requests done, tokens, frames decoded).
+The displays read state, they do not compute it: the compile board reads the job's ``qwenvl_rbln.progress.Progress``
+(stages with their times, graphs done out of planned, counted by the hook on optimum-rbln's
+``RBLNBaseModel.compile``); the work bars read the work events of ``qwenvl_rbln.progress`` (requests done, tokens,
+frames decoded). Both come from that root module, so no view imports a backend or the inference code.
+
+While the board is up, whatever else the process writes to stderr (a plain progress line, a library's progress
+bar, a bare newline) goes through the board's console, above the board: a line written past it would move the
+cursor under rich's feet and leave a stale copy of the board's rows on screen.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from qwenvl_rbln import progress as progress_events
+from qwenvl_rbln.progress import fmt_elapsed as _fmt
 from qwenvl_rbln.views import render
 
 REFRESH_PER_SECOND = 4
@@ -29,12 +36,6 @@ def allowed(as_json: bool, console: Any = None) -> bool:
     if as_json or os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
         return False
     return bool((console or render.err()).is_terminal)
-
-
-def _fmt(seconds: float) -> str:
-    from qwenvl_rbln.backends import fmt_elapsed
-
-    return fmt_elapsed(seconds)
 
 
 class StageBoard:
@@ -62,7 +63,10 @@ class StageBoard:
         table.add_column(justify="right", no_wrap=True, min_width=8)
         for i, st in enumerate(stages):
             detail = details[i] if i < len(details) else ""
-            table.add_row(Text("✓", style="green"), st["stage"], Text(detail, style="dim"), _fmt(st["seconds"]))
+            ended = st.get("ended")  # interrupted / failed: cut short, not done
+            mark = Text("✗", style="red") if ended else Text("✓", style="green")
+            shown = Text.assemble((ended, "bold red"), (f" · {detail}" if detail else "", "dim")) if ended else None
+            table.add_row(mark, st["stage"], shown or Text(detail, style="dim"), _fmt(st["seconds"]))
         if p.current is not None:
             detail = details[-1] if len(details) > len(stages) else ""
             table.add_row(self.spinner, p.current, Text(detail, style="dim"), _fmt(p.stage_elapsed()))
@@ -72,22 +76,85 @@ class StageBoard:
         return Group(table, Text(foot, style="bold"))
 
 
+class _AboveTheBoard:
+    """Stands in for ``sys.stderr`` (and ``sys.stdout`` when that is the same terminal) while a board is live.
+
+    Each finished line is printed through the board's console, so it lands above the board: as a terminal would
+    have left it (what follows the last carriage return, e.g. a progress bar's final state), a blank line dropped.
+    Once the board is gone (``release``), writes go straight through: a handler or progress bar that kept this
+    object as its stream still works. ``rich_proxied_file`` tells rich which file its console really writes to.
+    """
+
+    def __init__(self, console: Any, original: Any):
+        self.rich_proxied_file = original
+        self._console: Any = console
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        if self._console is None:
+            return self.rich_proxied_file.write(text)
+        *lines, self._pending = (self._pending + text).split("\n")
+        for line in lines:
+            self._print(line)
+        return len(text)
+
+    def _print(self, line: str) -> None:
+        from rich.text import Text
+
+        shown = line.rstrip("\r").rsplit("\r", 1)[-1]  # what is left on the line after carriage returns
+        if shown.strip():
+            self._console.print(Text.from_ansi(shown), soft_wrap=True)
+
+    def flush(self) -> None:
+        """Nothing to do: lines are printed whole, a partial one when the board stops."""
+
+    def release(self) -> None:
+        if self._console is not None and self._pending:
+            self._print(self._pending)
+        self._pending = ""
+        self._console = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.rich_proxied_file, name)
+
+
+@contextlib.contextmanager
+def _lines_above(console: Any) -> Iterator[None]:
+    """Route stderr (and a terminal stdout) through ``console`` while the board is up; restore them after."""
+    import sys
+
+    names = ["stderr"] + (["stdout"] if console.is_terminal and sys.stdout.isatty() else [])
+    saved = {name: getattr(sys, name) for name in names}
+    proxies = {name: _AboveTheBoard(console, stream) for name, stream in saved.items()}
+    for name, proxy in proxies.items():
+        setattr(sys, name, proxy)
+    try:
+        yield
+    finally:
+        for name, stream in saved.items():
+            if getattr(sys, name) is proxies[name]:
+                setattr(sys, name, stream)
+            proxies[name].release()
+
+
 @contextlib.contextmanager
 def compile_watch(progress: Any, console: Any = None) -> Iterator[None]:
-    """The compile's live board for the duration of the work; stage lines go to the board instead of stderr."""
+    """The compile's live board for the duration of the work; stage lines go to the board instead of stderr,
+    every other stderr line above it."""
     from rich.live import Live
 
+    console = console or render.err()
     progress.quiet_stages = True
     live = Live(
         StageBoard(progress),
-        console=console or render.err(),
+        console=console,
         refresh_per_second=REFRESH_PER_SECOND,
         transient=False,
         redirect_stdout=False,
         redirect_stderr=False,
     )
     try:
-        with live:
+        with live, _lines_above(console):
             yield
     finally:
         progress.quiet_stages = False
@@ -103,8 +170,8 @@ def _rate_eta(done: int, total: int, tokens: int, elapsed: float) -> str:
 
 
 class WorkDisplay:
-    """Bars for ``inference.work`` events: requests done out of total with tokens/s and an ETA, and a transient
-    bar per video whose decoding has taken over ``VIDEO_AFTER_S``.
+    """Bars for the work events (``qwenvl_rbln.progress``): requests done out of total with tokens/s and an ETA,
+    and a transient bar per video whose decoding has taken over ``VIDEO_AFTER_S``.
 
     ``lines``: stdout is this same terminal, where the results stream between batches and a live region would
     overwrite them; requests then get one stderr line per batch instead of a bar (a video bar is still drawn: no
@@ -147,7 +214,7 @@ class WorkDisplay:
             self._bars = None
 
     def handle(self, event: str, fields: dict[str, Any]) -> None:
-        """The ``inference.work`` sink."""
+        """The work-event sink (``qwenvl_rbln.progress.watching``)."""
         getattr(self, "_on_" + event.replace(".", "_"), lambda f: None)(fields)
 
     def _on_requests_start(self, f: dict[str, Any]) -> None:
@@ -199,17 +266,15 @@ class WorkDisplay:
 
 @contextlib.contextmanager
 def work_watch(as_json: bool) -> Iterator[None]:
-    """Install a ``WorkDisplay`` as the ``inference.work`` sink when a live display is allowed; else nothing."""
+    """Install a ``WorkDisplay`` as the work-event sink when a live display is allowed; else nothing."""
     import sys
-
-    from qwenvl_rbln.inference import work
 
     if not allowed(as_json):
         yield
         return
     display = WorkDisplay(render.err(), lines=sys.stdout.isatty())
     try:
-        with work.watching(display.handle):
+        with progress_events.watching(display.handle):
             yield
     finally:
         display.close()

@@ -33,7 +33,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln.backends.rbln.progress import stage_hooks
+from qwenvl_rbln.backends.rbln.progress import import_stage, stage_hooks
 from qwenvl_rbln.errors import BackendError, DependencyMissing, DoesNotFit
 
 INSTALL_HINT = (
@@ -195,6 +195,7 @@ def compile_model(plan: Any, out_dir: Path, progress: Any, model_cls: Any = None
     ``source`` is the model id or local directory to compile (default: the plan's model id). Returns what was
     called, for the manifest. Errors become DoesNotFit (memory) or BackendError (anything else).
     """
+    import_stage(progress, model_cls)
     cls = model_class(model_cls)
     out_dir = Path(out_dir)
     scratch = out_dir.parent / f"{out_dir.name}.export"

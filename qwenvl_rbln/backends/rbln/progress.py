@@ -10,6 +10,7 @@ a log handler), apart from the compile call itself in ``rbln``. What it relies o
   messages at INFO level (only DEBUG lines during KV sizing, ``modeling_attention_utils.py:253-268, 374-398``), so
   stages are reported by wrapping ``RBLNBaseModel.compile`` for the duration of the export, plus a handler on
   the ``optimum.rbln`` logger for the KV-sizing debug lines when OPTIMUM_RBLN_VERBOSE=debug.
+- Importing optimum-rbln's model classes takes seconds; ``import_stage`` gives it a stage of its own.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,6 +56,13 @@ def _stage_label(cls: Any, name: str, cfg: Any, plan: Any) -> tuple[str, str]:
         pos = names.index(name) + 1 if name in names else 0
         return f"decoder graph {name}", f"{name}.rbln ({pos}/{len(names)})" if pos else f"{name}.rbln"
     return f"graph {name}", f"{name}.rbln"
+
+
+def import_stage(progress: Any, model_cls: Any = None) -> None:
+    """Importing optimum-rbln's model classes (with torch, transformers and the compiler's Python side) takes
+    seconds on the first compile of a process: its own stage, so it is not counted in the stage before it."""
+    if model_cls is None and "optimum.rbln.modeling_base" not in sys.modules:
+        progress.stage("importing optimum-rbln", "optimum.rbln with torch and transformers, once per process")
 
 
 @contextlib.contextmanager
