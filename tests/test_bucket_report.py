@@ -1,5 +1,5 @@
-"""The bucket-plan report as a library (``vision.bucket_plan``: ``report``, ``items``, ``optimise``):
-plain data in and out, no terminal, and warnings heard in the order the CLI prints them."""
+"""The bucket-plan report as a library (``jobs.bucket_plan_job`` over ``vision.bucket_plan``: ``report``, ``items``,
+``optimise``): plain data in and out, no terminal, and warnings heard in the order the CLI prints them."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from qwenvl_rbln.errors import DoesNotFit, InputError
+from qwenvl_rbln.jobs.bucket_plan_job import memory_gate, run_bucket_plan
 from qwenvl_rbln.planning.plan import build_plan
 from qwenvl_rbln.vision.bucket_plan.items import ItemPlanner
-from qwenvl_rbln.vision.bucket_plan.report import memory_gate, run_bucket_plan
 
 PACKAGE = Path(__file__).resolve().parents[1] / "qwenvl_rbln"
 CORE = ("vision/bucket_plan/items.py", "vision/bucket_plan/report.py", "vision/bucket_plan/optimise.py")

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from qwenvl_rbln.artifacts.manifest import write_manifest
+from qwenvl_rbln.jobs.bucket_plan_job import run_bucket_plan
 from qwenvl_rbln.planning.plan import build_plan
 from qwenvl_rbln.vision import frame_cap, geometry
-from qwenvl_rbln.vision.bucket_plan.report import run_bucket_plan
 from tests.fakes_rbln import run_main, write_artifact, write_noise_video
 
 
