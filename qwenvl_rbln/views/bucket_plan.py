@@ -1,4 +1,4 @@
-"""Renders a bucket-plan report (``jobs.bucket_plan_job.run_bucket_plan``) as tables that stay readable at 80 columns."""
+"""Renders a bucket-plan report (``jobs.bucket_plan_job.run_bucket_plan``) as tables readable at 80 columns."""
 
 from __future__ import annotations
 
