@@ -205,6 +205,23 @@ def test_oversize_item_is_resized_into_the_largest_of_several_buckets_as_infer_r
     assert (ran.resized_width, ran.resized_height, ran.patches, ran.bucket) == (2336, 1760, 16060, 16384)
 
 
+def test_the_footnote_names_the_cap_that_resized_each_input() -> None:
+    """8000x8000 under processor.max_pixels=16777216 resizes to 4096x4096 (65,536 patches), above the bucket:
+    --on-oversize resize caps it to 2048x2048, and the footnote says so instead of blaming processor.max_pixels.
+    Under the preset's own cap the same image is downscaled by processor.max_pixels, and that footnote stays."""
+    r = _invoke("--set", "processor.max_pixels=16777216", "--size", "8000x8000")
+    assert r.exit_code == 0, r.output
+    assert "2048x2048\u2020" in r.stdout and "2048x2048*" not in r.stdout
+    assert (
+        "\u2020 capped by --on-oversize resize (from 65,536 patches): above the largest ViT bucket 16,384" in r.stdout
+    )
+    assert "downscaled by processor.max_pixels" not in r.stdout
+    r = _invoke("--size", "8000x8000")
+    assert r.exit_code == 0, r.output
+    assert "2048x2048*" in r.stdout and "* downscaled by processor.max_pixels=4,194,304" in r.stdout
+    assert "--on-oversize resize (from" not in r.stdout
+
+
 def test_the_preset_key_sets_the_policy_and_the_flag_overrides_it() -> None:
     big = ("--set", "processor.max_pixels=16777216", "--size", "4000x3000")
     code, data = _json(*big, "--set", "runtime.on_oversize=error")

@@ -56,10 +56,15 @@ def _print_header(console: Any, data: dict[str, Any]) -> None:
         )
 
 
+OVERSIZE_MARK = "†"  # a dagger: resized by the oversize policy, not by the processor caps (*)
+
+
 def _item_row(it: dict[str, Any]) -> list[str]:
     size = f"{it['width']}x{it['height']}" if it["width"] else "-"
     resized = f"{it['resized_width']}x{it['resized_height']}" if it["resized_width"] else "-"
-    if it.get("capped"):
+    if it.get("oversize_capped"):  # the oversize policy's cap, not the plan's processor caps
+        resized += OVERSIZE_MARK
+    elif it.get("capped"):
         resized += "*"
     bucket = str(it["bucket"]) if it["bucket"] else ("[red]none[/red]" if it["patches"] else "[red]error[/red]")
     return [
@@ -103,13 +108,30 @@ def _print_inputs(console: Any, data: dict[str, Any], rows_limit: int) -> None:
         console.print(
             f"[dim]{len(items) - len(shown):,} more {what} not shown (--rows 0 shows all; --json has every item)[/dim]"
         )
-    if s["capped_inputs"]:
+    _print_cap_notes(console, items, s)
+
+
+def _print_cap_notes(console: Any, items: list[dict[str, Any]], s: dict[str, Any]) -> None:
+    """One footnote per cap that applied: the plan's processor caps (``*``) or, above the largest bucket, the
+    oversize policy's per-request resize (``OVERSIZE_MARK``), so a resize is never blamed on the wrong cap."""
+    oversize = [it for it in items if it.get("oversize_capped")]
+    by_oversize = sum(it["count"] for it in oversize)
+    by_caps = s["capped_inputs"] - by_oversize
+    if by_caps:
         frame = s["processor"].get("video_max_frame_pixels")
         frame_txt = f", video frames at video_max_frame_pixels={frame:,}" if frame else ""
         console.print(
             f"[dim]* downscaled by processor.max_pixels={s['processor']['max_pixels']:,}{frame_txt} (qvl caps them at "
             f"the largest bucket x 256 so nothing overflows; above it: --on-oversize {s.get('on_oversize', 'resize')})"
-            f"; {s['capped_inputs']:,} input(s) affected[/dim]"
+            f"; {by_caps:,} input(s) affected[/dim]"
+        )
+    if by_oversize:
+        before = max(it["patches_before_cap"] for it in oversize)
+        origin = f"from {before:,} patches" if len(oversize) == 1 else f"from up to {before:,} patches"
+        console.print(
+            f"[dim]{OVERSIZE_MARK} capped by --on-oversize resize ({origin}): above the largest ViT bucket "
+            f"{s['vit_buckets'][-1]:,}, so resized into it for its own request, as infer runs it; "
+            f"{by_oversize:,} input(s) affected[/dim]"
         )
 
 
