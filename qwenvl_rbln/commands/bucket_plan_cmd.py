@@ -62,8 +62,9 @@ def register(app: typer.Typer) -> None:
         plot: Path = PlotOpt,
         as_json: bool = JsonOpt,
     ) -> None:
-        """Where each image / video frame lands in the ViT buckets, its padding and compute, and the best buckets
-        for a workload. Header reads only: no model, no NPU."""
+        """Where each image / video frame lands in the ViT buckets: padding, compute, the best buckets for a workload.
+
+        Header reads only: no model, no NPU."""
         from qwenvl_rbln.commands.common import check_plot, plotted, print_warnings
         from qwenvl_rbln.jobs.bucket_plan_job import memory_gate, run_bucket_plan
         from qwenvl_rbln.views import render

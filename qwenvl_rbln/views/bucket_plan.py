@@ -222,7 +222,8 @@ def _print_packed(console: Any, s: dict[str, Any]) -> None:
         return
     console.print(
         f"packed ViT calls (a request's images / temporal patches share calls): {s['vit_calls']:,} -> "
-        f"{p['vit_calls']:,} calls, executed {fmt_flops(s['executed_flops'])} -> {fmt_flops(p['executed_flops'])} "
+        f"{plural(p['vit_calls'], 'call')}, executed {fmt_flops(s['executed_flops'])} -> "
+        f"{fmt_flops(p['executed_flops'])} "
         f"({_ratio(s['executed_over_useful'])} -> {_ratio(p['executed_over_useful'])} useful), attn mask "
         f"{fmt_bytes(p['unpacked_attn_mask_bytes'])} -> {fmt_bytes(p['attn_mask_bytes'])} sent "
         "(--no-vit-packing: one call each)",
@@ -322,7 +323,8 @@ def _print_decoder_optimized(console: Any, do: dict[str, Any]) -> None:
     rows = [row("[bold]optimised[/bold]", do)]
     for key, label in (("preset", "preset"), ("single_largest", "batch_size only"), ("powers_of_two", "powers of two")):
         b = do["baselines"][key]
-        extra = f" ({b['uncovered_steps']:,} steps do not fit)" if b["uncovered_steps"] else ""
+        n = b["uncovered_steps"]
+        extra = f" ({plural(n, 'step')} {'does' if n == 1 else 'do'} not fit)" if n else ""
         rows.append(row(label + extra, b))
     print_table(console, cols, rows)
     _recommendation_line(console, do["set"], do.get("memory"))

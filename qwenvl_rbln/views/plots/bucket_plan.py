@@ -222,7 +222,8 @@ def _title(data: dict[str, Any]) -> str:
             text += f" (packed {lst['packed_executed_over_useful']:.2f}x)"
         parts.append(text)
     if data["uncovered_calls"]:
-        parts.append(f"{data['uncovered_calls']} calls above the largest bucket")
+        n = data["uncovered_calls"]
+        parts.append(f"{n} call{'' if n == 1 else 's'} above the largest bucket")
     return "ViT buckets - " + "; ".join(parts)
 
 
