@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import DoesNotFit, QvlError
+from qwenvl_rbln.inference.vision_report import bucket_memory_check
 from qwenvl_rbln.memory import workspaces
 from qwenvl_rbln.memory.planner import estimate_plan
 from qwenvl_rbln.memory.verdicts import fit_hint, gate_message, gate_stops
@@ -146,7 +147,7 @@ def run_bucket_plan(
         check_policy(on_oversize)
         plan.runtime = {**plan.runtime, "on_oversize": on_oversize}
     early: list[str] = []
-    planner = ItemPlanner(plan)
+    planner = ItemPlanner(plan, bucket_memory=bucket_memory_check(plan))
     items = [planner.file(path) for path in expansion.files]
     items += [planner.size(text, w, h) for text, w, h in parsed_sizes]
     wl_info = None
