@@ -46,3 +46,20 @@ def test_bucket_plan_short_help_is_one_unbroken_sentence():
     render.reset_consoles()
     (line,) = [x for x in r.stdout.splitlines() if "bucket-plan " in x]
     assert first in line
+
+
+def test_bucket_plan_decoder_counts_in_the_right_number(tmp_path, capsys):
+    from tests.fakes_rbln import run_main
+
+    one = tmp_path / "one.json"
+    one.write_text("[1]")
+    render.reset_consoles()
+    r = CliRunner().invoke(app, ["bucket-plan", "--batch-trace", str(one)], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    render.reset_consoles()
+    assert r.exit_code == 0, r.output
+    assert "1 decode step, 1 real row, 0 padded rows" in r.stdout
+    above = tmp_path / "above.json"
+    above.write_text("[1, 9]")  # 9 is above the preset's largest decoder graph: one step cannot run
+    code, _, err = run_main(["bucket-plan", "--batch-trace", str(above)], capsys)
+    assert code == 2
+    assert "qvl: error: 1 decode step is above the largest decoder graph" in err

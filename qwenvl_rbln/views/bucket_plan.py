@@ -251,12 +251,13 @@ def _print_optimized(console: Any, opt: dict[str, Any], preset: str) -> None:
     console.print(
         f"[bold]optimised ViT buckets[/bold] (K={opt['k']}, {opt['distinct_values']:,} distinct patch counts; "
         f"cost = {'packed ' if opt.get('cost') == 'packed' else ''}ViT FLOPs; every list on the same "
-        f"{opt['vit_calls']:,} ViT calls)"
+        f"{plural(opt['vit_calls'], 'ViT call')})"
     )
     rep = opt.get("replanned")
     if rep:
         console.print(
-            f"{rep['inputs']:,} input(s) ({rep['vit_calls']:,} ViT calls, up to {rep['max_patches_before']:,} patches) "
+            f"{rep['inputs']:,} input(s) ({plural(rep['vit_calls'], 'ViT call')}, up to "
+            f"{rep['max_patches_before']:,} patches) "
             f"are above --max-bucket {rep['max_bucket']:,}; every list below costs them resized as {rep['set']} "
             f"does (part of the suggested --set)",
             markup=False,
@@ -333,7 +334,8 @@ def _print_decoder_optimized(console: Any, do: dict[str, Any]) -> None:
 def _print_decoder(console: Any, dec: dict[str, Any], rows_limit: int) -> None:
     console.print(
         f"[bold]decoder graphs[/bold] {dec['decoder_batch_sizes']} (batch_size {dec['batch_size']}): "
-        f"{dec['steps']:,} decode steps, {dec['rows']:,} real rows, {dec['padded_rows']:,} padded rows "
+        f"{plural(dec['steps'], 'decode step')}, {plural(dec['rows'], 'real row')}, "
+        f"{plural(dec['padded_rows'], 'padded row')} "
         f"({dec['padded_pct'] if dec['padded_pct'] is not None else 0:.1f}% of computed)"
     )
     per = dec["per_batch"]

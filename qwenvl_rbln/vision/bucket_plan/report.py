@@ -292,7 +292,8 @@ def final_error(data: dict[str, Any], as_json: bool) -> InputError | None:
         parts.append(f"{failed:,} of {len(data['items']):,} inputs cannot run with preset {data['summary']['preset']}")
         where.append("items[].error")
     if dec_failed:
-        parts.append(f"{dec_failed:,} decode steps are above the largest decoder graph")
+        steps = f"{dec_failed:,} decode step is" if dec_failed == 1 else f"{dec_failed:,} decode steps are"
+        parts.append(f"{steps} above the largest decoder graph")
         where.append("decoder.per_batch[].error")
     if as_json:
         return InputError("; ".join(parts), f"see {' and '.join(where)} in the JSON for each one's fix")
