@@ -14,7 +14,12 @@ from qwenvl_rbln.planning.plan import build_plan
 from qwenvl_rbln.vision.bucket_plan.items import ItemPlanner
 
 PACKAGE = Path(__file__).resolve().parents[1] / "qwenvl_rbln"
-CORE = ("vision/bucket_plan/items.py", "vision/bucket_plan/report.py", "vision/bucket_plan/optimise.py")
+CORE = (
+    "vision/bucket_plan/items.py",
+    "vision/bucket_plan/report.py",
+    "vision/bucket_plan/optimise.py",
+    "jobs/bucket_plan_job.py",
+)
 NOT_IN_CORE = ("typer", "rich", "torch", "transformers", "optimum", "qwenvl_rbln.views", "qwenvl_rbln.backends")
 IGNORED = "ignored keys source (only width, height, count, frames, fps, kind and images are read)"
 
