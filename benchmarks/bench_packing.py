@@ -46,7 +46,7 @@ def coco_lines(seed: int = 2017) -> list[dict]:
 
 
 def plan(lines: list[dict], packing: bool) -> dict:
-    from qwenvl_rbln.vision.bucket_plan.report import run_bucket_plan
+    from qwenvl_rbln.jobs.bucket_plan_job import run_bucket_plan
 
     with tempfile.TemporaryDirectory() as d:
         wl = Path(d) / "w.jsonl"

@@ -363,3 +363,15 @@ def test_the_readme_layout_lists_the_packages_in_the_declared_order():
     packages = [f"{name}/" for name in names if name and (PACKAGE / name).is_dir()]
     positions = [layout.index("\n" + name) for name in packages]
     assert positions == sorted(positions), f"README lists the packages out of LAYERS order: {packages}"
+
+
+def test_vision_never_asks_the_memory_planner():
+    """Vision is pure maths (geometry, buckets, packing, the bucket-plan arithmetic): the plan's memory verdicts
+    and figures are asked by a higher layer (``jobs.bucket_plan_job``) and handed down, never imported here."""
+    graph = import_graph(PACKAGE)
+    offenders = {
+        module: sorted(t for t in targets if t == "qwenvl_rbln.memory" or t.startswith("qwenvl_rbln.memory."))
+        for module, targets in graph.items()
+        if module == "qwenvl_rbln.vision" or module.startswith("qwenvl_rbln.vision.")
+    }
+    assert not {m: t for m, t in offenders.items() if t}, offenders

@@ -183,6 +183,45 @@ def test_oversize_item_is_planned_resized_by_default_as_infer_runs_it() -> None:
     assert data["summary"]["uncovered"]["calls"] == 0
 
 
+def test_oversize_item_is_resized_into_the_largest_of_several_buckets_as_infer_runs_it() -> None:
+    """The cap of --on-oversize resize is the largest bucket, not the first: with [1024, 3136, 16384] a 4000x3000
+    image is planned at 2336x1760 (16,060 patches, bucket 16384), exactly as infer's vision plan runs it."""
+    from qwenvl_rbln.inference import requests as rq
+    from qwenvl_rbln.inference.vision_report import plan_vision
+    from qwenvl_rbln.planning.plan import build_plan
+    from qwenvl_rbln.vision.media import ImageInfo
+
+    sets = ("--set", "processor.max_pixels=16777216")
+    code, data = _json("-p", "rebel100-1npu-vit-buckets", *sets, "--size", "4000x3000")
+    assert code == 0 and data["summary"]["vit_buckets"] == [1024, 3136, 16384]
+    (it,) = data["items"]
+    assert (it["resized_width"], it["resized_height"], it["patches"]) == (2336, 1760, 16060)
+    assert it["bucket"] == 16384 and it["oversize_capped"] is True and it["patches_before_cap"] == 47000
+    assert "processor.max_pixels=4194304" in it["notes"][-1]
+    plan = build_plan("rebel100-1npu-vit-buckets", ["processor.max_pixels=16777216"])
+    req = rq.Request(id="r", prompt="x")
+    req.image_info = [ImageInfo(Path("a.jpg"), 4000, 3000, "JPEG", 1)]
+    (ran,) = plan_vision([req], plan.processor, plan.vit_buckets).items["r"]
+    assert (ran.resized_width, ran.resized_height, ran.patches, ran.bucket) == (2336, 1760, 16060, 16384)
+
+
+def test_the_footnote_names_the_cap_that_resized_each_input() -> None:
+    """8000x8000 under processor.max_pixels=16777216 resizes to 4096x4096 (65,536 patches), above the bucket:
+    --on-oversize resize caps it to 2048x2048, and the footnote says so instead of blaming processor.max_pixels.
+    Under the preset's own cap the same image is downscaled by processor.max_pixels, and that footnote stays."""
+    r = _invoke("--set", "processor.max_pixels=16777216", "--size", "8000x8000")
+    assert r.exit_code == 0, r.output
+    assert "2048x2048\u2020" in r.stdout and "2048x2048*" not in r.stdout
+    assert (
+        "\u2020 capped by --on-oversize resize (from 65,536 patches): above the largest ViT bucket 16,384" in r.stdout
+    )
+    assert "downscaled by processor.max_pixels" not in r.stdout
+    r = _invoke("--size", "8000x8000")
+    assert r.exit_code == 0, r.output
+    assert "2048x2048*" in r.stdout and "* downscaled by processor.max_pixels=4,194,304" in r.stdout
+    assert "--on-oversize resize (from" not in r.stdout
+
+
 def test_the_preset_key_sets_the_policy_and_the_flag_overrides_it() -> None:
     big = ("--set", "processor.max_pixels=16777216", "--size", "4000x3000")
     code, data = _json(*big, "--set", "runtime.on_oversize=error")

@@ -74,6 +74,25 @@ def test_oversize_message_names_input_and_both_fixes() -> None:
     assert isinstance(err, InputError) and err.hint and err.exit_code == 2
 
 
+def test_oversize_fix_marks_a_bucket_the_memory_planner_rejects() -> None:
+    """``bucket_memory`` is asked about the new largest bucket (rounded up): a cost moves the cap first."""
+    asked = []
+
+    def cost(bucket: int) -> str | None:
+        asked.append(bucket)
+        return "memory verdict does_not_fit: visual workspace 9.00 GiB" if bucket > 20000 else None
+
+    hint = bk.oversize_error("x", 24126, [16384], bucket_memory=cost).hint
+    assert asked == [24128]
+    assert hint.startswith("cap the processor: --set processor.max_pixels=4194304")
+    assert hint.endswith(
+        "a bucket of 24128 instead (--set visual.max_seq_len=[16384,24128]) costs memory the plan does not have "
+        "(memory verdict does_not_fit: visual workspace 9.00 GiB)"
+    )
+    fits = bk.oversize_error("x", 18000, [16384], bucket_memory=cost).hint
+    assert fits == bk.oversize_error("x", 18000, [16384]).hint and fits.startswith("add a bucket: ")
+
+
 def test_oversize_message_for_video_caps_each_frame() -> None:
     msg = bk.oversize_error("clip.mp4", 24128, [16384], kind="video", frames=4).one_line()
     assert "clip.mp4" in msg and "24128" in msg and "temporal patch" in msg

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from qwenvl_rbln.artifacts.manifest import write_manifest
+from qwenvl_rbln.jobs.bucket_plan_job import run_bucket_plan
 from qwenvl_rbln.planning.plan import build_plan
 from qwenvl_rbln.vision import frame_cap, geometry
-from qwenvl_rbln.vision.bucket_plan.report import run_bucket_plan
 from tests.fakes_rbln import run_main, write_artifact, write_noise_video
 
 
@@ -293,3 +293,48 @@ def test_a_compile_with_other_caps_rewrites_the_files_and_their_hashes(tiny_rbln
     code, data, _ = run_main(["load-check", str(out), "--emulate", "--no-runtime", "--json"], capsys)
     report = json.loads(data)
     assert code == 0 and report["layout"]["ok"] and not report["layout"]["modified"], report["layout"]
+
+
+# --- the oversize fix offers no bucket the memory planner says cannot load (D13) ---------------------------------
+
+BIG_8B = ["processor.max_pixels=16777216"]  # 8000x8000 -> 4096x4096, 65,536 patches: a 402 GiB visual workspace
+
+
+def test_bucket_plan_puts_the_cap_first_when_the_added_bucket_does_not_fit(tmp_path):
+    wl = _workload(tmp_path, {"width": 8000, "height": 8000})
+    (item,) = _plan("rebel100-8b", workload=wl, sets=BIG_8B, on_oversize="error")["items"]
+    fix = item["error"].split("; fix: ", 1)[1]
+    assert fix.startswith("cap the processor: --set processor.max_pixels=4194304")
+    assert "add a bucket" not in fix
+    assert (
+        "a bucket of 65536 instead (--set visual.max_seq_len=[16384,65536]) costs memory the plan does not have" in fix
+    )
+    assert "memory verdict uncertain: visual workspace 402.03 GiB, device 0 454.01 GiB of 140.00 GiB usable" in fix
+
+
+def test_bucket_plan_still_offers_first_an_added_bucket_that_fits(tmp_path):
+    wl = _workload(tmp_path, {"width": 2400, "height": 1800})  # 16,800 patches: a bucket of 16800 fits on 8B
+    (item,) = _plan("rebel100-8b", workload=wl, sets=BIG_8B, on_oversize="error")["items"]
+    assert item["patches"] == 16800
+    assert (
+        item["error"].split("; fix: ", 1)[1].startswith("add a bucket: --set visual.max_seq_len=[16384,16800], or cap")
+    )
+    assert "costs memory" not in item["error"]
+
+
+def test_infer_offers_the_resize_first_and_marks_a_recompile_that_cannot_load(tmp_path, capsys):
+    from tests.test_bucket_plan_cli import _png_header_only
+
+    plan = build_plan("rebel100-8b")
+    root = write_artifact(tmp_path / "art", plan)
+    write_manifest(root, {"format": 1, "npu": plan.npu, "placement": plan.placement, "model": {"id": "m"}})
+    big = tmp_path / "big.png"
+    big.write_bytes(_png_header_only(8000, 8000))
+    argv = ["infer", str(root), "--image", str(big), "--prompt", "x", "--set", BIG_8B[0], "--on-oversize", "error"]
+    code, out, err = run_main(argv, capsys)
+    assert code == 2 and out == ""
+    fix = err.strip().splitlines()[-1].split("; fix: ", 1)[1]
+    assert fix.startswith("run it resized to the largest bucket 16384: --on-oversize resize (the default)")
+    assert "recompile with a bucket that fits" not in fix
+    assert "a bucket of 65536 instead (a recompile: `qvl compile --preset " in fix
+    assert "visual.max_seq_len=[16384,65536]" in fix and "costs memory the plan does not have (memory verdict" in fix

@@ -1,7 +1,7 @@
 """`qvl bucket-plan`: where each image / video frame lands in the ViT buckets, what it wastes, and
 which bucket list (and decoder_batch_sizes) would serve a real workload best.
 
-Options only: ``qwenvl_rbln/vision/bucket_plan/report.py`` builds the report (header reads and arithmetic: no torch,
+Options only: ``qwenvl_rbln/jobs/bucket_plan_job.py`` builds the report (header reads and arithmetic: no torch,
 no model, no NPU) and ``qwenvl_rbln/views/bucket_plan.py`` renders it.
 """
 
@@ -62,12 +62,14 @@ def register(app: typer.Typer) -> None:
         plot: Path = PlotOpt,
         as_json: bool = JsonOpt,
     ) -> None:
-        """Where each image / video frame lands in the ViT buckets, its padding and compute, and the best buckets
-        for a workload. Header reads only: no model, no NPU."""
+        """Where each image / video frame lands in the ViT buckets: padding, compute, the best buckets for a workload.
+
+        Header reads only: no model, no NPU."""
         from qwenvl_rbln.commands.common import check_plot, plotted, print_warnings
+        from qwenvl_rbln.jobs.bucket_plan_job import memory_gate, run_bucket_plan
         from qwenvl_rbln.views import render
         from qwenvl_rbln.views.bucket_plan import print_human
-        from qwenvl_rbln.vision.bucket_plan.report import final_error, memory_gate, run_bucket_plan
+        from qwenvl_rbln.vision.bucket_plan.report import final_error
 
         plot = check_plot(plot)
         data, warnings = run_bucket_plan(

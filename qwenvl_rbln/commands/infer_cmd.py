@@ -120,10 +120,10 @@ def vit_line(vit: dict[str, Any]) -> str:
     shown = ", ".join(f"{p['bucket']} [{'+'.join(map(str, p['lengths']))}, pad {p['padding']}]" for p in packs[:8])
     more = f", ... ({len(packs) - 8} more)" if len(packs) > 8 else ""
     how = "packed" if vit["packing"] else "unpacked: --no-vit-packing or runtime.vit_packing false"
-    return (
-        f"  ViT: {vit['graph_calls']} graph call{'s' if vit['graph_calls'] != 1 else ''} for "
-        f"{vit['unpacked_calls']} segments ({how}): {shown}{more}"
-    )
+    from qwenvl_rbln.views.render import plural
+
+    calls, segments = plural(vit["graph_calls"], "graph call"), plural(vit["unpacked_calls"], "segment")
+    return f"  ViT: {calls} for {segments} ({how}): {shown}{more}"
 
 
 def register(app: typer.Typer) -> None:

@@ -164,7 +164,7 @@ def _prepare(opts: InferOptions, target: Target, requests: list[Any], gen: Any) 
     so a --max-new-tokens that does not fit is refused with the exact limit before a model loads.
     """
     from qwenvl_rbln.inference.inputs import check_media, load_processor
-    from qwenvl_rbln.inference.vision_report import plan_vision
+    from qwenvl_rbln.inference.vision_report import bucket_memory_check, plan_vision
     from qwenvl_rbln.planning.catalogue.modelinfo import processor_defaults
 
     vis = target.plan.geometry.vision
@@ -178,6 +178,7 @@ def _prepare(opts: InferOptions, target: Target, requests: list[Any], gen: Any) 
         temporal_patch_size=vis.temporal_patch_size,
         recompile=None if target.kind == "hf" else target.recompile,
         stock=processor_defaults(target.plan.model_id),
+        bucket_memory=bucket_memory_check(target.plan),
     )
     for req in requests:
         req.caps = vplan.request_caps[req.id]

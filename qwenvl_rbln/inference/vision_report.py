@@ -27,7 +27,7 @@ from typing import Any
 
 from qwenvl_rbln.errors import InputError, raise_all
 from qwenvl_rbln.planning.plan import ON_OVERSIZE  # one spelling for every command
-from qwenvl_rbln.vision.buckets import oversize_error, padding_pct, round_up, select_bucket
+from qwenvl_rbln.vision.buckets import bucket_cost_clause, oversize_error, padding_pct, round_up, select_bucket
 from qwenvl_rbln.vision.geometry import (
     IMAGE_MAX_PIXELS,
     VIDEO_MAX_PIXELS,
@@ -214,6 +214,40 @@ def _list_arg(values: list[int]) -> str:
     return "[" + ",".join(str(v) for v in values) + "]"
 
 
+def bucket_memory_check(plan: Any) -> Callable[[int], str | None] | None:
+    """``bucket_memory`` for ``buckets.oversize_error``: the memory planner's word on ``plan`` with an added ViT
+    bucket as its largest (None: it fits; else the verdict with the visual workspace and the fullest device), so
+    the oversize fix never offers, as plain, a bucket that cannot load. None off the rbln backend (no NPU memory)."""
+    if getattr(plan, "backend", None) != "rbln":
+        return None
+    from qwenvl_rbln.memory.planner import estimate_plan
+    from qwenvl_rbln.units import fmt_bytes
+
+    answers: dict[int, str | None] = {}
+
+    def cost(bucket: int) -> str | None:
+        if bucket not in answers:
+            try:
+                report = estimate_plan(plan, largest_vit_bucket=bucket, suggest=False).to_dict()
+            except Exception:  # no estimate: the fix stays as it was, never a crash in an error message
+                answers[bucket] = None
+                return None
+            answers[bucket] = None if report["verdict"] == "fits" else _cost_text(report, fmt_bytes)
+        return answers[bucket]
+
+    return cost
+
+
+def _cost_text(report: dict[str, Any], fmt: Callable[[Any], str]) -> str:
+    """'memory verdict uncertain: visual workspace 402.03 GiB, device 0 454.02 GiB of 140.00 GiB usable'."""
+    device = max(report["devices"], key=lambda d: d["total_bytes"] / max(d["usable_bytes"], 1))
+    workspace = sum(i["bytes"] for d in report["devices"] for i in d["items"] if i["name"] == "visual.workspace")
+    return (
+        f"memory verdict {report['verdict']}: visual workspace {fmt(workspace)}, device {device['device']} "
+        f"{fmt(device['total_bytes'])} of {fmt(device['usable_bytes'])} usable"
+    )
+
+
 def _cap_fix(item: VisionItem, largest: int, geo: dict[str, int]) -> str:
     """The processor cap that resizes ``item`` into the largest bucket, as a --set."""
     ps = geo["patch_size"]
@@ -228,9 +262,11 @@ def _oversize_error(
     geo: dict[str, int],
     recompile: Callable[[str], str] | None,
     resizable: bool = True,
+    bucket_memory: Callable[[int], str | None] | None = None,
 ) -> InputError:
     """buckets.oversize_error, with fixes that work where the buckets are compiled (``recompile`` given);
-    ``resizable``: --on-oversize resize would fit it (False: resizing was tried and cannot)."""
+    ``resizable``: --on-oversize resize would fit it (False: resizing was tried and cannot); ``bucket_memory``
+    (``bucket_memory_check``): a bucket the plan has no memory for comes last, marked with its cost."""
     exc = oversize_error(
         item.input,
         item.patches,
@@ -239,18 +275,23 @@ def _oversize_error(
         frames=item.frames,
         patch_size=geo["patch_size"],
         temporal_patch_size=geo["temporal_patch_size"],
+        bucket_memory=bucket_memory,
     )
     resize = "--on-oversize resize (the default)"
     if recompile is None:
         return InputError(exc.message, f"{exc.hint}; or let qvl resize it: {resize}" if resizable else exc.hint)
-    new_buckets = _list_arg(sorted({*buckets, round_up(item.patches)}))
-    command = recompile(f"visual.max_seq_len={new_buckets}")
+    need = round_up(item.patches)
+    command = recompile(f"visual.max_seq_len={_list_arg(sorted({*buckets, need}))}")
+    cost = bucket_memory(need) if bucket_memory is not None else None
+    resized = f"run it resized to the largest bucket {buckets[-1]}: {resize}, or cap the processor: " + _cap_fix(
+        item, buckets[-1], geo
+    )
+    if cost:  # the resize first: the recompile is offered only with what it costs
+        recompiled = bucket_cost_clause(need, f"a recompile: `{command}`", cost)
+        return InputError(exc.message, f"{resized}; {recompiled}" if resizable else recompiled)
     hint = f"the compiled ViT buckets cannot change at run time: recompile with a bucket that fits: `{command}`"
     if resizable:
-        hint += (
-            f"; or run it resized to the largest bucket {buckets[-1]}: {resize}, or cap the processor: "
-            f"{_cap_fix(item, buckets[-1], geo)}"
-        )
+        hint += f"; or {resized}"
     return InputError(exc.message, hint)
 
 
@@ -274,6 +315,7 @@ def _plan_request(
     geo: dict[str, int],
     on_oversize: str,
     recompile: Callable[[str], str] | None,
+    bucket_memory: Callable[[int], str | None] | None = None,
 ) -> tuple[list[VisionItem], Any, list[dict[str, Any]]]:
     """(items, caps, capped entries) of one request, decided from that request alone."""
     items = _request_items(req, caps, buckets, geo)
@@ -281,12 +323,12 @@ def _plan_request(
     if not over:
         return items, caps, []
     if on_oversize == "error":
-        raise _oversize_error(over[0], buckets, geo, recompile)
+        raise _oversize_error(over[0], buckets, geo, recompile, bucket_memory=bucket_memory)
     new_caps = _capped_caps(caps, over, buckets[-1], geo)
     new_items = _request_items(req, new_caps, buckets, geo)
     still = [i for i in new_items if i.bucket is None]
     if still:  # the max(factor, ...) floor of extreme aspect ratios: resizing cannot help
-        raise _oversize_error(still[0], buckets, geo, recompile, resizable=False)
+        raise _oversize_error(still[0], buckets, geo, recompile, resizable=False, bucket_memory=bucket_memory)
     capped = []
     for old, it in zip(items, new_items, strict=True):
         if old.bucket is None:
@@ -317,12 +359,14 @@ def plan_vision(
     temporal_patch_size: int = 2,
     recompile: Callable[[str], str] | None = None,
     stock: dict[str, int] | None = None,
+    bucket_memory: Callable[[int], str | None] | None = None,
 ) -> VisionPlan:
     """Bucket every image/video of ``requests`` (their ``image_info``/``video_info`` must be probed).
 
     ``caps`` is a ``plan.ProcessorCaps``; ``buckets`` the ViT buckets (any order). ``recompile(set)``
     gives the `qvl compile` command that adds ``--set set`` to the artifact (None: the buckets come from
-    the preset, so ``--set visual.max_seq_len`` itself is the fix).
+    the preset, so ``--set visual.max_seq_len`` itself is the fix). ``bucket_memory`` (``bucket_memory_check``)
+    marks an added bucket the plan has no memory for, and puts the resize first.
     """
     from qwenvl_rbln.inference.requests import FLAGS_SOURCE
 
@@ -342,7 +386,7 @@ def plan_vision(
     for req in requests:
         try:
             items[req.id], request_caps[req.id], req_capped = _plan_request(
-                req, caps, buckets, geo, on_oversize, recompile
+                req, caps, buckets, geo, on_oversize, recompile, bucket_memory
             )
         except InputError as exc:  # name the batch file's line, as inputs.check_media does
             source = getattr(req, "source", FLAGS_SOURCE)

@@ -1,4 +1,4 @@
-"""Renders a bucket-plan report (``bucket_report.run_bucket_plan``) as tables that stay readable at 80 columns."""
+"""Renders a bucket-plan report (``jobs.bucket_plan_job.run_bucket_plan``) as tables readable at 80 columns."""
 
 from __future__ import annotations
 
@@ -56,10 +56,15 @@ def _print_header(console: Any, data: dict[str, Any]) -> None:
         )
 
 
+OVERSIZE_MARK = "†"  # a dagger: resized by the oversize policy, not by the processor caps (*)
+
+
 def _item_row(it: dict[str, Any]) -> list[str]:
     size = f"{it['width']}x{it['height']}" if it["width"] else "-"
     resized = f"{it['resized_width']}x{it['resized_height']}" if it["resized_width"] else "-"
-    if it.get("capped"):
+    if it.get("oversize_capped"):  # the oversize policy's cap, not the plan's processor caps
+        resized += OVERSIZE_MARK
+    elif it.get("capped"):
         resized += "*"
     bucket = str(it["bucket"]) if it["bucket"] else ("[red]none[/red]" if it["patches"] else "[red]error[/red]")
     return [
@@ -103,13 +108,30 @@ def _print_inputs(console: Any, data: dict[str, Any], rows_limit: int) -> None:
         console.print(
             f"[dim]{len(items) - len(shown):,} more {what} not shown (--rows 0 shows all; --json has every item)[/dim]"
         )
-    if s["capped_inputs"]:
+    _print_cap_notes(console, items, s)
+
+
+def _print_cap_notes(console: Any, items: list[dict[str, Any]], s: dict[str, Any]) -> None:
+    """One footnote per cap that applied: the plan's processor caps (``*``) or, above the largest bucket, the
+    oversize policy's per-request resize (``OVERSIZE_MARK``), so a resize is never blamed on the wrong cap."""
+    oversize = [it for it in items if it.get("oversize_capped")]
+    by_oversize = sum(it["count"] for it in oversize)
+    by_caps = s["capped_inputs"] - by_oversize
+    if by_caps:
         frame = s["processor"].get("video_max_frame_pixels")
         frame_txt = f", video frames at video_max_frame_pixels={frame:,}" if frame else ""
         console.print(
             f"[dim]* downscaled by processor.max_pixels={s['processor']['max_pixels']:,}{frame_txt} (qvl caps them at "
             f"the largest bucket x 256 so nothing overflows; above it: --on-oversize {s.get('on_oversize', 'resize')})"
-            f"; {s['capped_inputs']:,} input(s) affected[/dim]"
+            f"; {by_caps:,} input(s) affected[/dim]"
+        )
+    if by_oversize:
+        before = max(it["patches_before_cap"] for it in oversize)
+        origin = f"from {before:,} patches" if len(oversize) == 1 else f"from up to {before:,} patches"
+        console.print(
+            f"[dim]{OVERSIZE_MARK} capped by --on-oversize resize ({origin}): above the largest ViT bucket "
+            f"{s['vit_buckets'][-1]:,}, so resized into it for its own request, as infer runs it; "
+            f"{by_oversize:,} input(s) affected[/dim]"
         )
 
 
@@ -200,7 +222,8 @@ def _print_packed(console: Any, s: dict[str, Any]) -> None:
         return
     console.print(
         f"packed ViT calls (a request's images / temporal patches share calls): {s['vit_calls']:,} -> "
-        f"{p['vit_calls']:,} calls, executed {fmt_flops(s['executed_flops'])} -> {fmt_flops(p['executed_flops'])} "
+        f"{plural(p['vit_calls'], 'call')}, executed {fmt_flops(s['executed_flops'])} -> "
+        f"{fmt_flops(p['executed_flops'])} "
         f"({_ratio(s['executed_over_useful'])} -> {_ratio(p['executed_over_useful'])} useful), attn mask "
         f"{fmt_bytes(p['unpacked_attn_mask_bytes'])} -> {fmt_bytes(p['attn_mask_bytes'])} sent "
         "(--no-vit-packing: one call each)",
@@ -228,12 +251,13 @@ def _print_optimized(console: Any, opt: dict[str, Any], preset: str) -> None:
     console.print(
         f"[bold]optimised ViT buckets[/bold] (K={opt['k']}, {opt['distinct_values']:,} distinct patch counts; "
         f"cost = {'packed ' if opt.get('cost') == 'packed' else ''}ViT FLOPs; every list on the same "
-        f"{opt['vit_calls']:,} ViT calls)"
+        f"{plural(opt['vit_calls'], 'ViT call')})"
     )
     rep = opt.get("replanned")
     if rep:
         console.print(
-            f"{rep['inputs']:,} input(s) ({rep['vit_calls']:,} ViT calls, up to {rep['max_patches_before']:,} patches) "
+            f"{rep['inputs']:,} input(s) ({plural(rep['vit_calls'], 'ViT call')}, up to "
+            f"{rep['max_patches_before']:,} patches) "
             f"are above --max-bucket {rep['max_bucket']:,}; every list below costs them resized as {rep['set']} "
             f"does (part of the suggested --set)",
             markup=False,
@@ -300,7 +324,8 @@ def _print_decoder_optimized(console: Any, do: dict[str, Any]) -> None:
     rows = [row("[bold]optimised[/bold]", do)]
     for key, label in (("preset", "preset"), ("single_largest", "batch_size only"), ("powers_of_two", "powers of two")):
         b = do["baselines"][key]
-        extra = f" ({b['uncovered_steps']:,} steps do not fit)" if b["uncovered_steps"] else ""
+        n = b["uncovered_steps"]
+        extra = f" ({plural(n, 'step')} {'does' if n == 1 else 'do'} not fit)" if n else ""
         rows.append(row(label + extra, b))
     print_table(console, cols, rows)
     _recommendation_line(console, do["set"], do.get("memory"))
@@ -309,7 +334,8 @@ def _print_decoder_optimized(console: Any, do: dict[str, Any]) -> None:
 def _print_decoder(console: Any, dec: dict[str, Any], rows_limit: int) -> None:
     console.print(
         f"[bold]decoder graphs[/bold] {dec['decoder_batch_sizes']} (batch_size {dec['batch_size']}): "
-        f"{dec['steps']:,} decode steps, {dec['rows']:,} real rows, {dec['padded_rows']:,} padded rows "
+        f"{plural(dec['steps'], 'decode step')}, {plural(dec['rows'], 'real row')}, "
+        f"{plural(dec['padded_rows'], 'padded row')} "
         f"({dec['padded_pct'] if dec['padded_pct'] is not None else 0:.1f}% of computed)"
     )
     per = dec["per_batch"]

@@ -98,6 +98,7 @@ def oversize_error(
     frames: int | None = None,
     patch_size: int = 16,
     temporal_patch_size: int = 2,
+    bucket_memory: Callable[[int], str | None] | None = None,
 ) -> InputError:
     """The error for an input whose ViT call is longer than every compiled bucket, with both fixes.
 
@@ -105,6 +106,10 @@ def oversize_error(
     fix 2 caps the processor so inputs resize into the largest bucket: ``max_pixels = largest *
     patch_size**2`` for images, ``video_max_frame_pixels`` (the same number, per frame) for videos
     (``frame_cap.py``; ``frames`` is kept for callers and no longer changes the fix).
+
+    ``bucket_memory(new_largest)`` is the memory planner's word on fix 1, asked by a higher layer (vision does
+    not import the planner): None when the plan fits with that bucket, else why not with its figures; then the
+    cap comes first and the bucket is marked with that cost, so no fix is offered as plain that cannot load.
     """
     largest = max(buckets)
     need = round_up(patches)
@@ -121,8 +126,16 @@ def oversize_error(
     else:
         cap = max_pixels_for_bucket(largest, patch_size)
         cap_fix = f"--set processor.max_pixels={cap} (images then resize to at most {largest} patches)"
-    hint = f"add a bucket: --set visual.max_seq_len={_list_arg(new_list)}, or cap the processor: {cap_fix}"
-    return InputError(message, hint)
+    add = f"--set visual.max_seq_len={_list_arg(new_list)}"
+    cost = bucket_memory(need) if bucket_memory is not None else None
+    if cost:
+        return InputError(message, f"cap the processor: {cap_fix}; {bucket_cost_clause(need, add, cost)}")
+    return InputError(message, f"add a bucket: {add}, or cap the processor: {cap_fix}")
+
+
+def bucket_cost_clause(bucket: int, fix: str, cost: str) -> str:
+    """The bucket fix marked with what the memory planner says it costs (one wording for bucket-plan and infer)."""
+    return f"a bucket of {bucket} instead ({fix}) costs memory the plan does not have ({cost})"
 
 
 def select_decoder_graph(batch: int, decoder_batch_sizes: Sequence[int]) -> tuple[int, int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,15 @@ def blank_item(input_name: str, kind: str, source: str, count: int = 1) -> dict[
 class ItemPlanner:
     """Turns sizes and files into item dicts under one plan's buckets and processor caps."""
 
-    def __init__(self, plan: Any, on_oversize: str | None = None):
+    def __init__(
+        self,
+        plan: Any,
+        on_oversize: str | None = None,
+        bucket_memory: Callable[[int], str | None] | None = None,
+    ):
         self.plan = plan
+        # the memory planner's word on an added bucket, handed down (buckets.oversize_error): None asks nothing
+        self.bucket_memory = bucket_memory
         # one policy (runtime.on_oversize / --on-oversize) for bucket-plan, infer and serve: resize or error
         self.on_oversize = on_oversize or getattr(plan, "runtime", {}).get("on_oversize", "resize")
         self.buckets: list[int] = list(plan.vit_buckets)
@@ -171,6 +179,7 @@ class ItemPlanner:
                 frames=frames,
                 patch_size=self.vision.patch_size,
                 temporal_patch_size=self.vision.temporal_patch_size,
+                bucket_memory=self.bucket_memory,
             ).one_line()
         elif item["lm_fit"] and not item["lm_fit"]["fits"]:  # the context is a compiled shape too: infer refuses it
             fit = item["lm_fit"]

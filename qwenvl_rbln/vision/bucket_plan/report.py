@@ -1,103 +1,47 @@
 """The bucket-plan report as plain data: every item's bucket and padding, per-bucket compute, the packed
-figures, the plan's memory verdict, and the optional optimisations (``bucket_optimise_report.py``).
+figures, the flag checks and the closing error.
 
-Everything here is header reads and arithmetic: no torch, no model, no NPU, no terminal.
-``commands/bucket_plan_cmd.py`` parses the options, calls ``run_bucket_plan`` and renders the result
-(``bucket_plan_view.py``).
+Everything here is header reads and arithmetic: no torch, no model, no NPU, no terminal, and no memory planner:
+``jobs/bucket_plan_job.py`` builds the plan, asks the memory planner and hands its numbers down
+(``BucketMemory``); ``commands/bucket_plan_cmd.py`` parses the options and renders the result
+(``views/bucket_plan.py``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln.errors import DoesNotFit, InputError, QvlError
+from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.vision.bucket_plan.items import ItemPlanner
-from qwenvl_rbln.vision.bucket_plan.optimise import decoder_section, optimize_section
-from qwenvl_rbln.vision.buckets import vit_cost_fn
 from qwenvl_rbln.vision.context import RESERVE_TOKENS
-from qwenvl_rbln.vision.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS, expand_inputs_report, parse_size
+from qwenvl_rbln.vision.media import IMAGE_EXTENSIONS, VIDEO_EXTENSIONS
 from qwenvl_rbln.vision.packing import uniform_cost
-from qwenvl_rbln.vision.workload import read_batch_trace, read_workload
+from qwenvl_rbln.vision.workload import read_workload
 
 
-def _workspace_fn() -> Callable[[Any, int], int | None] | None:
-    """Visual workspace bytes per bucket from the memory planner, when it provides it."""
-    try:
-        from qwenvl_rbln.memory import workspaces
-    except ImportError:
-        return None
-    fn = getattr(workspaces, "estimate_for_bucket", None)
-    if fn is None:
-        return None
+@dataclass(frozen=True)
+class BucketMemory:
+    """The memory planner's answers for one plan, handed down by ``jobs.bucket_plan_job`` (vision never asks it).
 
-    def bytes_for(geometry: Any, bucket: int) -> int | None:
-        try:
-            d = fn(geometry, bucket, dtype_bytes=geometry.dtype_bytes)
-        except Exception:
-            return None
-        if isinstance(d, int | float):
-            return int(d)
-        if isinstance(d, dict):
-            for key in ("workspace_bytes", "total_bytes", "bytes"):
-                if isinstance(d.get(key), int | float):
-                    return int(d[key])
-        return None
+    ``verdicts``: per bucket, would the whole plan fit with it as the largest (True, False, "uncertain", None);
+    ``workspace_bytes``: the visual workspace per bucket (None: the planner has no per-bucket figure);
+    ``summary``: the plan's own verdict in short, as ``compile --dry-run`` gives it.
+    """
 
-    return bytes_for
+    verdicts: dict[int, bool | str | None]
+    workspace_bytes: dict[int, int | None] | None
+    summary: dict[str, Any]
 
 
-def _bucket_verdicts(plan: Any, buckets: list[int]) -> dict[int, bool | str | None]:
-    """Per bucket: would the whole plan (LM, KV, ViT) fit on its devices if that bucket were the largest?
-    True / False, "uncertain" (the margin lies inside the modelled range), None (no estimate)."""
-    from qwenvl_rbln.memory.planner import estimate_plan
-
-    out: dict[int, bool | str | None] = {}
-    for b in buckets:
-        try:
-            report = estimate_plan(plan, largest_vit_bucket=b, suggest=False)
-            out[b] = report.fits if report.verdict != "uncertain" else "uncertain"
-        except Exception:  # a verdict column must never stop the plan of the inputs
-            out[b] = None
-    return out
-
-
-def _memory_summary(plan: Any) -> dict[str, Any]:
-    """The plan's memory verdict, as `compile --dry-run` gives it, in short."""
-    from qwenvl_rbln.memory.planner import estimate_plan
-    from qwenvl_rbln.memory.verdicts import fit_hint, gate_message
-
-    report = estimate_plan(plan).to_dict()
-    keys = ("device", "verdict", "total_bytes", "total_low_bytes", "total_high_bytes", "usable_bytes", "fits")
-    return {
-        "verdict": report["verdict"],
-        "fits": report["fits"],
-        "devices": [{k: d[k] for k in keys} for d in report["devices"]],
-        "suggestions": [s["cli"] for s in report.get("suggestions") or []],
-        "gate": None if report["verdict"] == "fits" else gate_message(report),
-        "fix": None if report["verdict"] == "fits" else fit_hint(report),
-    }
-
-
-def own_dry_run(preset: str, sets: list[str] | None, model: str | None, extra: str) -> dict[str, Any]:
-    """The memory verdict of a recommended configuration, by its own dry run (the preset, the user's --sets and
-    the recommended ``--set ...`` string applied), so nothing is recommended that `compile --dry-run` refuses."""
-    from qwenvl_rbln.memory.planner import estimate_plan
-    from qwenvl_rbln.planning.plan import build_plan
-
-    added = [part.strip() for part in extra.split("--set") if part.strip()]
-    try:
-        report = estimate_plan(build_plan(preset, [*(sets or []), *added], model=model)).to_dict()
-    except QvlError as exc:
-        return {"verdict": "invalid", "set": added, "reason": exc.one_line(), "fix": None}
-    fix = (report.get("suggestions") or [{}])[0].get("cli")
-    return {"verdict": report["verdict"], "set": added, "reason": None, "fix": fix}
-
-
-def summarize(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], int]) -> dict[str, Any]:
-    """Per-bucket totals over the planned items (each weighted by count x ViT calls)."""
+def summarize(
+    items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], int], memory: BucketMemory
+) -> dict[str, Any]:
+    """Per-bucket totals over the planned items (each weighted by count x ViT calls); the memory figures come
+    from the memory planner through ``memory`` (``jobs.bucket_plan_job`` asks it), so this stays arithmetic."""
     buckets = list(plan.vit_buckets)
     per: dict[int, dict[str, Any]] = {
         b: {"calls": 0, "pad_sum": 0.0, "executed": 0, "useful": 0, "inputs": 0} for b in buckets
@@ -132,8 +76,8 @@ def summarize(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], 
         row["executed"] += calls * cost(b)
         row["useful"] += calls * cost(it["patches"])
     total_calls = sum(r["calls"] for r in per.values()) + uncovered["calls"]
-    verdicts = _bucket_verdicts(plan, buckets)
-    workspace = _workspace_fn()
+    verdicts = memory.verdicts
+    workspace = memory.workspace_bytes
     dtype = plan.geometry.dtype_bytes
     rows = []
     for b in buckets:
@@ -151,7 +95,7 @@ def summarize(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], 
                 "executed_over_useful": round(r["executed"] / r["useful"], 4) if r["useful"] else None,
                 "flops_per_call": cost(b),
                 "attn_mask_bytes": b * b * dtype,
-                "workspace_bytes": workspace(plan.geometry, b) if workspace else None,
+                "workspace_bytes": workspace.get(b) if workspace is not None else None,
                 "plan_fits_with_this_as_largest": verdicts.get(b),
             }
         )
@@ -183,10 +127,10 @@ def summarize(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[int], 
         "useful_flops": useful,
         "executed_over_useful": round(executed / useful, 4) if useful else None,
         "buckets": rows,
-        "memory": _memory_summary(plan),
+        "memory": memory.summary,
         "uncovered": uncovered,
         "workspace_note": None
-        if workspace
+        if workspace is not None
         else "visual workspace per bucket: memory.estimate_for_bucket not available",
         **({"packed": packed_summary(items, plan, cost)} if plan.runtime.get("vit_packing", True) else {}),
     }
@@ -221,7 +165,7 @@ def packed_summary(items: Iterable[dict[str, Any]], plan: Any, cost: Callable[[i
     }
 
 
-def _check_policy(on_oversize: str) -> None:
+def check_policy(on_oversize: str) -> None:
     from qwenvl_rbln.planning.plan import ON_OVERSIZE
 
     if on_oversize not in ON_OVERSIZE:
@@ -236,7 +180,7 @@ def _check_k(flag: str, k: int | None) -> None:
         raise InputError(f"{flag} {k}: the number of buckets must be at least 1", f"e.g. {flag} 3")
 
 
-def _check_flags(
+def check_flags(
     *,
     has_inputs: bool,
     optimize: int | None,
@@ -280,7 +224,7 @@ def _supported() -> str:
     return f"images {' '.join(sorted(IMAGE_EXTENSIONS))}; videos {' '.join(sorted(VIDEO_EXTENSIONS))}"
 
 
-def _skip_warnings(expansion: Any) -> list[str]:
+def skip_warnings(expansion: Any) -> list[str]:
     """Say what directories held that is not planned: a silent skip looks like an empty workload."""
     out = []
     if expansion.skipped:
@@ -293,7 +237,7 @@ def _skip_warnings(expansion: Any) -> list[str]:
     return out
 
 
-def _nothing_to_plan(inputs: list[str], expansion: Any) -> Exception:
+def nothing_to_plan(inputs: list[str], expansion: Any) -> Exception:
     skipped = f"; {len(expansion.skipped):,} other file(s) skipped: {_names(expansion.skipped)}"
     verb = "holds" if len(inputs) == 1 else "hold"
     return InputError(
@@ -304,7 +248,7 @@ def _nothing_to_plan(inputs: list[str], expansion: Any) -> Exception:
     )
 
 
-def _skipped_json(expansion: Any) -> dict[str, Any]:
+def skipped_json(expansion: Any) -> dict[str, Any]:
     special = getattr(expansion, "special", [])
     return {
         "count": len(expansion.skipped),
@@ -313,7 +257,7 @@ def _skipped_json(expansion: Any) -> dict[str, Any]:
     }
 
 
-def _plan_workload(
+def plan_workload(
     planner: ItemPlanner, workload: Path, notify: Callable[[str], None]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The workload's distinct sizes planned, most frequent first; its ignored keys are said through ``notify``."""
@@ -336,73 +280,6 @@ def _plan_workload(
     return items, info
 
 
-def run_bucket_plan(
-    *,
-    preset: str,
-    sets: list[str] | None,
-    model: str | None,
-    inputs: list[str] | None,
-    sizes: list[str] | None,
-    workload: Path | None,
-    optimize: int | None,
-    max_bucket: int | None,
-    batch_trace: Path | None,
-    optimize_decoder: int | None,
-    vit_packing: bool = True,
-    notify: Callable[[str], None] | None = None,
-    on_oversize: str | None = None,
-) -> tuple[dict[str, Any], list[str]]:
-    """The whole command without printing: (JSON document, warnings). ``vit_packing=False``
-    (``--no-vit-packing``) overrides the preset's ``runtime.vit_packing``: today's figures, no ``packed``.
-    ``notify`` hears a warning as soon as it is known (the CLI prints it before a later error); without it,
-    such warnings lead the returned list."""
-    from qwenvl_rbln.planning.plan import build_plan
-
-    _check_flags(
-        has_inputs=bool(inputs or sizes or workload),
-        optimize=optimize,
-        max_bucket=max_bucket,
-        batch_trace=batch_trace,
-        optimize_decoder=optimize_decoder,
-    )
-    parsed_sizes = [(s, *parse_size(s)) for s in (sizes or [])]  # bad --size fails before any work
-    expansion = expand_inputs_report(inputs or [])
-    if inputs and not (expansion.files or sizes or workload or batch_trace):
-        raise _nothing_to_plan(inputs, expansion)
-
-    plan = build_plan(preset, sets, model=model)
-    if not vit_packing:
-        plan.runtime = {**plan.runtime, "vit_packing": False}
-    if on_oversize is not None:  # --on-oversize over the preset's runtime.on_oversize, as infer takes it
-        _check_policy(on_oversize)
-        plan.runtime = {**plan.runtime, "on_oversize": on_oversize}
-    early: list[str] = []
-    planner = ItemPlanner(plan)
-    items = [planner.file(path) for path in expansion.files]
-    items += [planner.size(text, w, h) for text, w, h in parsed_sizes]
-    wl_info = None
-    if workload is not None:
-        wl_items, wl_info = _plan_workload(planner, workload, notify or early.append)
-        items.extend(wl_items)
-    if optimize is not None and not items:
-        raise _nothing_to_plan(inputs or [], expansion)
-    cost = vit_cost_fn(plan.geometry.vision)
-    data: dict[str, Any] = {"items": items, "summary": summarize(items, plan, cost)}
-    if inputs:
-        data["skipped_files"] = _skipped_json(expansion)
-    if wl_info:
-        data["workload"] = wl_info
-    if optimize is not None:
-        data["optimized"] = optimize_section(items, plan, optimize, max_bucket, cost, planner)
-        data["optimized"]["memory"] = own_dry_run(preset, sets, model, data["optimized"]["set"])
-    if batch_trace is not None:
-        dec, _ = decoder_section(read_batch_trace(batch_trace), plan, optimize_decoder)
-        if dec.get("optimized"):
-            dec["optimized"]["memory"] = own_dry_run(preset, sets, model, dec["optimized"]["set"])
-        data["decoder"] = dec
-    return data, [*early, *plan.warnings, *_skip_warnings(expansion)]
-
-
 def final_error(data: dict[str, Any], as_json: bool) -> InputError | None:
     """The error (exit 2) when something could not be planned: its line closes stderr and, with --json, the
     document carries it; it points where the details are."""
@@ -415,25 +292,9 @@ def final_error(data: dict[str, Any], as_json: bool) -> InputError | None:
         parts.append(f"{failed:,} of {len(data['items']):,} inputs cannot run with preset {data['summary']['preset']}")
         where.append("items[].error")
     if dec_failed:
-        parts.append(f"{dec_failed:,} decode steps are above the largest decoder graph")
+        steps = f"{dec_failed:,} decode step is" if dec_failed == 1 else f"{dec_failed:,} decode steps are"
+        parts.append(f"{steps} above the largest decoder graph")
         where.append("decoder.per_batch[].error")
     if as_json:
         return InputError("; ".join(parts), f"see {' and '.join(where)} in the JSON for each one's fix")
     return InputError(f"{'; '.join(parts)} (listed above)", "see the fix on each line above, or remove the inputs")
-
-
-def memory_gate(summary: dict[str, Any], uncertain_ok: bool) -> Exception | None:
-    """The same CI gate as `compile --dry-run` (exit 4): the plan does not fit, or is uncertain without
-    ``--uncertain-ok``. None when the plan may load."""
-    from qwenvl_rbln.memory.verdicts import gate_stops
-
-    mem = summary.get("memory") or {}
-    if not gate_stops(mem.get("verdict"), uncertain_ok):
-        return None
-    return DoesNotFit(
-        f"bucket-plan: {mem['gate']}",
-        mem["fix"]
-        .replace("in `qvl compile --dry-run`", "in `qvl compile --dry-run` or the JSON summary.memory")
-        .replace(", or pass --force to compile anyway", "")
-        .replace("; --force compiles anyway", ""),
-    )
