@@ -548,6 +548,18 @@ def test_each_bucket_says_whether_the_whole_plan_fits_with_it_as_the_largest():
     assert "memory (whole plan): does not fit" in result.stdout and "try --set max_seq_len=163840" in result.stdout
 
 
+def test_the_whole_plan_memory_line_names_what_decides_it() -> None:
+    """Audit D9: bucket-plan's one-line verdict names the constraint (here the fullest chiplet), not only the card
+    totals that look comfortable; --json carries the same headline and decided_by."""
+    result = _invoke("--preset", "rebel100-8b", "--set", "batch_size=2", "--size", "1920x1080")
+    line = next(x for x in result.stdout.splitlines() if x.startswith("memory (whole plan)"))
+    assert line.startswith("memory (whole plan): uncertain: fullest chiplet"), line
+    assert "of 35.00 GiB" in line and "device 0 113.49 GiB of 140.00 GiB" in line
+    code, data = _json("--preset", "rebel100-8b", "--set", "batch_size=2", "--size", "1920x1080", "--uncertain-ok")
+    mem = data["summary"]["memory"]
+    assert mem["headline"].startswith("uncertain: fullest chiplet") and mem["decided_by"]
+
+
 def test_an_ignored_workload_key_that_looks_like_markup_prints_literally(tmp_path: Path) -> None:
     """The warning names the key as written: no rich tag swallowed, no stray backslash from double escaping."""
     wl = tmp_path / "w.jsonl"

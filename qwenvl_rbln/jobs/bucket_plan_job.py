@@ -79,6 +79,8 @@ def _memory_summary(plan: Any) -> dict[str, Any]:
     return {
         "verdict": report["verdict"],
         "fits": report["fits"],
+        "headline": report.get("headline"),
+        "decided_by": report.get("decided_by"),
         "devices": [{k: d[k] for k in keys} for d in report["devices"]],
         "suggestions": [s["cli"] for s in report.get("suggestions") or []],
         "gate": None if report["verdict"] == "fits" else gate_message(report),

@@ -244,7 +244,9 @@ def _print_memory_line(console: Any, mem: dict[str, Any] | None) -> None:
         return
     fix = f"; try {mem['suggestions'][0]}" if mem["suggestions"] else "; see `qvl compile --dry-run`"
     style, text = ("red", "does not fit") if verdict == "does_not_fit" else ("yellow", "uncertain")
-    console.print(f"[{style}]memory (whole plan): {text}: {devices}{fix}[/{style}]")
+    # the headline names what decides the verdict (card, chiplet, KV-block minimum, budget); the totals follow
+    headline = mem.get("headline") or text
+    console.print(f"[{style}]memory (whole plan): {headline} ({devices}){fix}[/{style}]")
 
 
 def _print_optimized(console: Any, opt: dict[str, Any], preset: str) -> None:
