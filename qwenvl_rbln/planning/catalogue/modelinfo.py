@@ -9,6 +9,7 @@ could fetch) is refused (exit 2) rather than planned with another model's number
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from dataclasses import asdict, dataclass, replace
@@ -17,7 +18,7 @@ from typing import Any
 
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.paths import user_path
-from qwenvl_rbln.planning.catalogue.hub import HubSnapshot, cached_snapshot, fetch_config, is_hub_id
+from qwenvl_rbln.planning.catalogue.hub import HubSnapshot, cached_ids, cached_snapshot, fetch_config, is_hub_id
 
 TINY_MODEL_ID = "qvl:tiny"
 TINY_MOE_MODEL_ID = "qvl:tiny-moe"
@@ -404,12 +405,29 @@ def load_geometry(model: str, what: str = "--model") -> tuple[ModelGeometry, lis
         if snap is not None:
             geom = _from_snapshot(snap, "the hub (config.json alone, no weights)")
             return geom, [f"{model}: config.json fetched from the hub into the local cache (no weights)"]
-    ids = ", ".join(dict.fromkeys(BUILTIN_IDS[k] for k in BUILTIN))
-    raise InputError(
-        f"{what}={model!r}: no local config.json, none in the Hugging Face cache ({why}) and no built-in geometry "
-        f"for it (built-in, with cited config facts: {ids}); qvl does not plan one model with another model's numbers",
-        f"pass {'--model' if what == '--model' else 'model: (or --model)'} DIR, a directory holding the model's "
-        f"config.json, or put it in the cache first (`hf download {model} config.json`)",
+    raise _unknown_model(model, what, why)
+
+
+def _unknown_model(model: str, what: str, why: str) -> InputError:
+    """The refusal of an id qvl has no numbers for: 'did you mean' the nearest built-in or cached id (a typo is
+    never handed back as an `hf download` command), and a trailing slash named."""
+    flag = "--model" if what == "--model" else "model: (or --model)"
+    ids = list(dict.fromkeys(BUILTIN_IDS[k] for k in BUILTIN))
+    stripped = model.strip().rstrip("/")
+    known = {i.lower(): i for i in [*ids, *cached_ids()]}
+    near = difflib.get_close_matches(stripped.lower(), list(known), n=1, cutoff=0.8)
+    slash = " (a hub id is ORG/NAME, without a trailing slash)" if model.rstrip() != stripped else ""
+    message = (
+        f"{what}={model!r}{slash}: no local config.json, none in the Hugging Face cache ({why}) and no built-in "
+        f"geometry for it (built-in, with cited config facts: {', '.join(ids)}); qvl does not plan one model with "
+        "another model's numbers"
+    )
+    if near:
+        return InputError(message, f"did you mean {flag} {known[near[0]]}?")
+    fetch = f"`hf download {stripped} config.json`" if is_hub_id(stripped) else "`hf download ORG/NAME config.json`"
+    return InputError(
+        message,
+        f"pass {flag} DIR, a directory holding the model's config.json, or put it in the cache first ({fetch})",
     )
 
 
