@@ -302,9 +302,15 @@ def test_without_a_cached_copy_a_dry_run_fetches_config_json_alone_when_online(h
         snap = make_hub_cache(Path(kwargs["cache_dir"]), repo_id, config_of(QWEN3_VL_8B), sha="f" * 40)
         return str(snap / filename)
 
+    def fake_metadata(url, **kwargs):
+        asked.append(("HEAD", url.rsplit("/", 1)[-1], kwargs["retry_on_errors"]))
+
     monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE")  # huggingface_hub reads it as offline too
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", fake_metadata)
     geom, warnings = load_geometry("acme/Qwen3-VL-8B-New")
-    assert asked == [("acme/Qwen3-VL-8B-New", "config.json")]  # never weights
+    # one HEAD without retries first, then config.json alone (never weights)
+    assert asked == [("HEAD", "config.json", False), ("acme/Qwen3-VL-8B-New", "config.json")]
     assert geom.text == QWEN3_VL_8B.text and geom.snapshot.fetched and geom.snapshot.revision == "f" * 40
     assert any("no weights" in w for w in warnings)
