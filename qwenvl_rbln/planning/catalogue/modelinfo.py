@@ -423,7 +423,10 @@ def _unknown_model(model: str, what: str, why: str) -> InputError:
         "another model's numbers"
     )
     if near:
-        return InputError(message, f"did you mean {flag} {known[near[0]]}?")
+        return InputError(
+            message,
+            f"did you mean {flag} {known[near[0]]}? Otherwise pass {flag} DIR, a directory holding its config.json",
+        )
     fetch = f"`hf download {stripped} config.json`" if is_hub_id(stripped) else "`hf download ORG/NAME config.json`"
     return InputError(
         message,
