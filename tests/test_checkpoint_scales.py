@@ -123,3 +123,15 @@ def test_a_cached_hub_checkpoint_is_checked_too(tmp_path, monkeypatch):
 def test_without_local_weights_the_check_is_a_warning(tmp_path):
     plan = build_plan("rebel100-1npu", [quant(weights="int8")])  # the built-in hub id: nothing on disk
     assert any("scales were not checked" in w for w in plan.warnings)
+
+
+def test_int8_dynamic_activations_need_no_input_scale(tmp_path):
+    """W4: optimum-rbln 0.12 creates input_scale only for fp8 activations or int8 with dynamic false; a
+    W8A8-dynamic checkpoint carries weight_scale alone and loads."""
+    d = model_dir(tmp_path / "m", {**BF16, f"{LAYER}.self_attn.q_proj.weight_scale": ("F32", [4, 1])})
+    dyn = build_plan("rebel100-1npu", [quant(weights="int8", activations="int8", dynamic=True)], model=str(d))
+    assert dyn.resolved.quantization["dynamic"] is True
+    with pytest.raises(InputError, match="activations=int8 needs input_scale"):
+        build_plan("rebel100-1npu", [quant(weights="int8", activations="int8", dynamic=False)], model=str(d))
+    with pytest.raises(InputError, match="activations=int8 needs input_scale"):
+        build_plan("rebel100-1npu", [quant(weights="int8", activations="int8")], model=str(d))

@@ -302,9 +302,32 @@ def test_without_a_cached_copy_a_dry_run_fetches_config_json_alone_when_online(h
         snap = make_hub_cache(Path(kwargs["cache_dir"]), repo_id, config_of(QWEN3_VL_8B), sha="f" * 40)
         return str(snap / filename)
 
+    def fake_metadata(url, **kwargs):
+        asked.append(("HEAD", url.rsplit("/", 1)[-1], kwargs["retry_on_errors"]))
+
     monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE")  # huggingface_hub reads it as offline too
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", fake_metadata)
     geom, warnings = load_geometry("acme/Qwen3-VL-8B-New")
-    assert asked == [("acme/Qwen3-VL-8B-New", "config.json")]  # never weights
+    # one HEAD without retries first, then config.json alone (never weights)
+    assert asked == [("HEAD", "config.json", False), ("acme/Qwen3-VL-8B-New", "config.json")]
     assert geom.text == QWEN3_VL_8B.text and geom.snapshot.fetched and geom.snapshot.revision == "f" * 40
     assert any("no weights" in w for w in warnings)
+
+
+def test_the_32b_single_card_context_claim_is_true():
+    """D25: '40960, the most that fits beside the ViT' holds for the base preset's 8192-token partitions (the next
+    partition is not a fit), and the smaller-partition figure the description gives fits too."""
+    from qwenvl_rbln.memory.planner import estimate_plan
+
+    def verdict(sets: list[str]) -> str:
+        return estimate_plan(build_plan("rebel100-32b", sets), calibration={}, suggest=False).verdict
+
+    plan = build_plan("rebel100-32b")
+    assert plan.resolved.max_seq_len == 40960 and plan.resolved.kvcache_partition_len == 8192
+    assert "the most that fits beside the ViT in the base preset's 8192-token KV partitions" in plan.description
+    assert verdict([]) == "fits" and verdict(["max_seq_len=49152"]) != "fits"
+    assert "kvcache_partition_len=4096: max_seq_len 53248" in plan.description
+    assert verdict(["kvcache_partition_len=4096", "max_seq_len=53248"]) == "fits"
+    assert verdict(["kvcache_partition_len=4096", "max_seq_len=57344"]) != "fits"

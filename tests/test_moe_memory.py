@@ -1,6 +1,7 @@
 """Qwen3-VL-MoE in the planner: geometry from config.json or built in, weight and KV bytes pinned against
 transformers' own Qwen3VLMoeForConditionalGeneration built on the meta device (no weights, no downloads), the
-custom_moe_glu workspace range, quantization's (small) saving, and the verdicts of 30B-A3B and 235B-A22B."""
+custom_moe_glu workspace range, quantization (a bound in bf16 terms; refused in 0.12), and the verdicts of 30B-A3B
+and 235B-A22B."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from qwenvl_rbln.errors import DoesNotFit
+from qwenvl_rbln.errors import DoesNotFit, InputError
 from qwenvl_rbln.memory.kv import kv_block_bytes_per_tensor, kv_tensor_count
 from qwenvl_rbln.memory.params import lm_params, vision_params
 from qwenvl_rbln.memory.planner import estimate_plan
@@ -177,16 +178,47 @@ def test_moe_workspace_range_and_assumption_are_stated():
     assert "rebel-compiler decides" in ws.note and "qwen3_vl_moe_architecture.py" in ws.note
 
 
-def test_quantization_on_moe_says_how_little_it_saves():
+def test_the_moe_note_says_quantization_grows_the_weights_in_0_12():
+    """W1.9: the bf16-terms saving is only a bound (0.84 GiB int8, 1.26 GiB int4); 0.12 loads in float32 and
+    cannot load Qwen's fused experts, and the note says so."""
     report = estimate_plan(build_plan("rebel100-30b-a3b"))
     note = next(n for n in report.notes if n.startswith("Qwen3-VL-MoE"))
     assert "28.99 B expert parameters" in note and "unquantized" in note and "1.5 %" in note
-    q = estimate_plan(build_plan("rebel100-30b-a3b", ['quantization={"weights":"int8"}']))
-    qnote = next(n for n in q.notes if n.startswith("Qwen3-VL-MoE"))
-    assert "float32" in qnote
-    # quantized: the experts are not shrunk, so the weights never drop by more than the quantizable linears
-    bf16 = _item(report, "lm.weights").bytes
-    assert _item(q, "lm.weights").low_bytes > bf16 - 1 * GiB
+    assert "862.69 MiB" in note and "1.26 GiB with int4" in note  # 0.8425 GiB int8, 1.264 GiB int4
+    assert "float32" in note and "110.05 GiB" in note and "transpose" in note and "refuses" in note
+
+
+def test_a_quantized_moe_is_refused_before_compile_with_both_reasons():
+    """W2: 0.12 copies the fused experts without transformers' transpose (the load raises), and its float32 load
+    takes the 30B LM weights from 56.29 to 110.05 GiB: refused (exit 2) in the dry run and the compile alike."""
+    with pytest.raises(InputError) as exc:
+        build_plan("rebel100-30b-a3b", ['quantization={"weights":"int8"}'])
+    line = exc.value.one_line()
+    assert "Qwen3-VL-30B-A3B" in line and "transpose" in line and "size mismatch" in line
+    assert "56.29 GiB in bf16 to 110.05 GiB" in line and "--set quantization=null" in line
+    for dry in (["--dry-run"], []):
+        res = run_qvl("compile", *dry, "-p", "rebel100-30b-a3b", "--set", 'quantization={"weights":"int8"}')
+        assert res.exit_code == 2, res.stderr
+        assert "transpose" in res.stderr and "110.05 GiB" in res.stderr and "Traceback" not in res.stderr
+    ok = run_qvl(
+        "compile",
+        "--dry-run",
+        "-p",
+        "rebel100-30b-a3b",
+        "--set",
+        'quantization={"weights":"int8"}',
+        "--set",
+        "quantization=null",
+    )
+    assert ok.exit_code == 0, ok.stderr  # the fix the hint gives works
+
+
+def test_the_tiny_moe_note_prints_readable_units():
+    """D27: a tiny model's note gave '0.00 B expert parameters ... 0.00 GiB'."""
+    report = estimate_plan(build_plan("cpu-tiny-moe"))
+    note = next(n for n in report.notes if n.startswith("Qwen3-VL-MoE"))
+    experts = lm_params(QWEN3_VL_TINY_MOE.text)["experts"]
+    assert f"the {experts:,} expert parameters" in note and "0.00" not in note and "KiB" in note
 
 
 def test_235b_does_not_fit_names_what_it_needs_and_suggests_nothing():
@@ -216,7 +248,14 @@ def test_235b_dry_run_exits_4_without_a_suggestion():
         "--set",
         'quantization={"weights":"int8"}',
     )
-    assert quant.exit_code == 4 and json.loads(quant.stdout)["memory"]["suggestions"] == []
+    assert quant.exit_code == 2 and "transpose" in json.loads(quant.stdout)["error"]["message"]
+
+
+def test_the_reason_235b_cannot_span_cards_is_rebel100s_not_optimum_rbln():
+    """W3: optimum-rbln 0.12 passes num_devices to the compiler for this model; Rebel100 has no RSD."""
+    report = estimate_plan(build_plan("rebel100-1npu", model=ID_235B))
+    note = next(n for n in report.notes if n.startswith("the LM weights alone"))
+    assert "does not offer" not in note and "RSD" in note and "not supported on Rebel100" in note
 
 
 def test_more_rebel100s_do_not_make_235b_fit():

@@ -18,6 +18,7 @@ from qwenvl_rbln.memory.params import (
     QUANT_MODEL_DTYPE,
     QUANT_WEIGHT_BYTES,
     lm_params,
+    quantized_lm_weight_bytes,
     vision_params,
 )
 from qwenvl_rbln.memory.report import MemoryItem, fmt_gib
@@ -91,7 +92,7 @@ def _lm_weights_item(ctx: Ctx, resolved: Any, n_lm: int) -> MemoryItem:
     rest_d = 2 if ctx.scenario == "low" else QUANT_MODEL_DTYPE
     scales = lp["scale_channels"] * QUANT_MODEL_DTYPE
     rest = lp["device"] - lp["quantizable"]
-    total = int(lp["quantizable"] * wbytes) + scales + rest * rest_d
+    total = quantized_lm_weight_bytes(g.text, wbytes, rest_d)
     return MemoryItem(
         "lm.weights",
         _split(total, _lm_replicated_params(g) * rest_d, n_lm, ctx.scenario),

@@ -1,5 +1,5 @@
 """Qwen3-VL-MoE on the NPU as optimum-rbln 0.12 places it: expert, router and dense-MLP weights, the
-``custom_moe_glu`` workspace range, and what quantization can (not) save.
+``custom_moe_glu`` workspace range, and why quantization saves nothing here (the plan refuses it).
 
 Its own module because the MoE layer differs from the dense one in every count, and a dense plan never reaches
 here. How 0.12 builds the layer (``transformers/models/qwen3_vl_moe/qwen3_vl_moe_architecture.py``,
@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from qwenvl_rbln.memory.context import Ctx, model_dtype, quant
-from qwenvl_rbln.memory.params import lm_params
+from qwenvl_rbln.memory.context import Ctx, model_dtype
+from qwenvl_rbln.memory.params import QUANT_WEIGHT_BYTES, lm_params, quantized_lm_weight_bytes
 from qwenvl_rbln.memory.report import MemoryItem, fmt_gib
 from qwenvl_rbln.planning.catalogue.devices import MiB
 from qwenvl_rbln.planning.catalogue.modelinfo import ModelGeometry, TextGeometry
+from qwenvl_rbln.units import fmt_bytes
 
 FP32 = 4
 WEIGHTS_ALONE = "the LM weights alone"  # starts the note of a model that cannot fit one card (verdicts.fit_hint)
@@ -61,9 +62,11 @@ def weights_formula(g: ModelGeometry, lp: dict[str, int], d: int) -> str:
 
 
 def moe_weight_shards(ctx: Ctx, n_lm: int) -> int:
-    """Over how many devices the MoE weights are split: ``num_devices`` on an ATOM; 1 on a Rebel100, where one model
-    spans one card in optimum-rbln 0.12 (its support matrix lists RSD as not supported on Rebel100) and how the
-    compiler would shard custom_moe_glu's expert buffers is unknown, so every device is planned with all of them."""
+    """Over how many devices the MoE weights are split: ``num_devices`` on an ATOM; 1 on a Rebel100. optimum-rbln
+    0.12 itself would hand ``num_devices`` to the compiler (``_tp_support`` for every decoder-only model), but
+    Rebellions' v0.12 support matrix lists RSD (one submodule over several NPUs) as not supported on Rebel100
+    (as ``planning/lm/checks.py`` warns), and how the compiler would shard custom_moe_glu's expert buffers is
+    unknown, so every device is planned with all of them."""
     return 1 if ctx.spec.family == "REBEL" else n_lm
 
 
@@ -104,27 +107,41 @@ def glu_workspace_item(ctx: Ctx, resolved: Any, n_lm: int) -> MemoryItem | None:
 
 
 def quantization_saving(t: TextGeometry, lp: dict[str, int], weight_bytes: float = 1.0) -> int:
-    """The most quantizing the weights (to ``weight_bytes`` per param, with fp32 per-channel scales) can save
-    against bf16: only the quantizable linears shrink; experts and router stay as they are."""
+    """What quantizing the weights (to ``weight_bytes`` per param, with fp32 per-channel scales) would save against
+    bf16 if the rest stayed bf16: only the quantizable linears shrink; experts and router stay as they are. An
+    upper bound 0.12 never reaches: it loads a quantized model in float32."""
     return int(lp["quantizable"] * (2 - weight_bytes)) - lp["scale_channels"] * FP32
 
 
+def params_text(n: int) -> str:
+    """A parameter count people read: 28.99 B, 2.10 M, or the count itself for a tiny test model."""
+    if n >= 10**9:
+        return f"{n / 1e9:.2f} B"
+    if n >= 10**6:
+        return f"{n / 1e6:.2f} M"
+    return f"{n:,}"
+
+
 def moe_notes(ctx: Ctx, resolved: Any, n_lm: int) -> list[str]:
-    """What the report says about an MoE model: the experts stay unquantized, and a model whose weights alone
-    exceed the card is named as such, with what it would take."""
+    """What the report says about an MoE model: the experts stay unquantized, quantization grows the weights in
+    0.12 (and does not load Qwen's checkpoints), and a model whose weights alone exceed the card is named as
+    such, with what it would take."""
     t = ctx.geometry.text
     if t.moe is None:
         return []
     lp = lm_params(t)
     bf16 = lp["device"] * 2
     saving = quantization_saving(t, lp)
-    q = quant(resolved)
+    int4 = quantization_saving(t, lp, QUANT_WEIGHT_BYTES["int4"])
+    fp32 = quantized_lm_weight_bytes(t, QUANT_WEIGHT_BYTES["int8"])
     notes = [
-        f"Qwen3-VL-MoE: the {lp['experts'] / 1e9:.2f} B expert parameters ({fmt_gib(lp['experts'] * 2)} in bf16) and "
-        f"the router stay unquantized in optimum-rbln 0.12 (custom_moe_glu's buffers are not nn.Linear); "
-        f"quantization (int8/fp8 weights) replaces only {lp['quantizable'] / 1e9:.2f} B params and saves at most "
-        f"{fmt_gib(saving)} of the {fmt_gib(bf16)} LM weights ({100 * saving / bf16:.1f} %)"
-        + (", and a quantized model is loaded in float32, so the experts may take twice their bf16 size" if q else "")
+        f"Qwen3-VL-MoE: the {params_text(lp['experts'])} expert parameters ({fmt_bytes(lp['experts'] * 2)} in bf16) "
+        "and the router stay unquantized in optimum-rbln 0.12 (custom_moe_glu's buffers are not nn.Linear); "
+        f"quantization replaces only {params_text(lp['quantizable'])} params, which in bf16 terms would save at "
+        f"most {fmt_bytes(saving)} with int8/fp8 weights or {fmt_bytes(int4)} with int4 of the {fmt_bytes(bf16)} "
+        f"LM weights ({100 * saving / bf16:.1f} %). In 0.12 it saves nothing: a quantized model is loaded in "
+        f"float32, so the LM weights grow to {fmt_bytes(fp32)} (int8), and its loader copies Qwen's fused experts "
+        "without transformers' transpose, so the load fails; qvl refuses quantization on this model"
     ]
     weights = bf16 // moe_weight_shards(ctx, n_lm)
     if weights > ctx.usable:
@@ -132,9 +149,9 @@ def moe_notes(ctx: Ctx, resolved: Any, n_lm: int) -> list[str]:
         notes.append(
             f"{WEIGHTS_ALONE} ({fmt_gib(bf16)} in bf16, {fmt_gib(lp['experts'] * 2)} of it experts) exceed one "
             f"{ctx.spec.sku}'s {fmt_gib(ctx.usable)} usable, before any KV cache or ViT; quantization cannot close "
-            f"the gap (at most {fmt_gib(saving)}), and optimum-rbln 0.12 compiles one model for one Rebel100. It "
-            f"would need the memory of at least {cards} cards for the weights alone, split by tensor or expert "
-            "parallelism across cards, which optimum-rbln 0.12 does not offer for Qwen3-VL-MoE; on one Rebel100, "
-            "plan Qwen3-VL-30B-A3B instead (preset rebel100-30b-a3b)"
+            f"the gap (see above), and one model spans one Rebel100. It would need the memory of at least {cards} "
+            "cards for the weights alone, split across cards, and Rebellions' v0.12 support matrix lists RSD (one "
+            "submodule over several NPUs) as not supported on Rebel100; on one Rebel100, plan Qwen3-VL-30B-A3B "
+            "instead (preset rebel100-30b-a3b)"
         )
     return notes

@@ -1,5 +1,6 @@
 """Fixes for a plan that does not fit: each one re-runs the whole three-scenario estimate on changed settings
-(context, batch, ViT placement, ViT bucket, memory_budget, KV blocks) and is offered only when it fits.
+(quantization first, then context, batch, ViT placement, ViT bucket, memory_budget, KV blocks) and is offered only
+when it fits.
 
 Its own module because it is a search over estimates, not part of one.
 """
@@ -10,7 +11,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from qwenvl_rbln.memory.context import Ctx
+from qwenvl_rbln.memory.context import Ctx, quant
 from qwenvl_rbln.memory.estimate import evaluate
 from qwenvl_rbln.memory.placement import device_list
 from qwenvl_rbln.memory.report import FITS, MemoryReport, fmt_gib
@@ -83,6 +84,11 @@ def suggestions(ctx: Ctx, resolved: Any, placement: dict[str, Any], report: Memo
             if sug:
                 out.append(sug)
         return out
+
+    # 0. without quantization: in optimum-rbln 0.12 it loads the model in float32, so it can be what breaks the plan
+    sug = _drop_quantization_suggestion(resolved, run)
+    if sug:
+        out.append(sug)
 
     # 1. the largest max_seq_len (a multiple of the partition) that fits at this batch
     found = _largest_context(ctx, resolved, run)
@@ -164,6 +170,33 @@ def suggestions(ctx: Ctx, resolved: Any, placement: dict[str, Any], report: Memo
         if sug:
             out.append(sug)
     return out
+
+
+def _drop_quantization_suggestion(resolved: Any, run: Any) -> dict[str, Any] | None:
+    """The plan without ``rbln_config.quantization``, offered first when that alone fits: 0.12 loads a quantized
+    model in float32 (ViT, workspaces, unquantized parts and a non-fp8 KV cache double), so dropping it is the
+    plain fix, where the others give up context, batch or image detail."""
+    q = quant(resolved)
+    if not q:
+        return None
+    rep = run(replace(resolved, quantization=None))
+    if not rep.fits:
+        return None
+    return _sug(
+        "quantization",
+        f"drop rbln_config.quantization (weights={q['weights']}): the plan fits in bf16; optimum-rbln 0.12 loads a "
+        "quantized model in float32, so the ViT, the workspaces and the parts it does not quantize take twice the "
+        "memory",
+        ["quantization=null"],
+        rep,
+    )
+
+
+def rows_run_long(n: int) -> str:
+    """'when its one row runs long' / 'when both rows run long' / 'when all 4 rows run long'."""
+    if n == 1:
+        return "when its one row runs long"
+    return "when both rows run long" if n == 2 else f"when all {n} rows run long"
 
 
 def _largest_context(ctx: Ctx, resolved: Any, run: Any) -> tuple[int, Any, MemoryReport, list[str]] | None:
@@ -297,8 +330,8 @@ def _memory_budget_suggestion(
             )
             trade = (
                 f"it leaves {n} of {full} full KV blocks: fine for vllm-rbln (it pages blocks), but optimum-rbln's own "
-                "generate() can run out of blocks ('No memory blocks are available for allocation') when all "
-                f"{resolved.batch_size} rows run long"
+                "generate() can run out of blocks ('No memory blocks are available for allocation') "
+                + rows_run_long(resolved.batch_size)
                 if n < full
                 else f"all {full} full KV blocks still fit"
             )

@@ -77,6 +77,14 @@ def _blockwise(directory: Path, tensors: dict[str, str] | None) -> bool:
     return isinstance(qc, dict) and bool(qc.get("weight_block_size"))
 
 
+def _needs_input_scale(quant: dict[str, Any]) -> bool:
+    """optimum-rbln 0.12 gives a linear a static ``input_scale`` only for fp8 activations, or int8 ones with
+    ``dynamic`` false (``convert_to_qfloat_linear`` / ``convert_to_qint_linear``); int8 with ``dynamic: true``
+    computes per-token scales at run time (``QIntLinear``), so a W8A8-dynamic checkpoint carries none."""
+    activations = quant.get("activations")
+    return activations == "fp8" or (activations == "int8" and not quant.get("dynamic"))
+
+
 def check_scales(directory: Path | None, quant: dict[str, Any] | None, model: str) -> list[str]:
     """Refuse (InputError, exit 2) a quantization the checkpoint cannot feed; warnings for what was not checked."""
     if not quant:
@@ -98,7 +106,7 @@ def check_scales(directory: Path | None, quant: dict[str, Any] | None, model: st
     needs = []
     if quant.get("weights") not in (None, "fp16"):
         needs.append(("weight_scale", f"weights={quant['weights']}"))
-    if quant.get("activations") not in (None, "fp16"):
+    if _needs_input_scale(quant):
         needs.append(("input_scale", f"activations={quant['activations']}"))
     if quant.get("kv_caches") == "fp8":
         needs.append(("kv_scale", "kv_caches=fp8"))

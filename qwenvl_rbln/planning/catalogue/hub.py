@@ -10,13 +10,27 @@ never pay for it.
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from qwenvl_rbln.paths import user_path
 
 CONFIG = "config.json"
+# One try with this timeout (s; HF_HUB_ETAG_TIMEOUT overrides it): an air-gapped NPU host must get its answer at
+# once, not after huggingface_hub's five retries with back-off (24 s).
+HUB_TIMEOUT_S = 2.0
+# What a failed fetch says, by huggingface_hub's exception name (anything else: the hub did not answer).
+_HUB_REFUSALS = {
+    "RepositoryNotFoundError": "the hub has no such model (or it is private)",
+    "GatedRepoError": "the model is gated on the hub (log in and accept its terms first)",
+    "RevisionNotFoundError": "the hub has no such revision",
+    "RemoteEntryNotFoundError": "the hub's repo has no config.json",
+    "EntryNotFoundError": "the hub's repo has no config.json",
+}
 
 
 @dataclass(frozen=True)
@@ -52,8 +66,12 @@ def _maybe_cached(repo_id: str) -> bool:
     return (hub_cache_dir() / ("models--" + repo_id.replace("/", "--"))).is_dir()
 
 
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "yes", "true")
+def _offline_variable() -> str | None:
+    """The variable that makes huggingface_hub offline (it reads TRANSFORMERS_OFFLINE too), or None."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(name, "").strip().lower() in ("1", "on", "yes", "true"):
+            return name
+    return None
 
 
 def _snapshot_of(repo_id: str, file: str, fetched: bool) -> HubSnapshot:
@@ -76,24 +94,62 @@ def cached_snapshot(repo_id: str) -> HubSnapshot | None:
     return _snapshot_of(repo_id, found, fetched=False) if isinstance(found, str) else None
 
 
+def hub_timeout() -> float:
+    """The one try's timeout: HF_HUB_ETAG_TIMEOUT when it is a positive number, else HUB_TIMEOUT_S."""
+    try:
+        value = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or HUB_TIMEOUT_S)
+    except ValueError:
+        return HUB_TIMEOUT_S
+    return value if value > 0 else HUB_TIMEOUT_S
+
+
+@contextmanager
+def _quiet_hub() -> Iterator[None]:
+    """huggingface_hub logs each failed request and retry as a warning; qvl says why in its own one line."""
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    logger.setLevel(logging.ERROR + 10)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def fetch_config(repo_id: str) -> tuple[HubSnapshot | None, str]:
     """config.json alone through huggingface_hub (never weights), when HF_HUB_OFFLINE is unset.
 
-    Returns (snapshot, "") or (None, why not), so a refusal can say why the hub was not asked or did not answer.
+    One HEAD first, without huggingface_hub's retries and with a short timeout, so an air-gapped host or an unknown
+    id answers at once; only a hub that answered is asked for the file. Returns (snapshot, "") or (None, why
+    not), so a refusal can say why the hub was not asked or did not answer.
     """
     if not is_hub_id(repo_id):
         return None, "not a hub id"
-    if _offline():
-        return None, "HF_HUB_OFFLINE is set, so config.json was not fetched"
+    offline = _offline_variable()
+    if offline:
+        return None, f"{offline} is set, so config.json was not fetched"
     try:
-        from huggingface_hub import hf_hub_download
+        from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
     except ImportError:  # pragma: no cover
         return None, "huggingface_hub is not installed"
+    timeout = hub_timeout()
     try:
-        file = hf_hub_download(repo_id, CONFIG, cache_dir=hub_cache_dir())
+        with _quiet_hub():
+            get_hf_file_metadata(hf_hub_url(repo_id, CONFIG), timeout=timeout, retry_on_errors=False)
+            file = hf_hub_download(repo_id, CONFIG, cache_dir=hub_cache_dir(), etag_timeout=timeout)
     except Exception as exc:  # noqa: BLE001 - no network, gated or missing repo: one reason, no traceback
-        return None, f"fetching config.json failed ({type(exc).__name__})"
+        name = type(exc).__name__
+        why = _HUB_REFUSALS.get(name) or f"the hub did not answer ({name}; one try, {timeout:g} s timeout)"
+        return None, f"fetching config.json failed: {why}"
     return _snapshot_of(repo_id, file, fetched=True), ""
+
+
+def cached_ids() -> list[str]:
+    """The hub ids with a folder in the local cache (``models--ORG--NAME``), for 'did you mean'."""
+    try:
+        names = [p.name for p in hub_cache_dir().iterdir() if p.name.startswith("models--")]
+    except OSError:
+        return []
+    return sorted("/".join(n[len("models--") :].split("--", 1)) for n in names if "--" in n[len("models--") :])
 
 
 def snapshot_of_dir(path: Path) -> HubSnapshot | None:

@@ -9,6 +9,7 @@ could fetch) is refused (exit 2) rather than planned with another model's number
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from dataclasses import asdict, dataclass, replace
@@ -17,7 +18,7 @@ from typing import Any
 
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.paths import user_path
-from qwenvl_rbln.planning.catalogue.hub import HubSnapshot, cached_snapshot, fetch_config, is_hub_id
+from qwenvl_rbln.planning.catalogue.hub import HubSnapshot, cached_ids, cached_snapshot, fetch_config, is_hub_id
 
 TINY_MODEL_ID = "qvl:tiny"
 TINY_MOE_MODEL_ID = "qvl:tiny-moe"
@@ -243,20 +244,60 @@ def resolve_model_path(model: str) -> Path | None:
     return None
 
 
-def moe_from_text_config(text: dict[str, Any]) -> MoEGeometry:
+_REQUIRED = object()
+
+
+class _Counts:
+    """Reads the counts of one config.json section, each a positive integer (a layer, head or size count): a
+    corrupt value (-4, 0, 36.5, "x") is refused naming the file, key and value, never planned as negative memory."""
+
+    def __init__(self, section: dict[str, Any], prefix: str, source: str):
+        self.section, self.prefix, self.source = section, prefix, source
+
+    def __call__(self, key: str, default: Any = _REQUIRED, *, minimum: int = 1) -> int:
+        value = self.section.get(key) if default is not _REQUIRED else self.section[key]
+        if value is None and default is not _REQUIRED:
+            value = default
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if type(value) is not int or value < minimum:
+            what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+            raise InputError(
+                f"{self.source}: {self.prefix}{key}={value!r} is not {what}",
+                f"fix {self.prefix}{key} in that config.json (a count the model's shapes are built from), or "
+                "re-download the model",
+            )
+        return value
+
+
+def moe_from_text_config(text: dict[str, Any], source: str = "config.json") -> MoEGeometry:
     """The expert fields of a ``qwen3_vl_moe`` text config; KeyError names a missing one (never counted as dense).
 
     transformers 5 saves ``num_experts`` as ``num_local_experts`` (an attribute alias); both are read.
     """
-    experts = text.get("num_experts", text.get("num_local_experts"))
-    if experts is None:
+    count = _Counts(text, "text_config.", source)
+    key = "num_experts" if text.get("num_experts") is not None else "num_local_experts"
+    if text.get(key) is None:
         raise KeyError("text_config.num_experts")
+    experts = count(key)
+    top_k = count("num_experts_per_tok")
+    if top_k > experts:
+        raise InputError(
+            f"{source}: text_config.num_experts_per_tok={top_k} is more than its {experts} experts",
+            "fix num_experts_per_tok in that config.json, or re-download the model",
+        )
+    layers = text.get("mlp_only_layers") or []
+    if not isinstance(layers, list) or not all(type(i) is int and i >= 0 for i in layers):
+        raise InputError(
+            f"{source}: text_config.mlp_only_layers={layers!r} is not a list of layer indexes",
+            "fix mlp_only_layers in that config.json (e.g. [] or [0, 5]), or re-download the model",
+        )
     return MoEGeometry(
-        num_experts=int(experts),
-        num_experts_per_tok=int(text["num_experts_per_tok"]),
-        moe_intermediate_size=int(text["moe_intermediate_size"]),
-        decoder_sparse_step=int(text.get("decoder_sparse_step") or 1),
-        mlp_only_layers=tuple(int(i) for i in (text.get("mlp_only_layers") or [])),
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=count("moe_intermediate_size"),
+        decoder_sparse_step=count("decoder_sparse_step", 1),
+        mlp_only_layers=tuple(layers),
     )
 
 
@@ -265,32 +306,33 @@ def geometry_from_config(cfg: dict[str, Any], name: str, source: str) -> ModelGe
     text = cfg.get("text_config") or {}
     vision = cfg.get("vision_config") or {}
     try:
-        heads = int(text["num_attention_heads"])
-        hidden = int(text["hidden_size"])
+        t, v = _Counts(text, "text_config.", source), _Counts(vision, "vision_config.", source)
+        heads, hidden = t("num_attention_heads"), t("hidden_size")
         tg = TextGeometry(
             hidden_size=hidden,
-            num_hidden_layers=int(text["num_hidden_layers"]),
+            num_hidden_layers=t("num_hidden_layers"),
             num_attention_heads=heads,
-            num_key_value_heads=int(text.get("num_key_value_heads", heads)),
-            head_dim=int(text.get("head_dim") or hidden // heads),
-            intermediate_size=int(text["intermediate_size"]),
-            vocab_size=int(text["vocab_size"]),
-            max_position_embeddings=int(text["max_position_embeddings"]),
+            num_key_value_heads=t("num_key_value_heads", heads),
+            head_dim=t("head_dim", hidden // heads),
+            intermediate_size=t("intermediate_size"),
+            vocab_size=t("vocab_size"),
+            max_position_embeddings=t("max_position_embeddings"),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-            moe=moe_from_text_config(text) if cfg.get("model_type") == MOE_MODEL_TYPE else None,
+            moe=moe_from_text_config(text, source) if cfg.get("model_type") == MOE_MODEL_TYPE else None,
         )
+        deepstack = vision.get("deepstack_visual_indexes", [5, 11, 17])
         vg = VisionGeometry(
-            depth=int(vision["depth"]),
-            hidden_size=int(vision["hidden_size"]),
-            num_heads=int(vision["num_heads"]),
-            intermediate_size=int(vision["intermediate_size"]),
-            out_hidden_size=int(vision.get("out_hidden_size", hidden)),
-            patch_size=int(vision.get("patch_size", 16)),
-            spatial_merge_size=int(vision.get("spatial_merge_size", 2)),
-            temporal_patch_size=int(vision.get("temporal_patch_size", 2)),
-            in_channels=int(vision.get("in_channels", 3)),
-            num_position_embeddings=int(vision.get("num_position_embeddings", 2304)),
-            num_deepstack=len(vision.get("deepstack_visual_indexes", [5, 11, 17])),
+            depth=v("depth"),
+            hidden_size=v("hidden_size"),
+            num_heads=v("num_heads"),
+            intermediate_size=v("intermediate_size"),
+            out_hidden_size=v("out_hidden_size", hidden),
+            patch_size=v("patch_size", 16),
+            spatial_merge_size=v("spatial_merge_size", 2),
+            temporal_patch_size=v("temporal_patch_size", 2),
+            in_channels=v("in_channels", 3),
+            num_position_embeddings=v("num_position_embeddings", 2304),
+            num_deepstack=len(deepstack),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(
@@ -363,12 +405,32 @@ def load_geometry(model: str, what: str = "--model") -> tuple[ModelGeometry, lis
         if snap is not None:
             geom = _from_snapshot(snap, "the hub (config.json alone, no weights)")
             return geom, [f"{model}: config.json fetched from the hub into the local cache (no weights)"]
-    ids = ", ".join(dict.fromkeys(BUILTIN_IDS[k] for k in BUILTIN))
-    raise InputError(
-        f"{what}={model!r}: no local config.json, none in the Hugging Face cache ({why}) and no built-in geometry "
-        f"for it (built-in, with cited config facts: {ids}); qvl does not plan one model with another model's numbers",
-        f"pass {'--model' if what == '--model' else 'model: (or --model)'} DIR, a directory holding the model's "
-        f"config.json, or put it in the cache first (`hf download {model} config.json`)",
+    raise _unknown_model(model, what, why)
+
+
+def _unknown_model(model: str, what: str, why: str) -> InputError:
+    """The refusal of an id qvl has no numbers for: 'did you mean' the nearest built-in or cached id (a typo is
+    never handed back as an `hf download` command), and a trailing slash named."""
+    flag = "--model" if what == "--model" else "model: (or --model)"
+    ids = list(dict.fromkeys(BUILTIN_IDS[k] for k in BUILTIN))
+    stripped = model.strip().rstrip("/")
+    known = {i.lower(): i for i in [*ids, *cached_ids()]}
+    near = difflib.get_close_matches(stripped.lower(), list(known), n=1, cutoff=0.8)
+    slash = " (a hub id is ORG/NAME, without a trailing slash)" if model.rstrip() != stripped else ""
+    message = (
+        f"{what}={model!r}{slash}: no local config.json, none in the Hugging Face cache ({why}) and no built-in "
+        f"geometry for it (built-in, with cited config facts: {', '.join(ids)}); qvl does not plan one model with "
+        "another model's numbers"
+    )
+    if near:
+        return InputError(
+            message,
+            f"did you mean {flag} {known[near[0]]}? Otherwise pass {flag} DIR, a directory holding its config.json",
+        )
+    fetch = f"`hf download {stripped} config.json`" if is_hub_id(stripped) else "`hf download ORG/NAME config.json`"
+    return InputError(
+        message,
+        f"pass {flag} DIR, a directory holding the model's config.json, or put it in the cache first ({fetch})",
     )
 
 

@@ -17,6 +17,7 @@ from qwenvl_rbln.planning.catalogue.devices import (
     parse_optimum_byte_size,
 )
 from qwenvl_rbln.planning.catalogue.modelinfo import ModelGeometry
+from qwenvl_rbln.planning.catalogue.params import QUANT_WEIGHT_BYTES, lm_params, quantized_lm_weight_bytes
 from qwenvl_rbln.planning.lm.rules import (
     ATTENTION_LIMITS,
     MIN_FLASH_MAX_SEQ_LEN,
@@ -344,6 +345,27 @@ def quantization(chk: Checker, quant: Any) -> dict[str, Any] | None:
         chk.fail(f"{key}.dynamic", f"{key}.dynamic={dynamic!r} must be true or false", "set dynamic: true or false")
     _refuse_fp16_weights(chk, quant, resolved)
     return {**resolved, "dynamic": bool(dynamic)}
+
+
+def moe_quantization(chk: Checker, quant: dict[str, Any] | None, geometry: ModelGeometry) -> None:
+    """Refuse a quantized Qwen3-VL-MoE before anything compiles: optimum-rbln 0.12 cannot load it, and if it
+    could, the float32 load would grow the LM weights, not shrink them (the experts are never quantized)."""
+    t = geometry.text
+    if not quant or t.moe is None:
+        return
+    gib = 1 << 30
+    bf16 = lm_params(t)["device"] * 2
+    fp32 = quantized_lm_weight_bytes(t, QUANT_WEIGHT_BYTES[quant["weights"]])
+    chk.fail(
+        "rbln_config.quantization",
+        f"rbln_config.quantization (weights={quant['weights']}) on {geometry.name}, a Qwen3-VL-MoE: optimum-rbln "
+        "0.12 cannot compile it. (1) get_quantized_model copies the checkpoint's fused experts as they are, "
+        "without the transpose transformers applies when it loads them (Qwen's checkpoints store gate_up_proj "
+        "[E, H, 2I] and down_proj [E, I, H], the model wants [E, 2I, H] and [E, H, I]), so the load stops with a "
+        "size mismatch. (2) It loads the model in float32 and never quantizes the experts, so the LM weights would "
+        f"grow from {bf16 / gib:.2f} GiB in bf16 to {fp32 / gib:.2f} GiB",
+        "remove the quantization (--set quantization=null) and compile the bf16 weights",
+    )
 
 
 def _quant_precision(chk: Checker, quant: dict[str, Any]) -> tuple[Any, Any]:

@@ -72,6 +72,8 @@ class ResolvedLM:
         chunk = lm_checks.prefill_chunk(chk, rbln, spec)
         dbs = lm_checks.decoder_batch_sizes(chk, rbln, batch, warnings)
         num_blocks, budget = lm_checks.kv_blocks(chk, rbln, spec, (max_seq_len, block, batch, attn), warnings)
+        quantization = lm_checks.quantization(chk, rbln.get("quantization"))
+        lm_checks.moe_quantization(chk, quantization, geometry)
         return _derive(
             batch_size=batch,
             max_seq_len=max_seq_len,
@@ -85,7 +87,7 @@ class ResolvedLM:
             vit_buckets=buckets,
             num_devices=num_devices,
             visual_num_devices=visual_num_devices,
-            quantization=lm_checks.quantization(chk, rbln.get("quantization")),
+            quantization=quantization,
             use_attention_mask=bool(rbln.get("use_attention_mask")),
             use_position_ids=bool(rbln.get("use_position_ids")),
         )
