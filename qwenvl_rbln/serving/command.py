@@ -267,10 +267,7 @@ def vllm_launch(
     held, why = pool_max_model_len(cfg)
     argv += ["--max-model-len", str(held), "--max-num-seqs", str(cfg["batch_size"])]
     if why:  # a short pool: lowered, with the reason, never silently
-        line = (
-            f"--max-model-len {held}, not the compiled max_seq_len {cfg['max_seq_len']}: {why}; a longer prompt "
-            "would be admitted and then hang (vllm-rbln issue #957)"
-        )
+        line = f"--max-model-len {held}, not the compiled max_seq_len {cfg['max_seq_len']}: {why}"
         warn(checks, "max_model_len", line)
         warnings.append(line)
     else:

@@ -336,7 +336,9 @@ def pool_max_model_len(cfg: dict[str, Any]) -> tuple[int, str | None]:
     only ``kvcache_num_blocks``; the block pool then keeps one block as the null block
     (vllm_rbln/v1/core/optimum_block_pool.py:81-82). A short pool therefore holds ``(kvcache_num_blocks - 1) *
     block`` tokens, and a prompt longer than that but under --max-model-len is admitted and never finishes
-    (vllm-rbln issue #957)."""
+    (vllm-rbln issue #957). Caveat: in that source ``sync_from_optimum`` (from_optimum.py:88-97) also resets
+    ``max_model_len`` to rbln_config.json's ``max_seq_len``, so the lowered flag may not reach vLLM's length check:
+    the warning (with its recompile fix) is the part the user can rely on."""
     import math
 
     blocks, block = cfg["kvcache_num_blocks"], cfg.get("kvcache_block_size") or cfg["kvcache_partition_len"]
@@ -348,7 +350,9 @@ def pool_max_model_len(cfg: dict[str, Any]) -> tuple[int, str | None]:
     why = (
         f"the KV pool is short: kvcache_num_blocks {blocks} < batch_size {batch} x {math.ceil(max_len / block)} "
         f"blocks of {block} tokens, so vllm-rbln hands vLLM {blocks} blocks and vLLM keeps one as its null block: "
-        f"{blocks - 1} x {block} = {usable} tokens for one sequence"
+        f"{blocks - 1} x {block} = {usable} tokens for one sequence, and a longer prompt would be admitted "
+        f"and then hang (vllm-rbln issue #957); fix: recompile with kvcache_num_blocks >= "
+        f"{full} (a full pool) or max_seq_len <= {usable}"
     )
     if usable >= max_len:
         return max_len, None
