@@ -383,9 +383,8 @@ def remap_memory_gate(art: Artifact, opts: ServeOptions, plan: Any) -> None:
     layout = check_layout(art.root, "rbln", art.cfg, None)
     memory = _memory(art.root, "rbln", art.cfg, layout, target, where["requested"], None)
     verdict = verdict_of(memory) if memory.get("source") != "unavailable" else None
-    shown = f"--device {_spell(opts.device)} --visual-device {_spell(opts.visual_device)}".replace(
-        " None", " (as compiled)"
-    )
+    given = (("--device", opts.device), ("--visual-device", opts.visual_device))
+    shown = " ".join(f"{flag} {_spell(value)}" for flag, value in given if value is not None)
     if verdict is None:
         art.checks.append(
             {"check": "memory", "ok": False, "warning": True, "detail": f"{shown}: {memory.get('reason')}"}
