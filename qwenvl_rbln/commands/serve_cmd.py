@@ -14,6 +14,7 @@ from typing import Any
 import typer
 
 from qwenvl_rbln.commands.common import JsonOpt
+from qwenvl_rbln.serving.options import REDACTED
 
 DirArg = typer.Argument(
     None,
@@ -39,6 +40,13 @@ PortOpt = typer.Option(8000, "--port", min=1, max=65535, help="Server port.")
 NameOpt = typer.Option(
     None, "--served-model-name", help="Model name clients send (default: the compiled model's hub id, else DIR's name)."
 )
+KeyFileOpt = typer.Option(
+    None,
+    "--api-key-file",
+    help="File whose first line is the API key (default: $VLLM_API_KEY); handed to vLLM in its environment, never "
+    "in argv.",
+    show_default=False,
+)
 PresetArgOpt = typer.Option(
     None, "--preset", "-p", help="Preset for the default DIR and runtime choices (default: the artifact's own)."
 )
@@ -60,6 +68,8 @@ def human(console: Any, d: dict[str, Any]) -> None:
         console.print(f"# {mark} {check['check']}: {check['detail']}", markup=False, highlight=False, soft_wrap=True)
     for key, value in d["env"].items():
         line = f"unset {key}" if value is None else f"export {key}={shlex.quote(value)}"
+        if value == REDACTED:  # a key is never printed: the auth check says where it comes from
+            line = f"# {key} is set for vllm ({REDACTED}; see the auth check)"
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(shlex.join(d["argv"]), markup=False, highlight=False, soft_wrap=True)
 
@@ -114,6 +124,15 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(
             False, "--force", help="Serve an artifact compiled for num_devices > 1 on a Rebel100 anyway."
         ),
+        api_key_file: Path = KeyFileOpt,
+        no_auth: bool = typer.Option(
+            False, "--no-auth", help="Off loopback, serve without an API key (anyone who reaches the port may call)."
+        ),
+        uncertain_ok: bool = typer.Option(
+            False,
+            "--uncertain-ok",
+            help="Serve a --device/--visual-device placement whose memory verdict is 'uncertain' (as load-check).",
+        ),
         dry_run: bool = DryRunOpt,
         as_json: bool = JsonOpt,
     ) -> None:
@@ -136,6 +155,9 @@ def register(app: typer.Typer) -> None:
             vit_packing=vit_packing,
             extra=extra,
             force=force,
+            api_key_file=api_key_file,
+            no_auth=no_auth,
+            uncertain_ok=uncertain_ok,
         )
         launch, warnings = serve_command(opts, os.environ)
         _run(launch, warnings, dry_run=dry_run, as_json=as_json)
@@ -152,10 +174,13 @@ def register(app: typer.Typer) -> None:
         input_len: int = typer.Option(128, "--input-len", min=1, help="Random text tokens per request."),
         output_len: int = typer.Option(128, "--output-len", min=1, help="Tokens to generate per request."),
         seed: int = typer.Option(0, "--seed", help="Random seed of the generated requests."),
+        api_key_file: Path = KeyFileOpt,
         dry_run: bool = DryRunOpt,
         as_json: bool = JsonOpt,
     ) -> None:
         """Load-test a running `qvl serve` with vLLM's own `vllm bench serve` (random images sized to the buckets)."""
+        import os
+
         from qwenvl_rbln.serving.bench import bench_command
         from qwenvl_rbln.serving.options import BenchOptions
 
@@ -171,6 +196,7 @@ def register(app: typer.Typer) -> None:
             output_len=output_len,
             seed=seed,
             extra=extra,
+            api_key_file=api_key_file,
         )
-        launch, warnings = bench_command(opts)
+        launch, warnings = bench_command(opts, os.environ)
         _run(launch, warnings, dry_run=dry_run, as_json=as_json)

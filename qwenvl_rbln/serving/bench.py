@@ -8,11 +8,20 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.serving.command import resolve_directory, served_name
 from qwenvl_rbln.serving.flags import parse_flags, refuse
-from qwenvl_rbln.serving.options import Artifact, BenchOptions, Launch
+from qwenvl_rbln.serving.options import (
+    API_KEY_ENV,
+    BENCH_KEY_ENV,
+    REDACTED,
+    Artifact,
+    BenchOptions,
+    Launch,
+    api_key,
+)
 from qwenvl_rbln.serving.preflight import ok, preflight
 
 PROMPT_MARGIN = 64  # chat template and special tokens around a benchmark prompt
@@ -69,8 +78,11 @@ BENCH_OWNED = {
 }
 
 
-def bench_command(opts: BenchOptions) -> tuple[Launch, list[str]]:
-    """``vllm bench serve`` (vLLM's own load test) against ``qvl serve``, images sized to the compiled buckets."""
+def bench_command(opts: BenchOptions, environ: Mapping[str, str] | None = None) -> tuple[Launch, list[str]]:
+    """``vllm bench serve`` (vLLM's own load test) against ``qvl serve``, images sized to the compiled buckets; the
+    server's API key (``--api-key-file``, else ``$VLLM_API_KEY``) goes in the environment as ``$OPENAI_API_KEY``,
+    which vLLM's benchmark sends as "Authorization: Bearer KEY"."""
+    environ = environ if environ is not None else {}
     directory, warnings = resolve_directory(opts.directory, opts.preset, "bench-serve")
     art = preflight(directory, verify_hashes=False)
     checks = list(art.checks)
@@ -113,4 +125,9 @@ def bench_command(opts: BenchOptions) -> tuple[Launch, list[str]]:
         ("--seed", str(opts.seed)),
     ]
     argv = ["vllm", "bench", "serve", *(word for pair in pairs for word in pair), *opts.extra]
-    return Launch(argv=argv, env={}, checks=checks), warnings
+    key, source = api_key(opts.api_key_file, environ)
+    if key is None:
+        ok(checks, "auth", f"no API key (none in --api-key-file or ${API_KEY_ENV}): requests carry no Authorization")
+        return Launch(argv=argv, env={}, checks=checks), warnings
+    ok(checks, "auth", f"API key from {source} ({REDACTED}) sent as 'Authorization: Bearer' (${BENCH_KEY_ENV})")
+    return Launch(argv=argv, env={BENCH_KEY_ENV: key}, checks=checks, secret=frozenset({BENCH_KEY_ENV})), warnings

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +17,24 @@ from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.paths import user_path
 from qwenvl_rbln.planning.catalogue.multi_device import multi_device_refusal
-from qwenvl_rbln.serving.flags import check_pass_through
+from qwenvl_rbln.serving.flags import check_pass_through, image_kwargs
 from qwenvl_rbln.serving.options import (
+    API_KEY_ENV,
+    DEFAULT_HOST,
+    DEFAULT_PORT,
     FRAME_CAP_ENV,
+    MAX_FRAME_PIXELS_ENV,
     PACKING_ENV,
     PLUGIN_GROUP,
     PLUGIN_NAME,
+    REDACTED,
     Artifact,
     Launch,
     ServeOptions,
+    api_key,
+    is_loopback,
 )
-from qwenvl_rbln.serving.preflight import ok, preflight, warn
+from qwenvl_rbln.serving.preflight import ok, pool_max_model_len, preflight, warn
 
 
 def resolve_directory(directory: Path | None, preset: str | None, command: str) -> tuple[Path, list[str]]:
@@ -213,17 +220,59 @@ def serve_command(opts: ServeOptions, environ: Mapping[str, str]) -> tuple[Launc
     directory, warnings = resolve_directory(opts.directory, opts.preset, "serve")
     art = preflight(directory)
     plan = _preset_plan(opts.preset)
-    checks = list(art.checks)
     replaced = check_pass_through(opts.extra, art, SERVE_OWNED)
     where = placement(art, opts.device, opts.visual_device, getattr(plan, "placement", None), opts.force)
+    remap_memory_gate(art, opts, plan)
+    key, key_source = api_key(opts.api_key_file, environ)
+    launch = vllm_launch(
+        art,
+        plan,
+        where,
+        host=opts.host,
+        port=opts.port,
+        served_model_name=opts.served_model_name,
+        vit_packing=opts.vit_packing,
+        extra=opts.extra,
+        replaced=replaced,
+        environ=environ,
+        warnings=warnings,
+    )
+    _auth(launch, opts, key, key_source, warnings)
+    return launch, warnings
+
+
+def vllm_launch(
+    art: Artifact,
+    plan: Any,
+    where: dict[str, Any],
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    served_model_name: str | None = None,
+    vit_packing: bool | None = None,
+    extra: Sequence[str] = (),
+    replaced: set[str] | frozenset[str] = frozenset(),
+    environ: Mapping[str, str] | None = None,
+    warnings: list[str] | None = None,
+) -> Launch:
+    """The one builder of the ``vllm serve`` argv and environment for an artifact (or a plan's, ``plan_artifact``):
+    ``qvl serve`` runs it, ``qvl tune`` prints it, so the two never differ."""
+    environ = environ if environ is not None else {}
+    warnings = warnings if warnings is not None else []
+    checks = list(art.checks)
     env = _placement_env(where, environ, checks)
     cfg = art.cfg
-    argv = ["vllm", "serve", str(art.root), "--host", opts.host, "--port", str(opts.port)]
-    argv += ["--served-model-name", opts.served_model_name or served_name(art)]
-    argv += ["--max-model-len", str(cfg["max_seq_len"]), "--max-num-seqs", str(cfg["batch_size"])]
-    if "--mm-processor-kwargs" not in replaced:
-        argv += ["--mm-processor-kwargs", json.dumps({"max_pixels": art.max_pixels})]
-    ok(checks, "max_pixels", f"{art.buckets[-1]} patches (largest ViT bucket) x {art.patch_size}^2 = {art.max_pixels}")
+    argv = ["vllm", "serve", str(art.root), "--host", host, "--port", str(port)]
+    argv += ["--served-model-name", served_model_name or served_name(art)]
+    held, why = pool_max_model_len(cfg)
+    argv += ["--max-model-len", str(held), "--max-num-seqs", str(cfg["batch_size"])]
+    if why:  # a short pool: lowered, with the reason, never silently
+        line = f"--max-model-len {held}, not the compiled max_seq_len {cfg['max_seq_len']}: {why}"
+        warn(checks, "max_model_len", line)
+        warnings.append(line)
+    else:
+        ok(checks, "max_model_len", f"{held} (the compiled max_seq_len; the KV block pool holds it)")
+    _image_cap(art, argv, replaced, checks)
     ok(checks, "oversize", _oversize_policy(art, plan))
     if "--limit-mm-per-prompt" not in replaced:
         limits, limits_source, off = limit_mm_per_prompt(art, plan)
@@ -233,13 +282,161 @@ def serve_command(opts: ServeOptions, environ: Mapping[str, str]) -> tuple[Launc
             warnings.extend(off)
         else:
             ok(checks, "limit_mm_per_prompt", f"{json.dumps(limits)} ({limits_source})")
-    argv += ["--rbln-optimum-overrides", json.dumps(where["overrides"]), *opts.extra]
-    if opts.vit_packing is not None:
-        packing, source = opts.vit_packing, "--vit-packing" if opts.vit_packing else "--no-vit-packing"
+    argv += ["--rbln-optimum-overrides", json.dumps(where["overrides"]), *extra]
+    if vit_packing is not None:
+        packing, source = vit_packing, "--vit-packing" if vit_packing else "--no-vit-packing"
     else:
         packing, source = _runtime_packing(art, plan)
     env.update(_packing_env(packing, source, environ, checks, warnings))
-    return Launch(argv=argv, env=env, checks=checks), warnings
+    if art.processor_fix.get("video"):
+        cap = art.processor_fix["cap"]
+        env[MAX_FRAME_PIXELS_ENV] = str(cap)
+        ok(
+            checks,
+            "video cap",
+            f"{FRAME_CAP_ENV}=1 {MAX_FRAME_PIXELS_ENV}={cap}: the processor files do not cap each frame "
+            f"({'; '.join(w for w in art.processor_fix['why'] if 'video' in w or 'frame' in w)}), so the "
+            f"{PLUGIN_NAME} plugin caps every video frame at {cap} pixels (the largest ViT bucket {art.buckets[-1]} "
+            f"x {art.patch_size}^2) in every vLLM process; the artifact is not edited",
+        )
+    return Launch(argv=argv, env=env, checks=checks)
+
+
+def _image_cap(art: Artifact, argv: list[str], replaced: set[str] | frozenset[str], checks: list) -> None:
+    """Images over the largest bucket: capped per request through --mm-processor-kwargs when the processor files
+    let them through. transformers 5 ignores ``max_pixels`` alone at call time (it needs ``size``, or both
+    min_pixels and max_pixels) and applies a flat ``size`` to videos too, so the cap goes in ``images_kwargs``;
+    ``max_pixels`` beside it caps the image processor where vLLM passes the kwargs at load."""
+    cap = art.max_pixels
+    if not art.processor_fix.get("image"):
+        ok(checks, "image cap", f"the processor files cap images at or below {cap} pixels; nothing added")
+        return
+    if "--mm-processor-kwargs" in replaced:
+        ok(checks, "image cap", f"your --mm-processor-kwargs (checked to cap images at or below {cap} pixels)")
+        return
+    from qwenvl_rbln.vision.geometry import IMAGE_MIN_PIXELS
+
+    low = min(art.processor_fix.get("min_pixels") or IMAGE_MIN_PIXELS, cap)
+    argv += ["--mm-processor-kwargs", json.dumps(image_kwargs(low, cap))]
+    why = "; ".join(w for w in art.processor_fix["why"] if "image" in w)
+    ok(
+        checks,
+        "image cap",
+        f"--mm-processor-kwargs caps each image at {cap} pixels ({art.buckets[-1]} patches, the largest ViT bucket, "
+        f"x {art.patch_size}^2) because the processor files do not ({why}); the artifact is not edited",
+    )
+
+
+def plan_artifact(plan: Any, root: str | Path) -> Artifact:
+    """The artifact ``qvl compile`` writes for ``plan``, as the numbers serve reads from it (no files): what
+    ``qvl tune`` hands to ``vllm_launch`` before anything is compiled. Its processor files carry the plan's caps."""
+    r = plan.resolved
+    buckets = sorted(r.vit_buckets, reverse=True)
+    lm = [{"compiled_model_name": "prefill", "npu": plan.npu, "num_devices": r.num_devices}]
+    cfg = {
+        "batch_size": r.batch_size,
+        "max_seq_len": r.max_seq_len,
+        "kvcache_block_size": r.kvcache_block_size,
+        "kvcache_num_blocks": r.kvcache_num_blocks or r.num_full_blocks,
+        "prefill_chunk_size": r.prefill_chunk_size,
+        "_compile_cfgs": lm,
+        "visual": {
+            "max_seq_len": buckets,
+            "_compile_cfgs": [
+                {"compiled_model_name": "compiled_model", "npu": plan.npu, "num_devices": r.visual_num_devices}
+            ],
+        },
+    }
+    manifest = {
+        "npu": plan.npu,
+        "placement": dict(plan.placement),
+        "model": {"id": plan.model_id},
+        "processor": plan.processor.to_dict(),
+        "runtime": dict(plan.runtime or {}),
+    }
+    vision = plan.geometry.vision
+    model_config = {"vision_config": {"patch_size": vision.patch_size, "spatial_merge_size": vision.spatial_merge_size}}
+    art = Artifact(root=Path(root), cfg=cfg, manifest=manifest, model_config=model_config)
+    art.processor_fix = {"image": False, "video": False, "min_pixels": None, "why": [], "cap": art.max_pixels}
+    return art
+
+
+# ----------------------------------------------------------------------------------- memory of a remap (D5)
+
+
+def remap_memory_gate(art: Artifact, opts: ServeOptions, plan: Any) -> None:
+    """A --device/--visual-device placement other than the compiled one gets load-check's own memory check
+    (``jobs.load_check``) and the compile gate: does_not_fit exits 4; uncertain exits 4 unless --uncertain-ok."""
+    if opts.device is None and opts.visual_device is None:
+        return
+    from qwenvl_rbln.artifacts.layout import check_layout, compile_target
+    from qwenvl_rbln.errors import DoesNotFit
+    from qwenvl_rbln.jobs.load_check import _memory
+    from qwenvl_rbln.memory.placement import check_placement
+    from qwenvl_rbln.memory.verdicts import gate_message, gate_stops, verdict_of
+
+    target = compile_target(art.cfg, art.manifest)
+    fallback = {"preset": plan.preset, "placement": plan.placement} if plan is not None else None
+    where = check_placement(opts.device, opts.visual_device, art.manifest, target, fallback, art.cfg)
+    if where["matches"] and where["compiled"] is not None:
+        return  # the placement planned at compile, spelled out: the compile's gate already judged it
+    layout = check_layout(art.root, "rbln", art.cfg, None)
+    memory = _memory(art.root, "rbln", art.cfg, layout, target, where["requested"], None)
+    verdict = verdict_of(memory) if memory.get("source") != "unavailable" else None
+    given = (("--device", opts.device), ("--visual-device", opts.visual_device))
+    shown = " ".join(f"{flag} {_spell(value)}" for flag, value in given if value is not None)
+    if verdict is None:
+        art.checks.append(
+            {"check": "memory", "ok": False, "warning": True, "detail": f"{shown}: {memory.get('reason')}"}
+        )
+        return
+    if gate_stops(verdict, opts.uncertain_ok):
+        raise DoesNotFit(
+            f"{shown}: " + gate_message(memory, lead="load-check's memory check"),
+            f"see `qvl load-check {art.root} --no-runtime {shown}`; keep the compiled placement (drop "
+            "--device/--visual-device), or recompile for this one"
+            + ("; --uncertain-ok serves an uncertain verdict anyway" if verdict == "uncertain" else ""),
+        )
+    ok(art.checks, "memory", f"{shown}: load-check's memory check says {verdict} ({memory.get('source')})")
+
+
+def _spell(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+# ------------------------------------------------------------------------------------------ who may call
+
+
+def _auth(launch: Launch, opts: ServeOptions, key: str | None, source: str, warnings: list[str]) -> None:
+    """Off loopback vLLM's API answers anyone who reaches the port: require a key, or an explicit --no-auth that
+    says what it exposes. The key goes to vLLM as $VLLM_API_KEY, never in argv, and is never shown."""
+    where = f"{opts.host}:{opts.port}"
+    if key is not None:
+        launch.env[API_KEY_ENV] = key
+        launch.secret = frozenset({*launch.secret, API_KEY_ENV})
+        ok(
+            launch.checks,
+            "auth",
+            f"API key from {source} ({REDACTED}), handed to vLLM as ${API_KEY_ENV} in its environment, not in argv: "
+            f"every request to {where}/v1 must send 'Authorization: Bearer KEY'",
+        )
+        return
+    if is_loopback(opts.host):
+        ok(launch.checks, "auth", f"no API key: {where} listens on loopback only (this machine's users can call it)")
+        return
+    if not opts.no_auth:
+        raise InputError(
+            f"--host {opts.host} serves vLLM's OpenAI API ({where}/v1: chat completions, models, tokenizer) to every "
+            "machine that can reach this port, and no API key is set",
+            f"export {API_KEY_ENV}=KEY or pass --api-key-file FILE (qvl hands the key to vLLM in its environment), or "
+            "--no-auth to serve it to anyone, or --host 127.0.0.1",
+        )
+    line = (
+        f"--no-auth: vLLM's OpenAI API on {where} (/v1/chat/completions, /v1/completions, /v1/models, /tokenize, "
+        "/metrics) answers every machine that can reach this port, without a key"
+    )
+    warn(launch.checks, "auth", line)
+    warnings.append(line)
 
 
 def _placement_env(where: dict[str, Any], environ: Mapping[str, str], checks: list[dict[str, Any]]) -> dict:

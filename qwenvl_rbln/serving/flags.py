@@ -13,6 +13,7 @@ from typing import Any
 
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.serving.options import Artifact
+from qwenvl_rbln.serving.preflight import pool_max_model_len
 
 
 def parse_flags(tokens: Sequence[str]) -> list[tuple[str, str | None, int, int]]:
@@ -102,7 +103,15 @@ def check_pass_through(extra: Sequence[str], art: Artifact, owned: Mapping[str, 
         elif base == "--max-num-batched-tokens":
             _must_equal(flag, value, cfg["prefill_chunk_size"], "the compiled prefill_chunk_size")
         elif base == "--max-model-len":
-            _must_equal(flag, value, cfg["max_seq_len"], "the compiled max_seq_len")
+            held, why = pool_max_model_len(cfg)
+            _must_equal(flag, value, held, "what the KV block pool holds" if why else "the compiled max_seq_len")
+        elif base in ("--api-key",):
+            raise refuse(
+                flag,
+                "<hidden>" if value is not None else None,
+                "would put the key in vLLM's argv, which any process list shows",
+                "export VLLM_API_KEY=KEY or pass --api-key-file FILE (qvl hands it to vLLM in its environment)",
+            )
         elif base == "--max-num-seqs":
             _must_equal(flag, value, cfg["batch_size"], "the compiled batch_size")
         elif base == "--block-size":
@@ -118,21 +127,60 @@ def check_pass_through(extra: Sequence[str], art: Artifact, owned: Mapping[str, 
 
 
 def _check_max_pixels(flag: str, value: str | None, art: Artifact) -> None:
-    pixels: Any = None
-    if flag.endswith(".max_pixels"):
-        pixels = parse_count(value)
-    elif flag == "--mm-processor-kwargs":
-        try:
-            data = json.loads(value or "")
-        except ValueError:
-            raise refuse(flag, value, "is not a JSON object", "pass JSON, e.g. '{\"max_pixels\": 802816}'") from None
-        pixels = data.get("max_pixels") if isinstance(data, dict) else None
-    if isinstance(pixels, int | float) and pixels > art.max_pixels:
+    """A user's --mm-processor-kwargs replaces qvl's: refused when it lets images past the largest bucket, or when
+    the processor files need a per-request cap and it gives none transformers applies."""
+    cap = art.max_pixels
+    if flag != "--mm-processor-kwargs":  # a dotted key: --mm-processor-kwargs.max_pixels N
+        pixels = parse_count(value) if flag.endswith((".max_pixels", ".longest_edge")) else None
+        if pixels is not None and pixels > cap:
+            raise _too_large(flag, value, art)
+        return
+    try:
+        data = json.loads(value or "")
+    except ValueError:
+        raise refuse(flag, value, "is not a JSON object", "pass JSON, e.g. '{\"max_pixels\": 802816}'") from None
+    data = data if isinstance(data, dict) else {}
+    inner = data.get("images_kwargs") if isinstance(data.get("images_kwargs"), dict) else {}
+    found = [_longest(data), _longest(inner), _number(data.get("max_pixels")), _number(inner.get("max_pixels"))]
+    if any(p is not None and p > cap for p in found):
+        raise _too_large(flag, value, art)
+    per_call = [_longest(inner), _longest(data)]  # transformers 5 reads size, or min_pixels with max_pixels, per call
+    for part in (inner, data):
+        if _number(part.get("min_pixels")) is not None and _number(part.get("max_pixels")) is not None:
+            per_call.append(_number(part["max_pixels"]))
+    if art.processor_fix.get("image") and all(p is None for p in per_call):
         raise refuse(
             flag,
             value,
-            f"lets images exceed the largest compiled ViT bucket ({art.buckets[-1]} patches = max_pixels "
-            f"{art.max_pixels}); vllm-rbln would fail on such an image with 'Required seq_len(N) is larger than "
-            "available max_seq_len'",
-            f"use max_pixels <= {art.max_pixels}, or drop it (qvl passes {art.max_pixels})",
+            "does not cap images per request, and the processor files let images past the largest ViT bucket "
+            "(transformers 5 ignores max_pixels alone at call time)",
+            f"drop it (qvl passes the cap) or pass e.g. '{json.dumps(image_kwargs(65536, cap))}'",
         )
+
+
+def image_kwargs(min_pixels: int, max_pixels: int) -> dict[str, Any]:
+    """The --mm-processor-kwargs that cap images (and only images) at ``max_pixels`` per request and at load."""
+    return {
+        "max_pixels": max_pixels,
+        "images_kwargs": {"size": {"shortest_edge": min_pixels, "longest_edge": max_pixels}},
+    }
+
+
+def _number(value: Any) -> int | float | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _longest(part: dict[str, Any]) -> int | float | None:
+    size = part.get("size")
+    return _number(size.get("longest_edge")) if isinstance(size, dict) else None
+
+
+def _too_large(flag: str, value: str | None, art: Artifact) -> InputError:
+    return refuse(
+        flag,
+        value,
+        f"lets images exceed the largest compiled ViT bucket ({art.buckets[-1]} patches = max_pixels "
+        f"{art.max_pixels}); vllm-rbln would fail on such an image with 'Required seq_len(N) is larger than "
+        "available max_seq_len'",
+        f"use max_pixels <= {art.max_pixels}, or drop it (qvl passes {art.max_pixels})",
+    )

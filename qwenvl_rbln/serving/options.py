@@ -17,6 +17,12 @@ PLUGIN_NAME = "qvl_vit_packing"  # the vllm.general_plugins entry point (pyproje
 PLUGIN_GROUP = "vllm.general_plugins"
 PACKING_ENV = "QVL_VIT_PACKING"  # "1": the plugin installs the packed ViT forward in every vLLM process
 FRAME_CAP_ENV = "QVL_FRAME_CAP"  # "1": the plugin caps each video frame at the artifact's qvl_max_frame_pixels
+# pixels per frame for a video processor whose config has no (or a larger) qvl_max_frame_pixels: an artifact saved
+# outside qvl keeps the checkpoint's processor files, so serve hands the cap over here instead of editing them
+MAX_FRAME_PIXELS_ENV = "QVL_MAX_FRAME_PIXELS"
+API_KEY_ENV = "VLLM_API_KEY"  # vLLM's OpenAI server requires this key when set; never passed in argv
+BENCH_KEY_ENV = "OPENAI_API_KEY"  # what `vllm bench serve` sends as "Authorization: Bearer ..."
+REDACTED = "<redacted>"
 DEFAULT_HOST = "127.0.0.1"  # local only unless asked: `--host 0.0.0.0` serves other machines
 DEFAULT_PORT = 8000  # vLLM's own default
 
@@ -28,9 +34,12 @@ class Launch:
     argv: list[str]
     env: dict[str, str | None]
     checks: list[dict[str, Any]]
+    secret: frozenset[str] = frozenset()  # env keys whose values are never shown (--dry-run, --json)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"argv": list(self.argv), "env": dict(self.env), "checks": list(self.checks)}
+        """What --dry-run shows: the env with every secret value replaced by ``REDACTED``."""
+        env = {k: (REDACTED if k in self.secret and v is not None else v) for k, v in self.env.items()}
+        return {"argv": list(self.argv), "env": env, "checks": list(self.checks)}
 
     def exec_env(self, inherited: Mapping[str, str]) -> dict[str, str]:
         out = dict(inherited)
@@ -51,6 +60,9 @@ class Artifact:
     manifest: dict[str, Any] | None
     model_config: dict[str, Any]
     checks: list[dict[str, Any]] = field(default_factory=list)
+    # what the processor files let through (preflight): {"image": bool, "video": bool, "min_pixels", "why", "cap"};
+    # a True kind is capped by serve (images per request, video frames through the plugin), the files untouched
+    processor_fix: dict[str, Any] = field(default_factory=dict)
 
     @property
     def buckets(self) -> list[int]:
@@ -95,6 +107,9 @@ class ServeOptions:
     vit_packing: bool | None = None  # None: the manifest's / preset's runtime.vit_packing, else on
     extra: list[str] = field(default_factory=list)
     force: bool = False  # serve a num_devices > 1 artifact on a Rebel100 anyway
+    api_key_file: Path | None = None  # else $VLLM_API_KEY; required off loopback unless no_auth
+    no_auth: bool = False  # serve off loopback without a key, said out loud
+    uncertain_ok: bool = False  # a remapped placement whose memory verdict is "uncertain" is served anyway
 
     def __post_init__(self) -> None:
         _check_names(self.host, self.served_model_name)
@@ -112,6 +127,48 @@ class BenchOptions:
     output_len: int = 128
     seed: int = 0
     extra: list[str] = field(default_factory=list)
+    api_key_file: Path | None = None  # else $VLLM_API_KEY: sent as "Authorization: Bearer ..."
 
     def __post_init__(self) -> None:
         _check_names(self.host, self.served_model_name)
+
+
+# ------------------------------------------------------------------------------------------------ who may call
+
+
+def is_loopback(host: str) -> bool:
+    """Only this machine can reach an address on the loopback interface (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    name = host.strip().strip("[]")
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False  # a host name or an interface address: other machines may reach it
+
+
+def api_key(api_key_file: Path | None, environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """The API key and where it came from: ``--api-key-file`` (first line), else ``$VLLM_API_KEY``; never argv, so
+    a process list cannot show it."""
+    if api_key_file is not None:
+        from qwenvl_rbln.paths import user_path
+
+        path = user_path(api_key_file, "--api-key-file")
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(
+                f"--api-key-file {api_key_file}: cannot read it ({getattr(exc, 'strerror', None) or exc})",
+                "pass a readable file whose first line is the key",
+            ) from None
+        key = lines[0].strip() if lines else ""
+        if not key or any(c.isspace() for c in key):
+            raise InputError(
+                f"--api-key-file {api_key_file}: its first line is {'empty' if not key else 'not one word'}",
+                "write the key alone on the first line (e.g. `openssl rand -hex 32 > FILE`)",
+            )
+        return key, f"--api-key-file {api_key_file}"
+    key = (environ.get(API_KEY_ENV) or "").strip()
+    return (key, f"${API_KEY_ENV}") if key else (None, "none")

@@ -83,7 +83,7 @@ def preflight(directory: Path, *, verify_hashes: bool = True) -> Artifact:
     _check_config(cfg, root / RBLN_CONFIG_NAME, checks)
     _check_graphs(root, cfg, checks)
     _check_processor(root, checks, _source_model(manifest))
-    _check_processor_caps(root, cfg, manifest, checks)
+    caps_fix = _check_processor_caps(root, cfg, manifest, checks)
     if manifest is None:
         ok(checks, "manifest hashes", "no qvl-manifest.json: edits after compile cannot be detected")
     elif verify_hashes:
@@ -91,7 +91,9 @@ def preflight(directory: Path, *, verify_hashes: bool = True) -> Artifact:
     model_config = read_json(root / "config.json")
     if cfg.get("cls_name") == QWEN3_VL_MOE_CONFIG_CLS:
         _note_moe(model_config, checks)
-    return Artifact(root=root, cfg=cfg, manifest=manifest, model_config=model_config, checks=checks)
+    return Artifact(
+        root=root, cfg=cfg, manifest=manifest, model_config=model_config, checks=checks, processor_fix=caps_fix
+    )
 
 
 def _note_moe(model_config: Any, checks: list[dict[str, Any]]) -> None:
@@ -245,18 +247,72 @@ def _check_processor(root: Path, checks: list[dict[str, Any]], source: str) -> N
 
 def _check_processor_caps(
     root: Path, cfg: dict[str, Any], manifest: dict[str, Any] | None, checks: list[dict[str, Any]]
-) -> None:
-    """The processor files vLLM loads agree with the compiled buckets (``artifacts.processor_files``)."""
-    from qwenvl_rbln.artifacts.layout import processor_problems
+) -> dict[str, Any]:
+    """What the processor files vLLM loads let through, against the largest compiled bucket.
 
-    problems = processor_problems(root, cfg, manifest)
-    if problems:
+    Files that disagree with the buckets (the checkpoint's, as the product doc's scripts and plain optimum-rbln save
+    them) are not refused: ``serving.command`` caps images per request and video frames through the plugin, without
+    editing the artifact. Files that disagree with the caps the compile recorded (edited since) are refused.
+    Returns ``{"image": needs a cap, "video": needs a cap, "min_pixels": the files' image minimum, "why": [...]}``.
+    """
+    from qwenvl_rbln.artifacts.layout import processor_problems
+    from qwenvl_rbln.artifacts.processor_files import FRAME_KEY, SECTIONS
+
+    recorded = [p for p in processor_problems(root, cfg, manifest) if p not in processor_problems(root, cfg, None)]
+    if recorded:
         raise InputError(
-            f"{root}: {problems[0].partition('; fix: ')[0]}",
-            f"{problems[0].partition('; fix: ')[2] or RECOMPILE}; vLLM would hand these sizes to the compiled graphs "
-            "and fail with 'Required seq_len' at the first such input",
+            f"{root}: {recorded[0].partition('; fix: ')[0]}",
+            f"{recorded[0].partition('; fix: ')[2] or RECOMPILE}; the manifest recorded other caps than the files hold",
         )
-    ok(checks, "processor caps", "the processor files' image and video caps fit the largest ViT bucket")
+    visual = cfg["visual"]["max_seq_len"]
+    largest = max(visual if isinstance(visual, list) else [visual])
+    vision = (read_json(root / "config.json") or {}).get("vision_config") or {}
+    patch = vision.get("patch_size", 16) if isinstance(vision, dict) else 16
+    cap = largest * (patch if type(patch) is int and patch > 0 else 16) ** 2
+    fix: dict[str, Any] = {"min_pixels": None, "why": [], "cap": cap}
+    seen = {"image": False, "video": False}
+    bad = {"image": False, "video": False}
+    for name, section, kind in SECTIONS:
+        data = _json_quiet(root / name)
+        part = data.get(section) if data is not None and section else data
+        if not isinstance(part, dict) or not part:
+            continue
+        if section is None and kind == "image" and "video_processor_type" in part:
+            kind = "video"
+        where = f"{name} {section}" if section else name
+        size = part.get("size") if isinstance(part.get("size"), dict) else {}
+        if kind == "image":
+            longest = _count(part.get("max_pixels")) or _count(size.get("longest_edge"))
+            fix["min_pixels"] = fix["min_pixels"] or _count(part.get("min_pixels")) or _count(size.get("shortest_edge"))
+            ok_here = longest is not None and longest <= cap
+            if not ok_here:
+                fix["why"].append(f"{where} size.longest_edge={longest} (images need <= {cap})")
+        else:
+            frame = _count(part.get(FRAME_KEY))
+            ok_here = frame is not None and frame <= cap
+            if not ok_here:
+                fix["why"].append(f"{where} {FRAME_KEY}={frame} (each frame needs <= {cap})")
+        seen[kind] = True
+        bad[kind] = bad[kind] or not ok_here
+    for kind in ("image", "video"):
+        fix[kind] = bad[kind] or not seen[kind]
+        if not seen[kind]:
+            fix["why"].append(f"no {kind} processor section in the processor files (transformers' defaults apply)")
+    if not fix["image"] and not fix["video"]:
+        ok(checks, "processor caps", "the processor files' image and video caps fit the largest ViT bucket")
+    return fix
+
+
+def _json_quiet(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _count(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else None
 
 
 def _check_hashes(root: Path, manifest: dict[str, Any], checks: list[dict[str, Any]]) -> None:
@@ -269,3 +325,41 @@ def _check_hashes(root: Path, manifest: dict[str, Any], checks: list[dict[str, A
         )
     extra = f"; not in the manifest (added later): {', '.join(verdict['extra'][:4])}" if verdict["extra"] else ""
     ok(checks, "manifest hashes", f"{len(manifest.get('files') or {})} files match{extra}")
+
+
+def pool_max_model_len(cfg: dict[str, Any]) -> tuple[int, str | None]:
+    """The longest sequence vllm-rbln's KV block pool can really hold, and why it is below max_seq_len (None: it
+    is not). vllm-rbln (RBLN-SW/vllm-rbln 95c7a25a, v0.11.0) sizes vLLM's pool from rbln_config.json:
+    ``update_num_blocks`` (vllm_rbln/utils/optimum/converter/from_optimum.py:143-148) gives vLLM
+    ``kvcache_num_blocks + 1`` blocks when the pool is full (``is_full_block_available``,
+    vllm_rbln/utils/optimum/block_size.py:49-57: ``num_blocks >= batch_size * ceil(max_seq_len / block)``), else
+    only ``kvcache_num_blocks``; the block pool then keeps one block as the null block
+    (vllm_rbln/v1/core/optimum_block_pool.py:81-82). A short pool therefore holds ``(kvcache_num_blocks - 1) *
+    block`` tokens, and a prompt longer than that but under --max-model-len is admitted and never finishes
+    (vllm-rbln issue #957). Caveat: in that source ``sync_from_optimum`` (from_optimum.py:88-97) also resets
+    ``max_model_len`` to rbln_config.json's ``max_seq_len``, so the lowered flag may not reach vLLM's length check:
+    the warning (with its recompile fix) is the part the user can rely on."""
+    import math
+
+    blocks, block = cfg["kvcache_num_blocks"], cfg.get("kvcache_block_size") or cfg["kvcache_partition_len"]
+    max_len, batch = cfg["max_seq_len"], cfg["batch_size"]
+    full = batch * math.ceil(max_len / block)
+    if blocks >= full:
+        return max_len, None
+    usable = (blocks - 1) * block
+    why = (
+        f"the KV pool is short: kvcache_num_blocks {blocks} < batch_size {batch} x {math.ceil(max_len / block)} "
+        f"blocks of {block} tokens, so vllm-rbln hands vLLM {blocks} blocks and vLLM keeps one as its null block: "
+        f"{blocks - 1} x {block} = {usable} tokens for one sequence, and a longer prompt would be admitted "
+        f"and then hang (vllm-rbln issue #957); fix: recompile with kvcache_num_blocks >= "
+        f"{full} (a full pool) or max_seq_len <= {usable}"
+    )
+    if usable >= max_len:
+        return max_len, None
+    if usable <= 0:
+        raise InputError(
+            f"rbln_config.json: kvcache_num_blocks={blocks} leaves vLLM no KV block once it keeps one as its null "
+            "block (vllm-rbln sizes the pool from kvcache_num_blocks)",
+            f"{RECOMPILE} with kvcache_num_blocks >= 2 (or leave it to the planner)",
+        )
+    return usable, why

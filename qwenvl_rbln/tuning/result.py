@@ -7,7 +7,6 @@ The preset is written whole (no ``extends``), so it still means the same thing i
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
@@ -43,39 +42,21 @@ def output_dir_for(path: Path | None) -> str:
 
 
 def commands(preset_ref: str, data: dict[str, Any], max_len: int, batch: int) -> dict[str, Any]:
-    """``qvl compile``, ``qvl serve`` and the vLLM command serve will build (placement, limits, pixels)."""
-    from qwenvl_rbln.serving.command import limit_mm_per_prompt
-    from qwenvl_rbln.serving.options import FRAME_CAP_ENV, Artifact
+    """``qvl compile``, ``qvl serve`` and the vLLM command serve will build, from the one builder serve runs
+    (``serving.command.vllm_launch``), so the printed line and ``qvl serve --dry-run`` cannot differ."""
+    from qwenvl_rbln.planning.plan import plan_from_loaded
+    from qwenvl_rbln.planning.presets import LoadedPreset
+    from qwenvl_rbln.serving.command import placement, plan_artifact, vllm_launch
 
-    rbln = data["rbln_config"]
-    buckets = rbln["visual"]["max_seq_len"]
-    buckets = sorted(buckets if isinstance(buckets, list) else [buckets])
-    placement = data.get("placement") or {"device": 0, "visual_device": 0}
-    art = Artifact(
-        root=Path(data["output_dir"]),
-        cfg={"max_seq_len": max_len, "batch_size": batch, "visual": {"max_seq_len": buckets}},
-        manifest={"processor": data.get("processor") or {}},
-        model_config={},
-    )
-    limits, _, _ = limit_mm_per_prompt(art, None)
-    visible = sorted({placement["device"], placement["visual_device"]})
-    overrides = {
-        "device": visible.index(placement["device"]),
-        "visual": {"device": visible.index(placement["visual_device"])},
-    }
-    vllm = [
-        "vllm", "serve", data["output_dir"],
-        "--max-model-len", str(max_len), "--max-num-seqs", str(batch),
-        "--mm-processor-kwargs", json.dumps({"max_pixels": art.max_pixels}),
-        "--limit-mm-per-prompt", json.dumps(limits),
-        "--rbln-optimum-overrides", json.dumps(overrides),
-    ]  # fmt: skip
+    plan = plan_from_loaded(LoadedPreset(name="tuned", path=Path("tuned.yaml"), data=data), model=data.get("model"))
+    art = plan_artifact(plan, data["output_dir"])
+    launch = vllm_launch(art, plan, placement(art, None, None, None))
     return {
         "compile": f"qvl compile --preset {preset_ref}",
         "dry_run": f"qvl compile --preset {preset_ref} --dry-run",
         "serve": f"qvl serve {data['output_dir']}",
-        "vllm": vllm,
-        "env": {"RBLN_VISIBLE_DEVICES": ",".join(map(str, visible)), FRAME_CAP_ENV: "1"},  # as qvl serve sets
+        "vllm": launch.argv,
+        "env": {k: v for k, v in launch.env.items() if v is not None},  # exactly what qvl serve sets
     }
 
 

@@ -194,7 +194,8 @@ def _hand_over(console: Any, data: dict[str, Any]) -> None:
     console.print(markup("  {}", cmds["compile"]))
     console.print(markup("  {}", cmds["serve"]))
     env = " ".join(f"{k}={v}" for k, v in cmds["env"].items())
-    console.print(markup("  [dim]which runs: {} {}[/dim]", env, shlex.join(cmds["vllm"])))
+    # one line, never wrapped: it is the exact command `qvl serve` runs (serving.command.vllm_launch)
+    console.print(markup("  [dim]which runs: {} {}[/dim]", env, shlex.join(cmds["vllm"])), soft_wrap=True)
     if data.get("preset_path"):
         console.print(markup("[bold]written[/bold] {}", data["preset_path"]))
     else:
