@@ -42,7 +42,7 @@ def test_two_cards_chiplet_labels_do_not_overlap(capsys):
     labels = [t for t in chips.get_xticklabels() if t.get_text()]
     assert [t.get_text() for t in labels] == ["c0", "c1", "c2", "c3"] * 2
     boxes = sorted((t.get_window_extent(renderer) for t in labels), key=lambda b: b.x0)
-    assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:])), [(b.x0, b.x1) for b in boxes]
+    assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:], strict=False)), [(b.x0, b.x1) for b in boxes]
     assert {"dev 0", "dev 1"} <= {t.get_text() for t in chips.texts}
 
 

@@ -185,3 +185,19 @@ def test_fix_processor_leaves_the_artifact_untouched_when_writing_fails(
     assert code == 2 and out == ""
     assert "nothing was changed" in err.strip().splitlines()[-1]
     assert _snapshot(root) == before  # no new file, no backup, no temp directory, every byte the same
+
+
+def test_fix_processor_refuses_a_damaged_manifest_and_a_torch_artifact_changing_nothing(tmp_path, capsys, no_npu_stack):
+    root = _outside_qvl(tmp_path, manifest=True)
+    manifest = json.loads((root / MANIFEST_NAME).read_text())
+    manifest["files"]["config.json"] = "x"
+    (root / MANIFEST_NAME).write_text(json.dumps(manifest))
+    before = _snapshot(root)
+    code, out, err = run_main(["fix-processor", str(root)], capsys)
+    assert code == 2 and out == "" and _snapshot(root) == before
+    assert err.strip().splitlines()[-1].startswith(f"qvl: error: {root / MANIFEST_NAME}: damaged")
+    torch_art = tmp_path / "torch"
+    torch_art.mkdir()
+    (torch_art / "qvl-rbln-config.json").write_text(json.dumps({"backend": "torch"}))
+    code, _, err = run_main(["fix-processor", str(torch_art)], capsys)
+    assert code == 2 and "Traceback" not in err

@@ -17,7 +17,12 @@ from qwenvl_rbln.commands.common import JsonOpt
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("fix-processor")
+    @app.command(
+        "fix-processor",
+        help="Cap an artifact's processor files at its compiled ViT buckets (the old files kept as NAME.orig).\n\n"
+        "Images get size.longest_edge = largest bucket x 16^2; videos get qvl_max_frame_pixels, the per-frame cap that "
+        "qvl infer and qvl serve apply. A qvl-manifest.json is rehashed, so `qvl load-check DIR` is clean after.",
+    )
     def fix_processor(
         directory: Path = typer.Argument(
             ..., metavar="DIR", help="Artifact directory (an NPU artifact).", show_default=False
@@ -27,11 +32,6 @@ def register(app: typer.Typer) -> None:
         ),
         as_json: bool = JsonOpt,
     ) -> None:
-        """Cap an artifact's processor files at its compiled ViT buckets (the old files kept as NAME.orig).
-
-        Images get size.longest_edge = largest bucket x 16^2; videos get qvl_max_frame_pixels, the per-frame cap
-        qvl infer and qvl serve apply. A qvl-manifest.json is rehashed, so `qvl load-check DIR` is clean after.
-        """
         from qwenvl_rbln.jobs.processor_fix import fix_processor as run_fix
         from qwenvl_rbln.views import load_check as load_check_view
         from qwenvl_rbln.views import render

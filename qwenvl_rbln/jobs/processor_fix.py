@@ -190,6 +190,13 @@ def _new_manifest(root: Path, stage: Path, plan: dict[str, Any]) -> Path | None:
     if manifest is None:
         return None
     files = dict(manifest.get("files") or {})
+    if not all(
+        isinstance(f, dict) and type(f.get("size")) is int and isinstance(f.get("sha256"), str) for f in files.values()
+    ):
+        raise InputError(
+            f"{root / MANIFEST_NAME}: damaged (a files entry without an integer size and a sha256); not rewritten",
+            f"`qvl load-check {root}` names the problem; recompile with `qvl compile --force`",
+        )
     for entry in plan["files"]:
         for rel, path in ((entry["file"], stage / entry["file"]), (entry["backup"], stage / entry["backup"])):
             files[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
