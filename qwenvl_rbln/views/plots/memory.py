@@ -22,12 +22,13 @@ from qwenvl_rbln.views.plots.figure import VERDICT_COLOUR, GiB, draw
 UNITS = (("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1 << 10))
 OFF_SCALE = 4  # a usable line this many times above the tallest bar is named, not drawn
 
-CATEGORIES = ("weights", "KV cache", "workspaces", "masks", "other")
+CATEGORIES = ("weights", "KV cache", "workspaces", "masks", "io buffers", "other")
 COLOURS = {
     "weights": "#0072B2",
     "KV cache": "#56B4E9",
     "workspaces": "#E69F00",
     "masks": "#CC79A7",
+    "io buffers": "#F0E442",
     "other": "#999999",
     "allocated": "#0072B2",
 }
@@ -101,7 +102,7 @@ def _estimate_device(dev: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-KEY_CATEGORY = {"Weight": "weights", "DramTensor": "KV cache", "Workspace": "workspaces"}
+KEY_CATEGORY = {"Weight": "weights", "DramTensor": "KV cache", "Workspace": "workspaces", "IOBuffer": "io buffers"}
 
 
 def _exact_parts(dev: dict[str, Any], graphs: dict[str, Any]) -> list[dict[str, Any]]:
@@ -266,17 +267,15 @@ def _usable_line(
         ax.hlines(u(usable), span[0], span[1], colors=colour, linewidth=2)
         if text:  # the chiplet axis names it once, after its last group: no label runs into the next group
             ax.text(span[1], u(usable), f" usable {u(usable):.0f} {u.name}", color=colour, fontsize=7, va="bottom")
-    elif not named:
+    else:
         named.add(usable)
-        ax.text(
-            0.01,
-            0.98,
-            f"usable {usable / GiB:.0f} GiB per device: far above these bars (not drawn)",
-            transform=ax.transAxes,
-            fontsize=7,
-            va="top",
-            color=colour,
-        )
+
+
+def _named_title(ax: Any, title: str, named: set, what: str) -> None:
+    """The axis title, with the usable bytes no line was drawn for (``named``) in words under it."""
+    if named:
+        title += f"\nusable {max(named) / GiB:.0f} GiB {what} (not drawn)"
+    ax.set_title(title)
 
 
 def _devices_axis(ax: Any, data: dict[str, Any], u: Unit) -> None:
@@ -321,7 +320,12 @@ def _devices_axis(ax: Any, data: dict[str, Any], u: Unit) -> None:
     if data["suggestions"]:
         handles.append(Patch(facecolor="#cccccc", edgecolor="#555555", linestyle="--", label="suggestion (ghost)"))
     ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(handles))
-    ax.set_title("per device: parts with low..high whiskers; usable line coloured by verdict")
+    _named_title(
+        ax,
+        "per device: parts with low..high whiskers; usable line coloured by verdict",
+        named,
+        "per device: far above these bars",
+    )
 
 
 def _chiplets_axis(ax: Any, data: dict[str, Any], u: Unit) -> None:
@@ -356,7 +360,7 @@ def _chiplets_axis(ax: Any, data: dict[str, Any], u: Unit) -> None:
         x += 0.7
     ax.set_xticks(ticks, labels, fontsize=7)
     ax.set_ylabel(u.name)
-    ax.set_title("per chiplet (share of usable)")
+    _named_title(ax, "per chiplet (share of usable)", named, "each")
 
 
 def _has_chiplets(data: dict[str, Any]) -> bool:
