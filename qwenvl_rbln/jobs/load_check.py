@@ -520,8 +520,9 @@ def _check_device_memory(device_memory: str | None) -> None:
         parse_device_memory(device_memory)
 
 
-def _report(root: Path, kind: str, parts: dict[str, dict[str, Any]], error: Exception | None) -> dict[str, Any]:
-    """The report's fixed shape (``--json`` documents it): parts are layout, target, placement, memory, runtime."""
+def _report(root: Path, kind: str, parts: dict[str, Any], error: Exception | None) -> dict[str, Any]:
+    """The report's fixed shape (``--json`` documents it): parts are layout, processor (warnings), target, placement,
+    memory, runtime, and accepted (what passed only by a flag such as --uncertain-ok)."""
     return {
         "artifact_dir": str(root),
         "kind": kind,
