@@ -176,9 +176,9 @@ def test_load_check_names_the_file_and_key_that_disagree(tiny_rbln, emulated, tm
     data["image_processor"]["size"]["longest_edge"] = 16777216
     path.write_text(json.dumps(data))
     code, out, err = run_main(["load-check", str(copy), "--emulate", "--no-runtime", "--json"], capsys)
-    assert code == 2
-    problems = json.loads(out)["layout"]["problems"]
-    assert any(p.startswith("processor_config.json image_processor.size.longest_edge=16777216") for p in problems)
+    assert code == 2 and json.loads(out)["layout"]["modified"] == ["processor_config.json"]  # edited after compile
+    warnings = json.loads(out)["processor"]["warnings"]
+    assert any(p.startswith("processor_config.json image_processor.size.longest_edge=16777216") for p in warnings)
 
 
 def test_serve_preflight_names_the_file_and_key_that_disagree(tmp_path, capsys, monkeypatch):

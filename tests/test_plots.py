@@ -259,7 +259,9 @@ def test_emulated_read_out_with_the_planners_estimate_beside(tmp_path):
     assert [(p["category"], p["bytes"]) for p in dev["parts"]] == [("allocated", 2 * gib)]
     assert data["estimate"]["devices"][0]["total"] == 3 * gib
     texts = _texts(tmp_path / "e.svg")
-    assert "planner" in " ".join(texts) and any("(emulated): fits" in t for t in texts)
+    assert "planner" in " ".join(texts) and any(
+        "(emulated: tensor sizes on qvl's CPU emulator, not NPU figures): fits" in t for t in texts
+    )
 
 
 def _no_clock(out: str) -> str:

@@ -245,8 +245,11 @@ def read_json_quiet(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def check_layout(artifact_dir: Path, kind: str, cfg: dict[str, Any], manifest: dict[str, Any] | None) -> dict:
-    """Files the loader needs, checked against the artifact's own config; manifest hashes when present."""
+def check_layout(
+    artifact_dir: Path, kind: str, cfg: dict[str, Any], manifest: dict[str, Any] | None, *, processor: bool = True
+) -> dict:
+    """Files the loader needs, checked against the artifact's own config; manifest hashes when present.
+    ``processor=False``: the processor caps are left to the caller (load-check reports them as warnings)."""
     root = Path(artifact_dir)
     missing: list[str] = []
     unexpected: list[str] = []
@@ -297,7 +300,7 @@ def check_layout(artifact_dir: Path, kind: str, cfg: dict[str, Any], manifest: d
             need(rel)
         need_group(PROCESSOR_FILES)
         need_group(TOKENIZER_FILES)
-        problems += processor_problems(root, cfg, manifest)
+        problems += processor_problems(root, cfg, manifest) if processor else []
         wanted = {info["file"] for info in graphs.values()}
         for sub in ("", "visual/"):
             base = root / sub if sub else root

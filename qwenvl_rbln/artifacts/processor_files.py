@@ -86,10 +86,9 @@ def rehash(root: Path, files: dict[str, Any] | None, written: dict[str, Any]) ->
     return out
 
 
-def write_caps(root: Path, caps: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Write ``caps`` into every processor file of ``root``; returns ``{file[:section]: {key: value}}`` written."""
-    from qwenvl_rbln.artifacts.manifest import write_json_atomic
-
+def edited(root: Path, caps: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """``caps`` applied to ``root``'s processor files in memory: ``({file[:section]: {key: value}}, {file: new
+    data})``; nothing is written (``write_caps`` writes, ``qvl fix-processor`` stages the files first)."""
     keys = wanted(caps)
     written: dict[str, dict[str, Any]] = {}
     changed: dict[str, dict[str, Any]] = {}
@@ -102,6 +101,14 @@ def write_caps(root: Path, caps: dict[str, Any]) -> dict[str, dict[str, Any]]:
         part.update(values)
         written[f"{name}:{section}" if section else name] = values
         changed[name] = data
+    return written, changed
+
+
+def write_caps(root: Path, caps: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Write ``caps`` into every processor file of ``root``; returns ``{file[:section]: {key: value}}`` written."""
+    from qwenvl_rbln.artifacts.manifest import write_json_atomic
+
+    written, changed = edited(root, caps)
     for name, data in changed.items():
         write_json_atomic(root / name, data)
     return written
@@ -111,33 +118,99 @@ def _number(value: Any) -> int | float | None:
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def check(root: Path, buckets: list[int], patch_size: int, recorded: dict[str, Any] | None) -> list[str]:
-    """Problems of ``root``'s processor files against the largest compiled bucket and the recorded caps, each naming
-    the file and the key (empty: consistent)."""
+def caps_for_buckets(root: Path, largest: int, patch_size: int, recorded: dict[str, Any] | None) -> dict[str, Any]:
+    """The caps ``qvl fix-processor`` writes: the recorded ones (a qvl compile's plan) when the manifest has them,
+    else the files' own values; either way images capped at ``largest`` x patch^2 and a per-frame video cap no
+    higher (what ``qvl compile`` writes by default, so ``check`` is clean afterwards)."""
+    cap = largest * patch_size**2
+    if isinstance(recorded, dict) and all(_number(recorded.get(k)) for k in ("max_pixels", "video_max_pixels")):
+        caps = dict(recorded)
+    else:
+        image: dict[str, Any] = {}
+        video: dict[str, Any] = {}
+        for _, _, kind, _, part in _sections(root):
+            (image if kind == "image" else video).setdefault("part", part)
+        img, vid = image.get("part", {}), video.get("part", {})
+        isize = img.get("size") if isinstance(img.get("size"), dict) else {}
+        vsize = vid.get("size") if isinstance(vid.get("size"), dict) else {}
+        caps = {
+            "min_pixels": _number(img.get("min_pixels")) or _number(isize.get("shortest_edge")) or 65536,
+            "max_pixels": _number(img.get("max_pixels")) or _number(isize.get("longest_edge")) or cap,
+            "video_min_pixels": _number(vsize.get("shortest_edge")) or 4096,
+            "video_max_pixels": _number(vsize.get("longest_edge")) or 25165824,
+            "fps": _number(vid.get("fps")) or 2.0,
+            "min_frames": _number(vid.get("min_frames")) or 4,
+            "max_frames": _number(vid.get("max_frames")) or 768,
+            "video_max_frame_pixels": _number(vid.get(FRAME_KEY)),
+        }
+    caps["max_pixels"] = min(caps["max_pixels"], cap)
+    caps["min_pixels"] = min(caps["min_pixels"], caps["max_pixels"])
+    caps["video_max_frame_pixels"] = min(caps.get("video_max_frame_pixels") or cap, cap)
+    return caps
+
+
+def findings(root: Path, buckets: list[int], patch_size: int, recorded: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """``check``'s problems as data: file, section, key, value, what (``image`` | ``video`` | ``recorded``), the
+    largest bucket and its pixel cap, and the one-line message (``check`` returns the messages)."""
     largest = max(buckets)
     cap = largest * patch_size**2
     keys = wanted(recorded) if isinstance(recorded, dict) and "video_max_pixels" in recorded else None
-    problems = []
+    found: list[dict[str, Any]] = []
+
+    def add(name: str, section: str | None, what: str, key: str, value: Any, message: str, **more: Any) -> None:
+        head = {"file": name, "section": section, "what": what, "key": key, "value": value}
+        found.append({**head, "largest_bucket": largest, "cap_pixels": cap, **more, "message": message})
+
     for name, section, kind, _, part in _sections(root):
         where = f"{name} {section}." if section else f"{name} "
         size = part.get("size") if isinstance(part.get("size"), dict) else {}
         longest = _number(part.get("max_pixels")) or _number(size.get("longest_edge"))
+        key = "max_pixels" if _number(part.get("max_pixels")) else "size.longest_edge"
         if kind == "image" and longest is not None and longest > cap:
-            problems.append(
-                f"{where}size.longest_edge={longest} lets images exceed the largest ViT bucket {largest} "
-                f"(needs <= {cap}); fix: recompile with qvl, or set it to {cap}"
+            add(
+                name,
+                section,
+                "image",
+                key,
+                longest,
+                f"{where}size.longest_edge={longest} lets images exceed the "
+                f"largest ViT bucket {largest} (needs <= {cap}); fix: `qvl fix-processor {root}`, or recompile "
+                f"with qvl, or set it to {cap}",
+                min_pixels=_number(size.get("shortest_edge")),
             )
         frame = _number(part.get(FRAME_KEY))
         if kind == "video" and longest is not None and longest > 2 * cap and (frame is None or frame > cap):
             shown = f"{FRAME_KEY}={frame}" if frame is not None else f"no {FRAME_KEY}"
-            problems.append(
-                f"{where}{shown} with size.longest_edge={longest}: a short video's frames can exceed the largest ViT "
-                f"bucket {largest} (needs {FRAME_KEY} <= {cap}); fix: recompile with qvl"
+            add(
+                name,
+                section,
+                "video",
+                FRAME_KEY,
+                frame,
+                f"{where}{shown} with size.longest_edge={longest}: a "
+                f"short video's frames can exceed the largest ViT bucket {largest} (needs {FRAME_KEY} <= {cap}); "
+                f"fix: `qvl fix-processor {root}`, or recompile with qvl",
+                budget=longest,
+                min_pixels=_number(size.get("shortest_edge")),
+                fps=_number(part.get("fps")),
             )
         for key, value in (keys or {}).get(kind, {}).items():
             if part.get(key) != value and not (key == "fps" and _number(part.get(key)) == value):
-                problems.append(
-                    f"{where}{key}={json.dumps(part.get(key))} differs from the caps the compile recorded "
-                    f"({json.dumps(value)}); fix: restore the file or recompile"
+                add(
+                    name,
+                    section,
+                    "recorded",
+                    key,
+                    part.get(key),
+                    f"{where}{key}={json.dumps(part.get(key))} "
+                    f"differs from the caps the compile recorded ({json.dumps(value)}); fix: restore the file, "
+                    f"`qvl fix-processor {root}`, or recompile",
+                    recorded=value,
                 )
-    return problems
+    return found
+
+
+def check(root: Path, buckets: list[int], patch_size: int, recorded: dict[str, Any] | None) -> list[str]:
+    """Problems of ``root``'s processor files against the largest compiled bucket and the recorded caps, each naming
+    the file and the key (empty: consistent)."""
+    return [f["message"] for f in findings(root, buckets, patch_size, recorded)]

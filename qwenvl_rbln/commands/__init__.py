@@ -10,6 +10,7 @@ import typer
 COMMAND_MODULES = [
     "compile_cmd",
     "load_check_cmd",
+    "fix_processor_cmd",
     "infer_cmd",
     "bucket_plan_cmd",
     "tune_cmd",

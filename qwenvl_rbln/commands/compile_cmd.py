@@ -107,7 +107,7 @@ def register(app: typer.Typer) -> None:
         if plot is not None:  # the planner's picture: of the dry run, or of what is about to be compiled
             from qwenvl_rbln.views.plots.memory import draw_memory
 
-            draw_memory(data["memory"], plot, title=plan.preset)
+            draw_memory(data["memory"], plot, title=plan.preset, sets=sets)
             plotted(plot)
         if dry_run:
             # what the real run refuses, a dry run does; an occupied output directory is only a warning there

@@ -1,8 +1,9 @@
 """`qvl load-check DIR`: will this artifact load, where, and does it fit? Then create the runtimes.
 
 The steps (layout, target, placement, memory per device, runtime) live in ``qwenvl_rbln/jobs/load_check.py``, which
-returns the report as data; ``qwenvl_rbln/views/load_check.py`` renders it. Exit codes: 0 ok; 2 layout or
-placement problems; 3 optimum-rbln/torch missing for the runtime step; 4 does not fit; 5 the backend failed
+returns the report as data; ``qwenvl_rbln/views/load_check.py`` renders it. Exit codes: 0 ok (processor-file
+warnings included); 2 layout or placement problems, or processor-file warnings with --strict; 3 optimum-rbln/torch
+missing for the runtime step; 4 does not fit, or an uncertain estimate without --uncertain-ok; 5 the backend failed
 otherwise. The full report is printed first (stdout, also with --json), then one ``qvl: error:`` line on stderr.
 """
 
@@ -61,6 +62,17 @@ def register(app: typer.Typer) -> None:
             help="Load an artifact compiled with `qvl compile --emulate` through qvl's CPU emulator of rebel "
             "(also QVL_EMULATE_NPU=1); sizes are labelled emulated.",
         ),
+        uncertain_ok: bool = typer.Option(
+            False,
+            "--uncertain-ok",
+            help="Accept a memory verdict of 'uncertain' at the estimate (exit 0 instead of 4), as compile --dry-run.",
+        ),
+        strict: bool = typer.Option(
+            False,
+            "--strict",
+            help="Fail (exit 2) on warnings too: processor files whose caps let inputs past the largest ViT bucket "
+            "(`qvl fix-processor DIR` rewrites them).",
+        ),
         plot: Path = PlotOpt,
         as_json: bool = JsonOpt,
     ) -> None:
@@ -82,6 +94,8 @@ def register(app: typer.Typer) -> None:
             device_memory=device_memory,
             fallback=fallback,
             emulate=emulate,
+            uncertain_ok=uncertain_ok,
+            strict=strict,
             progress=lambda files, size: render.info(load_check_view.verifying_line(files, size)),
         )
         render.emit(report, as_json=as_json, human=load_check_view.human, error=error)

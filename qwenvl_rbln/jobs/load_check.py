@@ -15,9 +15,13 @@ Steps (``qvl load-check`` renders them as tables or ``--json``):
    (transformers on CPU for torch artifacts) unless ``no_runtime``; with no_runtime and optimum-rbln
    installed the load still runs with ``create_runtimes: False``, which validates the config without the NPU.
 
-Exit codes of the returned error: 2 layout or placement problems; 3 optimum-rbln/torch missing for the runtime
-step; 4 does not fit (``Lack of device memory`` at runtime creation, or the memory check says so when no runtime
-was created); 5 the backend failed otherwise. Heavy imports (torch, optimum, rebel) stay inside the backends.
+Processor files whose caps let inputs past the largest compiled ViT bucket (an artifact saved outside qvl) are
+warnings (``processor``: file, key, the inputs that would fail; ``qvl fix-processor DIR`` rewrites them).
+
+Exit codes of the returned error: 2 layout or placement problems (and processor warnings under ``strict``); 3
+optimum-rbln/torch missing for the runtime step; 4 does not fit (``Lack of device memory`` at runtime creation, or
+the memory check says so when no runtime was created, or says ``uncertain`` without ``uncertain_ok``, as a dry
+run); 5 the backend failed otherwise. Heavy imports (torch, optimum, rebel) stay inside the backends.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 
 from qwenvl_rbln.artifacts.layout import QWEN3_VL_MOE_CONFIG_CLS
 from qwenvl_rbln.errors import DoesNotFit, InputError, QvlError
+from qwenvl_rbln.jobs.processor_fix import processor_part, strict_error
 from qwenvl_rbln.memory.placement import check_placement, vit_shares_a_device
 from qwenvl_rbln.paths import user_path
 
@@ -97,7 +102,7 @@ def _layout(
     from qwenvl_rbln.artifacts.layout import check_layout
     from qwenvl_rbln.backends.rbln import optimum as rbln_backend
 
-    layout = check_layout(root, kind, cfg, manifest)
+    layout = check_layout(root, kind, cfg, manifest, processor=False)  # processor caps: warnings, below
     guard = None
     if kind == "rbln" and not layout["missing"]:
         guard = rbln_backend.artifact_problem(root, cfg, manifest, layout["graphs"])
@@ -424,10 +429,32 @@ def _does_not_fit(root: Path, memory: dict, placement: dict) -> DoesNotFit:
     )
 
 
+def _uncertain(root: Path, memory: dict, placement: dict) -> DoesNotFit:
+    """The estimate cannot tell (verdict uncertain) and no runtime proved it: the dry run's gate, exit 4."""
+    from qwenvl_rbln.backends.rbln import device_memory as rbln_memory
+    from qwenvl_rbln.memory.verdicts import gate_message
+
+    _, clis = rbln_memory.suggestion_texts(memory)
+    flags, sets = rbln_memory.split_load_time(clis)
+    fix = rbln_memory.fix_hint(flags, sets, vit_shares_a_device=vit_shares_a_device(placement["requested"]))
+    return DoesNotFit(
+        f"{root}: " + gate_message(memory).replace("--uncertain-ok accepts it", "loading may fail"),
+        f"{fix}; or pass --uncertain-ok to accept the risk (as `qvl compile --dry-run` does)",
+    )
+
+
 def _run_and_judge(
-    root: Path, kind: str, layout: dict, placement: dict, memory: dict, no_runtime: bool, model_cls: Any
+    root: Path,
+    kind: str,
+    layout: dict,
+    placement: dict,
+    memory: dict,
+    no_runtime: bool,
+    model_cls: Any,
+    uncertain_ok: bool = False,
 ) -> tuple[dict[str, Any], Exception | None]:
-    """Create the runtimes, then the verdict: a runtime failure, a predicted misfit, or none."""
+    """Create the runtimes, then the verdict: a runtime failure, a predicted misfit, an uncertain estimate without
+    --uncertain-ok, or none."""
     runtime = _runtime(root, kind, placement, no_runtime, model_cls)
     exc = runtime.pop("exc", None)
     real_runtime = (
@@ -435,6 +462,8 @@ def _run_and_judge(
     )
     estimate = memory.get("estimate") if memory.get("source") == "emulated" else None
     misfit = memory if memory.get("fits") is False else estimate if (estimate or {}).get("fits") is False else None
+    judged = estimate if estimate is not None else memory
+    unsure = judged if judged.get("source") == "estimate" and judged.get("verdict") == "uncertain" else None
     error: Exception | None = None
     if runtime.get("lack_of_device_memory"):
         error = _lack_of_memory(runtime, memory, placement, layout)
@@ -442,6 +471,8 @@ def _run_and_judge(
         error = exc
     elif misfit is not None and not real_runtime:  # never "ok" after "does not fit"
         error = _does_not_fit(root, misfit, placement)
+    elif unsure is not None and not real_runtime and not uncertain_ok:  # the dry run's gate: never "ok" here
+        error = _uncertain(root, unsure, placement)
     elif memory.get("fits") is False and real_runtime:
         memory.setdefault("notes", []).append(
             "the runtimes were created although the memory check predicted otherwise; `qvl load-check` results "
@@ -453,6 +484,34 @@ def _run_and_judge(
 # --------------------------------------------------------------------------------------------------- entry
 
 
+def _accepted(memory: dict[str, Any], uncertain_ok: bool, error: Exception | None) -> list[str]:
+    """What passed only because a flag accepted it (the last line and --json say so)."""
+    judged = memory.get("estimate") if memory.get("source") == "emulated" else memory
+    if error is None and uncertain_ok and (judged or {}).get("verdict") == "uncertain":
+        return ["memory uncertain at the estimate (accepted with --uncertain-ok)"]
+    return []
+
+
+def _how_to_apply(memory: dict[str, Any], manifest: dict[str, Any] | None) -> None:
+    """load-check has no --set: each suggestion says how to apply it here (a load flag, or a recompile)."""
+    from qwenvl_rbln.backends.rbln import device_memory as rbln_memory
+
+    preset = (
+        ((manifest or {}).get("preset") or {}).get("name") if isinstance((manifest or {}).get("preset"), dict) else None
+    )
+    for report in (memory, memory.get("estimate") or {}):
+        if not report.get("suggestions"):
+            continue
+        report["suggestions_how"] = "load-check has no --set: each line is the command that applies it"
+        for sug in report["suggestions"]:
+            if not isinstance(sug, dict) or not sug.get("set"):
+                continue
+            sets = " ".join(f"--set {x}" for x in sug["set"])
+            flags, _ = rbln_memory.split_load_time([sets])
+            compile_cmd = f"qvl compile --preset {preset or 'PRESET'} {sets} --force"
+            sug["apply"] = f"qvl load-check {flags[0]}" if flags else compile_cmd
+
+
 def _check_device_memory(device_memory: str | None) -> None:
     """A typo in --device-memory is bad input, not a footnote under "ok" or an artifact problem."""
     if device_memory is not None:
@@ -461,8 +520,9 @@ def _check_device_memory(device_memory: str | None) -> None:
         parse_device_memory(device_memory)
 
 
-def _report(root: Path, kind: str, parts: dict[str, dict[str, Any]], error: Exception | None) -> dict[str, Any]:
-    """The report's fixed shape (``--json`` documents it): parts are layout, target, placement, memory, runtime."""
+def _report(root: Path, kind: str, parts: dict[str, Any], error: Exception | None) -> dict[str, Any]:
+    """The report's fixed shape (``--json`` documents it): parts are layout, processor (warnings), target, placement,
+    memory, runtime, and accepted (what passed only by a flag such as --uncertain-ok)."""
     return {
         "artifact_dir": str(root),
         "kind": kind,
@@ -486,10 +546,14 @@ def run_load_check(
     calibrate: bool = False,
     emulate: bool = False,
     progress: Progress | None = None,
+    uncertain_ok: bool = False,
+    strict: bool = False,
 ) -> tuple[dict[str, Any], Exception | None]:
     """The whole check; returns (report, the error to raise after printing it, or None).
 
     ``emulate`` (or QVL_EMULATE_NPU=1): an rbln artifact is loaded through qvl's CPU emulator of rebel.
+    ``uncertain_ok``: an uncertain estimate passes (else exit 4, as a dry run); ``strict``: processor-file warnings
+    fail (exit 2).
     """
     from qwenvl_rbln.artifacts.manifest import read_manifest
 
@@ -499,6 +563,7 @@ def run_load_check(
     manifest = read_manifest(root)
     _announce(manifest, progress)
     layout, guard = _layout(root, kind, cfg, manifest)
+    processor = processor_part(root, kind, cfg, manifest)
     target = _target(cfg, manifest, layout, device_memory)
     if cfg.get("cls_name") == QWEN3_VL_MOE_CONFIG_CLS:
         target["model_moe"] = _moe_line(root)  # its ViT and out_hidden_size are not the dense 2B's
@@ -513,8 +578,12 @@ def run_load_check(
     if not layout["ok"] or not placement["ok"]:
         runtime, error = _blocked(root, layout, placement, guard)
     else:
-        runtime, error = _run_and_judge(root, kind, layout, placement, memory, no_runtime, model_cls)
+        runtime, error = _run_and_judge(root, kind, layout, placement, memory, no_runtime, model_cls, uncertain_ok)
+    if error is None and strict and processor["warnings"]:
+        error = strict_error(root, processor)
+    _how_to_apply(memory, manifest)
     if runtime.get("ok") is True and runtime.get("create_runtimes") and _emulated():
         runtime["note"] = "runtimes created on qvl's CPU emulator (emulated: no NPU memory was used)"
-    parts = {"layout": layout, "target": target, "placement": placement, "memory": memory, "runtime": runtime}
+    parts: dict[str, Any] = {"layout": layout, "processor": processor, "target": target, "placement": placement}
+    parts.update(memory=memory, runtime=runtime, accepted=_accepted(memory, uncertain_ok, error))
     return _report(root, kind, parts, error), error

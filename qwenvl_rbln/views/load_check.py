@@ -62,6 +62,12 @@ def _summary(console: Any, d: dict[str, Any]) -> None:
     if target.get("model_moe"):
         table.add_row("model", escape(target["model_moe"]))
     table.add_row("layout", _layout_cell(layout))
+    processor = d.get("processor") or {}
+    if processor.get("warnings"):
+        lines = [f"[yellow]warning[/yellow]: {escape(w)}" for w in processor["warnings"]]
+        table.add_row("processor", "\n".join(lines))
+    elif d["kind"] == "rbln":
+        table.add_row("processor", OK + " (image and video caps fit the largest ViT bucket)")
     man = layout["manifest"]
     if man.get("present"):
         table.add_row("manifest", OK + " (every file matches its sha256)" if man["ok"] else BAD)
@@ -189,4 +195,52 @@ def human(console: Any, d: dict[str, Any]) -> None:
     _summary(console, d)
     _memory(console, d["memory"])
     _runtime(console, d["runtime"])
-    console.print("[green bold]load-check: ok[/green bold]" if d["ok"] else "[red bold]load-check: failed[/red bold]")
+    console.print(verdict_line(d))
+
+
+def verdict_line(d: dict[str, Any]) -> str:
+    """The last line: ok, ok with what was accepted or warned, or failed."""
+    from rich.markup import escape
+
+    if not d["ok"]:
+        return "[red bold]load-check: failed[/red bold]"
+    extra = []
+    warnings = (d.get("processor") or {}).get("warnings") or []
+    if warnings:
+        fix = (d.get("processor") or {}).get("fix")
+        extra.append(f"{len(warnings)} processor-file warning{'s' * (len(warnings) != 1)}: `{escape(fix)}` fixes them")
+    extra.extend(escape(a) for a in d.get("accepted") or [])
+    if extra:
+        return f"[yellow bold]load-check: ok, with {'; '.join(extra)}[/yellow bold]"
+    return "[green bold]load-check: ok[/green bold]"
+
+
+def fix_processor_human(console: Any, d: dict[str, Any]) -> None:
+    """`qvl fix-processor`: each file's key changes and its backup, then one line saying what was done."""
+    from rich.markup import escape
+
+    if not d["files"]:
+        console.print(
+            f"[green]fix-processor: nothing to change in {escape(d['artifact_dir'])}[/green] (its processor "
+            "files fit the largest ViT bucket)"
+        )
+        return
+    verb = "would change" if d["dry_run"] else "changed"
+    for entry in d["files"]:
+        console.print(
+            f"[bold]{escape(entry['file'])}[/bold] ({verb}; old file {'to be ' if d['dry_run'] else ''}"
+            f"kept as {escape(entry['backup'])})"
+        )
+        for key, (old, new) in entry["keys"].items():
+            console.print(f"  {escape(key)}: {escape(str(old))} -> {escape(str(new))}")
+    if d["manifest"] != "none":
+        console.print(
+            f"[dim]qvl-manifest.json: {'to be ' if d['dry_run'] else ''}rehashed (new files, backups, caps)[/dim]"
+        )
+    if d["dry_run"]:
+        console.print("[yellow]fix-processor: dry run, nothing written[/yellow]")
+    else:
+        console.print(
+            f"[green bold]fix-processor: done[/green bold]; `qvl load-check {escape(d['artifact_dir'])}` "
+            "should show no processor warning"
+        )

@@ -132,11 +132,10 @@ def print_memory(console: Any, report: dict[str, Any] | None, *, show_assumption
             )
     suggestions = report.get("suggestions") or []
     if suggestions:
-        console.print(
-            "[bold]suggestions[/bold] (each re-estimated and fitting in every scenario; append to the same command):"
-        )
+        how = report.get("suggestions_how") or "append to the same command"  # load-check: a recompile or a flag
+        console.print(f"[bold]suggestions[/bold] (each re-estimated and fitting in every scenario; {escape(how)}):")
         for i, sug in enumerate(suggestions, 1):
-            sets = " ".join(f"--set {s}" for s in sug.get("set") or [])
+            sets = sug.get("apply") or " ".join(f"--set {s}" for s in sug.get("set") or [])
             margin = sug.get("margin_low_bytes", sug.get("margin_bytes"))
             chip = sug.get("chiplet_margin_low_bytes")
             margin_text = (

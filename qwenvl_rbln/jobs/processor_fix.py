@@ -1,0 +1,269 @@
+"""Processor files that let inputs past the compiled ViT buckets: what fails (load-check's warnings), and the fix.
+
+An artifact saved by plain optimum-rbln or the product document's scripts carries the checkpoint's processor files:
+an image ``size.longest_edge`` of 16,777,216 and a video budget of 25,165,824 over all frames with no per-frame cap.
+The graphs load and run every input that fits the largest bucket, so ``qvl load-check`` reports the rest as a
+warning naming the file, the key and the inputs that would fail, not as a broken artifact.
+
+``fix_processor`` (``qvl fix-processor DIR``) rewrites those files to the compiled buckets. Everything is staged in a
+hidden directory inside the artifact first (the new files, a copy of each old file, the manifest), then moved into
+place: the copies become ``NAME.orig`` beside the files (an existing backup is never replaced: the next free
+``NAME.orig-N`` is used), and a failure while moving puts the old files back. A manifest that hashes these files is
+rewritten with the new hashes, the backups and the caps, so load-check stays clean afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln.errors import InputError
+
+EXAMPLE_IMAGE = (4000, 3000)  # a 12 MP photo
+EXAMPLE_VIDEO = (3840, 2160)  # a 4K frame
+BACKUP_SUFFIX = ".orig"
+
+
+def _buckets(root: Path, cfg: dict[str, Any]) -> tuple[list[int], int] | None:
+    """The compiled ViT buckets and the patch size (None: not an rbln artifact with a bucket list)."""
+    visual = cfg.get("visual") if isinstance(cfg.get("visual"), dict) else {}
+    buckets = visual.get("max_seq_len")
+    buckets = [buckets] if isinstance(buckets, int) else buckets
+    if not (isinstance(buckets, list) and buckets and all(type(b) is int and b > 0 for b in buckets)):
+        return None
+    from qwenvl_rbln.artifacts.layout import read_json_quiet
+
+    vision = (read_json_quiet(root / "config.json") or {}).get("vision_config") or {}
+    patch = vision.get("patch_size", 16) if isinstance(vision, dict) else 16
+    return buckets, patch if type(patch) is int and patch > 0 else 16
+
+
+def _image_inputs(found: dict[str, Any]) -> str:
+    """Which images fail under the file's cap, with a photo's numbers as the example."""
+    from qwenvl_rbln.vision.geometry import image_geometry
+
+    cap, largest, allowed = found["cap_pixels"], found["largest_bucket"], found["value"]
+    side = int(cap**0.5) // 32 * 32
+    text = f"images resized above {cap:,} px (larger than about {side}x{side}) fail in the ViT"
+    width, height = EXAMPLE_IMAGE
+    try:
+        geo = image_geometry(
+            width, height, min_pixels=min(found.get("min_pixels") or 65536, allowed), max_pixels=allowed
+        )
+    except InputError:
+        return text
+    if geo.patches > largest:
+        text += (
+            f": a {width}x{height} photo becomes {geo.resized_width}x{geo.resized_height}, {geo.patches:,} patches "
+            f"> bucket {largest:,}"
+        )
+    return text
+
+
+def _video_inputs(found: dict[str, Any]) -> str:
+    """Which videos fail with no per-frame cap: the short ones (few sampled frames) with large frames."""
+    from qwenvl_rbln.vision.geometry import video_smart_resize
+
+    cap, largest, budget = found["cap_pixels"], found["largest_bucket"], found["budget"]
+    worst = [t for t in range(2, 64) if budget / min(t, round(t / 2) * 2) > cap]
+    if not worst:
+        return f"videos whose frames exceed {cap:,} px may fail in the ViT"
+    frames = max(worst)
+    fps = found.get("fps") or 2
+    text = (
+        f"videos sampled to {frames} frames or fewer (at fps {fps:g}: clips up to about {frames / fps:g} s) whose "
+        f"frames exceed {cap:,} px fail in the ViT"
+    )
+    width, height = EXAMPLE_VIDEO
+    h, w = video_smart_resize(
+        min(4, frames), height, width, min_pixels=found.get("min_pixels") or 4096, max_pixels=budget
+    )
+    patches = (h // 16) * (w // 16)
+    if patches > largest:
+        text += f": a {min(4, frames)}-frame {width}x{height} clip becomes {patches:,} patches per temporal patch"
+    return text
+
+
+def processor_warnings(root: Path, cfg: dict[str, Any], manifest: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """``processor_files.findings`` with ``inputs`` (what would fail) and ``warning`` (the one line to show)."""
+    from qwenvl_rbln.artifacts.processor_files import findings
+
+    found = _buckets(root, cfg)
+    if found is None:
+        return []
+    out = []
+    for item in findings(root, found[0], found[1], (manifest or {}).get("processor")):
+        inputs = {"image": _image_inputs, "video": _video_inputs}.get(item["what"], lambda _: None)(item)
+        head, _, fix = item["message"].partition("; fix: ")
+        warning = f"{head}; {inputs}" if inputs else head
+        out.append({**item, "inputs": inputs, "warning": f"{warning}; fix: {fix}" if fix else warning})
+    return out
+
+
+def processor_part(root: Path, kind: str, cfg: dict[str, Any], manifest: dict[str, Any] | None) -> dict[str, Any]:
+    """The processor files against the compiled buckets: warnings (file, key, the inputs that would fail), since
+    the graphs load and run every input that fits; ``--strict`` turns them into exit 2."""
+    found = processor_warnings(root, cfg, manifest) if kind == "rbln" else []
+    return {
+        "ok": not found,
+        "warnings": [f["warning"] for f in found],
+        "findings": found,
+        "fix": f"qvl fix-processor {root}" if found else None,
+    }
+
+
+def strict_error(root: Path, processor: dict[str, Any]) -> InputError:
+    count = len(processor["warnings"])
+    return InputError(
+        f"{root}: --strict: {count} processor-file warning{'s' * (count != 1)}: "
+        + processor["warnings"][0].partition("; fix: ")[0],
+        f"`qvl fix-processor {root}` rewrites them to the compiled buckets (or drop --strict)",
+    )
+
+
+# --------------------------------------------------------------------------------------------------- the fix
+
+
+def _backup_name(root: Path, name: str) -> str:
+    """``NAME.orig``, else the next free ``NAME.orig-N``: an existing backup is never replaced."""
+    candidate, n = f"{name}{BACKUP_SUFFIX}", 1
+    while (root / candidate).exists():
+        n += 1
+        candidate = f"{name}{BACKUP_SUFFIX}-{n}"
+    return candidate
+
+
+def _key_changes(before: Any, after: Any, prefix: str = "") -> dict[str, list[Any]]:
+    """``{dotted.key: [old, new]}`` for every key whose value differs."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        out: dict[str, list[Any]] = {}
+        for key in after:
+            out.update(_key_changes(before.get(key), after[key], f"{prefix}{key}."))
+        return out
+    return {} if before == after else {prefix.rstrip("."): [before, after]}
+
+
+def plan_fix(root: Path) -> dict[str, Any]:
+    """What ``fix_processor`` would write: the caps, each file's key changes and backup name; nothing written."""
+    from qwenvl_rbln.artifacts.layout import read_artifact_config, read_json_quiet
+    from qwenvl_rbln.artifacts.manifest import read_manifest
+    from qwenvl_rbln.artifacts.processor_files import caps_for_buckets, edited
+
+    kind, cfg = read_artifact_config(root)
+    found = _buckets(root, cfg) if kind == "rbln" else None
+    if found is None:
+        raise InputError(
+            f"{root}: a {kind}-backend artifact has no compiled ViT buckets, so its processor files need no caps",
+            "nothing to fix; `qvl fix-processor` is for NPU (rbln) artifacts",
+        )
+    manifest = read_manifest(root)
+    warnings = processor_warnings(root, cfg, manifest)
+    caps = caps_for_buckets(root, max(found[0]), found[1], (manifest or {}).get("processor"))
+    files: list[dict[str, Any]] = []
+    written: dict[str, Any] = {}
+    if warnings:
+        written, changed = edited(root, caps)
+        for name, data in changed.items():
+            keys = _key_changes(read_json_quiet(root / name) or {}, data)
+            if keys:
+                files.append({"file": name, "backup": _backup_name(root, name), "keys": keys, "data": data})
+    return {
+        "artifact_dir": str(root),
+        "caps": caps,
+        "warnings": [w["warning"] for w in warnings],
+        "files": files,
+        "written": written,
+        "manifest": manifest,
+    }
+
+
+def _new_manifest(root: Path, stage: Path, plan: dict[str, Any]) -> Path | None:
+    """The manifest with the new files' and backups' hashes and the caps, written into ``stage`` (None: none)."""
+    from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME, now, sha256_file, write_manifest
+
+    manifest = plan["manifest"]
+    if manifest is None:
+        return None
+    files = dict(manifest.get("files") or {})
+    if not all(
+        isinstance(f, dict) and type(f.get("size")) is int and isinstance(f.get("sha256"), str) for f in files.values()
+    ):
+        raise InputError(
+            f"{root / MANIFEST_NAME}: damaged (a files entry without an integer size and a sha256); not rewritten",
+            f"`qvl load-check {root}` names the problem; recompile with `qvl compile --force`",
+        )
+    for entry in plan["files"]:
+        for rel, path in ((entry["file"], stage / entry["file"]), (entry["backup"], stage / entry["backup"])):
+            files[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+    body = {k: v for k, v in manifest.items() if k not in ("artifact", "files")}
+    fixes = list(body.get("processor_fixes") or [])
+    fixes.append({"at": now(), "backups": {e["file"]: e["backup"] for e in plan["files"]}, "caps": plan["caps"]})
+    body.update(processor=plan["caps"], processor_files=plan["written"], processor_fixes=fixes)
+    write_manifest(stage, body, files=files)
+    return stage / MANIFEST_NAME
+
+
+def _commit(root: Path, stage: Path, plan: dict[str, Any], manifest: Path | None) -> None:
+    """Move the staged backups, files and manifest into place; any failure puts the old files back."""
+    from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME
+
+    linked: list[Path] = []
+    replaced: list[str] = []
+    try:
+        for entry in plan["files"]:
+            os.link(stage / entry["backup"], root / entry["backup"])  # fails if it exists: never replaced
+            linked.append(root / entry["backup"])
+        for entry in plan["files"]:
+            os.replace(stage / entry["file"], root / entry["file"])
+            replaced.append(entry["file"])
+        if manifest is not None:
+            os.replace(manifest, root / MANIFEST_NAME)
+    except BaseException:
+        for entry in plan["files"]:
+            if entry["file"] in replaced:
+                with contextlib.suppress(OSError):
+                    os.replace(stage / entry["backup"], root / entry["file"])
+        for path in linked:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        raise
+
+
+def fix_processor(directory: Path, *, dry_run: bool = False) -> dict[str, Any]:
+    """Rewrite ``directory``'s processor files to its compiled buckets (backups beside them); the report as data."""
+    from qwenvl_rbln.artifacts.locks import output_lock
+    from qwenvl_rbln.paths import user_path
+
+    root = user_path(directory).absolute()
+    with contextlib.ExitStack() as stack:
+        if not dry_run:
+            stack.enter_context(output_lock(root))  # no compile --force or second fix meanwhile
+        plan = plan_fix(root)
+        if plan["files"] and not dry_run:
+            try:
+                stage = Path(tempfile.mkdtemp(prefix=".qvl-tmp-fix-", dir=root))
+                stack.callback(shutil.rmtree, stage, True)
+                for entry in plan["files"]:
+                    shutil.copy2(root / entry["file"], stage / entry["backup"])
+                    text = json.dumps(entry["data"], indent=2, default=str) + "\n"
+                    (stage / entry["file"]).write_text(text, encoding="utf-8")
+                _commit(root, stage, plan, _new_manifest(root, stage, plan))
+            except OSError as exc:
+                raise InputError(
+                    f"{root}: cannot write the new processor files ({exc.strerror or exc}); nothing was changed",
+                    "make the artifact directory writable, then run `qvl fix-processor` again",
+                ) from None
+    return {
+        "artifact_dir": plan["artifact_dir"],
+        "dry_run": dry_run,
+        "changed": bool(plan["files"]) and not dry_run,
+        "caps": plan["caps"],
+        "warnings_before": plan["warnings"],
+        "files": [{k: v for k, v in e.items() if k != "data"} for e in plan["files"]],
+        "manifest": "none" if plan["manifest"] is None else ("rehashed" if plan["files"] else "unchanged"),
+    }
