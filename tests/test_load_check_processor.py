@@ -113,6 +113,29 @@ def test_emulated_artifact_saved_with_the_checkpoints_processor_files_warns(tiny
     assert code == 0 and json.loads(out)["processor"]["warnings"] == [], err
 
 
+def test_infer_runs_an_artifact_saved_with_the_checkpoints_processor_files(tiny_rbln, emulated, tmp_path, capsys):
+    """infer applies the plan's caps to the processor it loads, so outside processor files are a warning there too
+    (naming fix-processor), not a refusal; the image still lands in a compiled bucket."""
+    from pathlib import Path
+
+    copy = tmp_path / "saved-outside-qvl"
+    shutil.copytree(tiny_rbln, copy)
+    (copy / MANIFEST_NAME).unlink()
+    path = copy / "processor_config.json"
+    data = json.loads(path.read_text())
+    data["image_processor"].update(size=CHECKPOINT_IMAGE["size"])
+    data["video_processor"].pop("qvl_max_frame_pixels")
+    path.write_text(json.dumps(data))
+    image = Path(__file__).resolve().parent.parent / "assets" / "demo.jpg"
+    args = ["infer", str(copy), "--preset", "cpu-tiny-rbln", "--emulate", "--image", str(image)]
+    code, out, err = run_main([*args, "--max-new-tokens", "2", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    warning = [w for w in doc["warnings"] if "its processor files let inputs exceed the largest ViT bucket" in w]
+    assert warning and "qvl fix-processor" in warning[0] and "images <= 1,048,576 px" in warning[0]
+    assert doc["requests"] and doc["vit_buckets"] == [256, 1024, 4096]
+
+
 @pytest.mark.parametrize("manifest", [False, True], ids=["manifest-less", "with-manifest"])
 def test_fix_processor_rewrites_keeps_byte_identical_backups_and_is_idempotent(
     tmp_path, capsys, no_npu_stack, manifest

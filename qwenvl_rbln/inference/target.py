@@ -326,15 +326,34 @@ def _artifact_target(directory: Path, kind: str, preset: str | None, sets: list[
     if diffs:  # every compiled key, not only the batch: the compiled graphs would silently win
         raise conflict(directory, resolved, plan, diffs, preset is not None, sets)
     warnings: list[str] = []
-    layout = check_layout(directory, kind, cfg, None)  # files present; hashes are load-check's job
+    # files present; hashes are load-check's job. Processor files saved outside qvl (the checkpoint's caps) do not
+    # stop infer: it applies the plan's caps to the processor it loads (inputs.apply_caps), so it says so instead.
+    layout = check_layout(directory, kind, cfg, None, processor=False)
     if layout["missing"] or layout["problems"]:
         raise InputError(
             f"{directory}: {describe_layout_problem({**layout, 'unexpected': [], 'modified': []})}",
             "`qvl load-check DIR` lists every problem; recompile with `qvl compile --force`",
         )
+    warnings += _processor_file_warnings(directory, kind, cfg, plan)
     check_model_files(directory)
     tiny = _is_tiny(directory, manifest)
     return Target(directory, kind, kind, plan, resolved, manifest, cfg, tiny, warnings, artifact_sets=base)
+
+
+def _processor_file_warnings(directory: Path, kind: str, cfg: dict[str, Any], plan: Any) -> list[str]:
+    """One warning when the artifact's processor files let inputs exceed its buckets: infer caps them anyway."""
+    from qwenvl_rbln.artifacts.layout import processor_problems
+
+    if kind != "rbln" or not processor_problems(directory, cfg, None):
+        return []
+    caps = plan.processor
+    frame = getattr(caps, "video_max_frame_pixels", None)
+    return [
+        f"{directory}: its processor files let inputs exceed the largest ViT bucket (saved outside qvl?); infer "
+        f"applies the plan's caps itself (images <= {caps.max_pixels:,} px"
+        + (f", video frames <= {frame:,} px" if frame else "")
+        + f"); `qvl fix-processor {directory}` makes every other loader safe too (`qvl load-check` lists the keys)"
+    ]
 
 
 def resolve_target(directory: Path | None, preset: str | None, sets: list[str] | None = None) -> Target:
