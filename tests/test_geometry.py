@@ -81,6 +81,19 @@ def test_aspect_ratio_limit() -> None:
         g.image_geometry(0, 10)
 
 
+def test_a_thin_video_refused_for_its_aspect_names_its_own_size() -> None:
+    """transformers scales a side below 32 px up before its aspect test (16x4000 -> 32x8000); the refusal names the
+    size the user's file has, as the bucket-plan table does (new-user audit D15)."""
+    for call in (
+        lambda: g.video_smart_resize(4, 4000, 16),
+        lambda: g.video_geometry(16, 4000, 48, 24.0),
+    ):
+        with pytest.raises(InputError) as e:
+            call()
+        assert e.value.message.startswith("size 16x4000 (WxH) has aspect ratio 250.0"), e.value.message
+        assert "32x8000" not in e.value.message
+
+
 def test_max_floor_branch_for_skinny_images() -> None:
     # With a tiny budget the short side floors to 0 and is lifted to `factor`, so the result
     # overshoots max_pixels: the one case where smart_resize does not honour its budget.

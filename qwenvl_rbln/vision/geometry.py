@@ -49,12 +49,15 @@ def _check_positive(height: float, width: float) -> None:
         )
 
 
-def _check_aspect(height: float, width: float) -> None:
+def _check_aspect(height: float, width: float, shown: tuple[float, float] | None = None) -> None:
+    """InputError when ``height``/``width`` (as transformers tests them) exceed the aspect limit; the message
+    names ``shown`` (the input's own WxH, when the test runs on an upscaled copy) or the tested size."""
     _check_positive(height, width)
     ratio = max(height, width) / min(height, width)
     if ratio > MAX_ASPECT_RATIO:
+        w, h = shown or (width, height)
         raise InputError(
-            f"size {width}x{height} (WxH) has aspect ratio {ratio:.1f}, over Qwen3-VL's limit of {MAX_ASPECT_RATIO}",
+            f"size {w}x{h} (WxH) has aspect ratio {ratio:.1f}, over Qwen3-VL's limit of {MAX_ASPECT_RATIO}",
             f"crop or pad it so the long side is at most {MAX_ASPECT_RATIO}x the short side",
         )
 
@@ -186,11 +189,12 @@ def video_smart_resize(
             f"use a video with at least {temporal_factor} frames, or pass a single frame as an image",
         )
     _check_positive(height, width)
+    shown = (width, height)  # the input's own size, for the message
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)
         height = int(height * scale)
         width = int(width * scale)
-    _check_aspect(height, width)
+    _check_aspect(height, width, shown)
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     t_bar = round(num_frames / temporal_factor) * temporal_factor
