@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import types
 from typing import Any
 
@@ -64,12 +65,17 @@ def video_budget(
     max_frame_pixels: int | None,
     temporal_factor: int = 2,
     per_frame: bool = False,
+    *,
+    height: int | None = None,
+    width: int | None = None,
+    factor: int = 32,
 ) -> tuple[int, int]:
     """``(min_pixels, max_pixels)`` for the video ``smart_resize`` of ``num_frames`` sampled frames under the cap.
 
     ``smart_resize`` keeps ``t_bar * h * w`` within the budget (or, when over it, ``h * w <= budget / T``), with
     ``t_bar = round(T / 2) * 2``; a budget of ``cap * min(T, t_bar)`` therefore keeps every frame within ``cap``.
     ``per_frame`` (the ``FRAME`` family): the budget is one frame's, so it is ``min(max_pixels, cap)``.
+    With the frame's ``height`` and ``width``, a thin frame is held to the cap too (``floor_safe_budget``).
     """
     if not max_frame_pixels or (not per_frame and num_frames < temporal_factor):
         return min_pixels, max_pixels
@@ -78,9 +84,48 @@ def video_budget(
     else:
         t_bar = round(num_frames / temporal_factor) * temporal_factor
         budget = max_frame_pixels * min(num_frames, t_bar)
+    budget = min(budget, max_pixels)
+    if height and width:
+        budget = floor_safe_budget(
+            budget, height, width, num_frames, max_frame_pixels, factor, per_frame, temporal_factor
+        )
     if budget >= max_pixels:
         return min_pixels, max_pixels
     return min(min_pixels, budget), budget
+
+
+def floor_safe_budget(
+    budget: int,
+    height: int,
+    width: int,
+    num_frames: int,
+    cap: int,
+    factor: int = 32,
+    per_frame: bool = False,
+    temporal_factor: int = 2,
+) -> int:
+    """``budget``, lowered for a thin frame so transformers' ``factor``-px minimum side cannot lift it over ``cap``.
+
+    ``smart_resize`` keeps each side at least ``factor`` px (``max(factor, floor(side / beta / factor) * factor)``),
+    so with a small cap (a largest bucket below 800 patches) a frame of aspect ratio above ``bucket / 4`` came out
+    at ``factor`` x ``16 sqrt(ratio x bucket)`` px, over the cap (sources audit W5: bucket 512, 484x96,300 gave 636
+    patches). Then the budget becomes ``t * short * L^2 / long`` with ``L`` the longest side a ``factor``-wide frame
+    may have within the cap: the long side resizes to at most ``L`` and the frame fits. Every other frame keeps
+    ``budget`` (the floor does not fire for it, and the budget already keeps it within the cap).
+    """
+    if not per_frame and (height < factor or width < factor):  # the Qwen3-VL video resize scales these up first
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    t = 1 if per_frame else num_frames
+    t_bar = 1 if per_frame else round(num_frames / temporal_factor) * temporal_factor
+    if t_bar * (round(height / factor) * factor) * (round(width / factor) * factor) <= budget:
+        return budget  # not downscaled: the floor does not apply
+    short, long = sorted((height, width))
+    beta = math.sqrt(t * height * width / budget)
+    if math.floor(short / beta / factor) >= 1 or factor * (math.floor(long / beta / factor) * factor) <= cap:
+        return budget
+    most = cap // (factor * factor) * factor  # the longest side a factor-wide frame may have within the cap
+    return max(1, math.floor(t * short * most * most / long))
 
 
 def set_default_cap(max_frame_pixels: int | None) -> None:
@@ -95,11 +140,24 @@ def _cap_of(processor: Any) -> int | None:
     return min(caps) if caps else None
 
 
-def _capped_size(processor: Any, size: Any, num_frames: int, temporal_factor: int, per_frame: bool) -> Any:
+def _capped_size(
+    processor: Any, size: Any, shape: tuple[int, ...], factor: int, temporal_factor: int, kind: str
+) -> Any:
     cap = _cap_of(processor)
     if not cap or size is None or not getattr(size, "longest_edge", None):
         return size
-    lo, hi = video_budget(num_frames, size.shortest_edge, size.longest_edge, cap, temporal_factor, per_frame)
+    num_frames, height, width = int(shape[1]), int(shape[-2]), int(shape[-1])
+    lo, hi = video_budget(
+        num_frames,
+        size.shortest_edge,
+        size.longest_edge,
+        cap,
+        temporal_factor,
+        kind == FRAME,
+        height=height,
+        width=width,
+        factor=factor,
+    )
     if (lo, hi) == (size.shortest_edge, size.longest_edge):
         return size
     return type(size)(shortest_edge=lo, longest_edge=hi)
@@ -113,10 +171,10 @@ def _wrap(resize: Any, kind: str) -> Any:
     def resize_capped(self: Any, *args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(self, *args, **kwargs)
         videos, size = bound.arguments.get("videos"), bound.arguments.get("size")
-        if videos is not None and hasattr(videos, "shape") and len(videos.shape) >= 2:
+        if videos is not None and len(getattr(videos, "shape", ())) >= 4:  # (batch, frames, [channels,] h, w)
+            factor = int(bound.arguments.get("factor") or 32)
             temporal_factor = int(bound.arguments.get("temporal_factor") or 2)
-            per_frame = kind == FRAME
-            bound.arguments["size"] = _capped_size(self, size, int(videos.shape[1]), temporal_factor, per_frame)
+            bound.arguments["size"] = _capped_size(self, size, tuple(videos.shape), factor, temporal_factor, kind)
         return resize(*bound.args, **bound.kwargs)
 
     resize_capped.__qvl_frame_cap__ = True  # type: ignore[attr-defined]
