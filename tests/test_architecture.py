@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("qwenvl_rbln.tuning",),
     ("qwenvl_rbln.views",),
     ("qwenvl_rbln.commands",),
-    ("qwenvl_rbln.cli", "qwenvl_rbln.entry", "qwenvl_rbln.__main__"),
+    ("qwenvl_rbln.cli", "qwenvl_rbln.entry", "qwenvl_rbln.__main__", "qwenvl_rbln.vllm_plugin"),
 )
 
 
@@ -273,6 +273,51 @@ def test_views_read_progress_never_reach_into_a_backend_or_the_inference_runner(
         if module.startswith("qwenvl_rbln.views")
     }
     assert not {m: t for m, t in reach.items() if t}
+
+
+IMPORT_BY_NAME = ("import_module", "__import__")  # importlib.import_module("a.b"), __import__("a.b")
+# Packages that never reach into qwenvl_rbln.backends, however they spell the import.
+NEVER_A_BACKEND = ("qwenvl_rbln.serving", "qwenvl_rbln.views")
+
+
+def imports_by_name(path: Path) -> set[str]:
+    """The module names a file imports through a string literal (``import_module``/``__import__``): the imports
+    ``import_graph`` cannot see, such as a plugin's lazy one."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        first = node.args[0]
+        if called in IMPORT_BY_NAME and isinstance(first, ast.Constant) and isinstance(first.value, str):
+            names.add(first.value)
+    return names
+
+
+def test_the_by_name_scan_sees_import_module_and_dunder_import(tmp_path):
+    mod = tmp_path / "m.py"
+    mod.write_text(
+        "import importlib\nfrom importlib import import_module\n"
+        "def f():\n    importlib.import_module('pkg.backends.a')\n    import_module('pkg.b')\n"
+        "    __import__('pkg.c')\n    importlib.util.find_spec('pkg.d')\n    print('pkg.e')\n"
+    )
+    assert imports_by_name(mod) == {"pkg.backends.a", "pkg.b", "pkg.c"}
+
+
+def test_serving_reaches_no_backend_even_by_a_module_name():
+    """A static import and a name handed to ``import_module`` are the same dependency: the vLLM plugin's
+    composition of serving and the packed ViT forward lives in the top layer (``qwenvl_rbln/vllm_plugin.py``)."""
+    graph = import_graph(PACKAGE)
+    offenders = []
+    for module, path in module_files(PACKAGE).items():
+        if not module.startswith(NEVER_A_BACKEND):
+            continue
+        reached = set(graph[module]) | imports_by_name(path)
+        backends = sorted(t for t in reached if t == "qwenvl_rbln.backends" or t.startswith("qwenvl_rbln.backends."))
+        if backends:
+            offenders.append(f"{module} -> {', '.join(backends)}")
+    assert not offenders, "move the composition up to the top layer: " + "; ".join(offenders)
 
 
 def test_core_modules_never_import_a_command_module():

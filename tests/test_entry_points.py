@@ -50,7 +50,7 @@ def test_the_vllm_plugin_loads_through_its_entry_point_without_heavy_imports():
         found = [ep for ep in metadata.entry_points(group="vllm.general_plugins") if ep.name == "qvl_vit_packing"]
         assert len(found) == 1, found
         register = found[0].load()
-        assert register.__module__ == "qwenvl_rbln.serving.vllm_plugin", register.__module__
+        assert register.__module__ == "qwenvl_rbln.vllm_plugin", register.__module__
         register()
         heavy = sorted(m for m in ("torch", "transformers", "optimum", "vllm") if m in sys.modules)
         print("heavy:", heavy)

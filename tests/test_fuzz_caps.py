@@ -1,7 +1,8 @@
-"""Fuzz: 1,000 random images and videos through transformers' own Qwen3-VL processor, loaded from an emulated
-artifact's directory with qvl's per-frame cap installed as the vLLM plugin installs it (on the class, read from the
-artifact's config). Every ViT segment fits the largest compiled bucket, and every patch count and ViT call count equals
-what `qvl bucket-plan` predicts for the same input; what one refuses, the other refuses.
+"""Fuzz: 1,000 random images and videos (1,200 more for largest buckets of 256-768 patches) through transformers'
+own Qwen3-VL processor, loaded from an emulated artifact's directory with qvl's per-frame cap installed as the vLLM
+plugin installs it (on the class, read from the artifact's config). Every ViT segment fits the largest compiled
+bucket, and every patch count and ViT call count equals what `qvl bucket-plan` predicts for the same input; what one
+refuses, the other refuses.
 
 Images: 1 px to 8K (7680 px), aspect ratios up to 1:200 (and a few beyond, which both must refuse). Videos: 1 to
 2,000 frames, 0.5 to 60 fps, sizes up to 8K. Decoding 1,000 8K inputs would take minutes, so the sizes go through the
@@ -144,3 +145,69 @@ def test_small_inputs_processed_as_real_arrays_match_too(artifact_processor):
         assert (gh * gw, t) == (item["patches"], item["vit_calls"]) and gh * gw <= max(plan.vit_buckets)
         checked += 1
     assert checked >= 10
+
+
+# --- small largest buckets (sources audit W5): the 32-px minimum side --------------------------------------------
+
+SMALL_BUCKETS = (256, 384, 512, 640, 768)
+SMALL_N = 240  # draws per bucket, most of them thin
+
+
+def _thin_draws(rng: np.random.Generator, bucket: int) -> list[dict]:
+    """Aspect ratios up to 200, two thirds of them above ``bucket / 8`` (where the minimum side starts to matter)."""
+    out = []
+    for i in range(SMALL_N):
+        low = bucket / 8 if i % 3 else 1.0
+        ratio = math.exp(rng.uniform(math.log(low), math.log(200)))
+        long_side = int(math.exp(rng.uniform(math.log(64), math.log(EIGHT_K * 16))))  # up to 122,880 px
+        short = max(1, round(long_side / ratio))
+        w, h = (long_side, short) if rng.random() < 0.5 else (short, long_side)
+        if i % 2:
+            out.append({"kind": "image", "width": w, "height": h})
+        else:
+            frames = int(math.exp(rng.uniform(math.log(2), math.log(600))))
+            out.append({"kind": "video", "width": w, "height": h, "frames": frames, "fps": rng.uniform(0.5, 30)})
+    return out
+
+
+def test_small_largest_buckets_hold_every_input_or_refuse_it_by_its_aspect(tiny_model, size_probe):
+    """Largest buckets 256-768: a video is resized so each temporal patch fits (the per-frame cap lowers a thin
+    frame's budget, in the processor and in bucket-plan alike); an image the minimum side would lift over the
+    bucket is refused naming the aspect limit (and one min_pixels rounds up over it, with 256, naming that), and
+    transformers indeed gives each refused image more patches than the bucket."""
+    from transformers import AutoProcessor
+
+    from qwenvl_rbln.inference.inputs import apply_caps
+
+    seen = {"fit": 0, "thin_video_capped": 0, "thin_image_refused": 0}
+    for bucket in SMALL_BUCKETS:
+        plan = build_plan("cpu-tiny-rbln", [f"visual.max_seq_len=[{bucket}]"])
+        processor = AutoProcessor.from_pretrained(str(tiny_model), local_files_only=True)
+        apply_caps(processor, plan.processor)  # as qvl infer does (the artifact's files carry the same caps)
+        assert processor.video_processor.qvl_max_frame_pixels == bucket * 256
+        planner = ItemPlanner(plan)
+        ip, vp = processor.image_processor, processor.video_processor
+        for d in _thin_draws(np.random.default_rng(SEED + bucket), bucket):
+            ratio = max(d["width"], d["height"]) / min(d["width"], d["height"])
+            if d["kind"] == "image":
+                item = planner.workload_entry((d["width"], d["height"], None, None), 1)
+                got = _processor_image(ip, d)
+                calls, patches = 1, got
+            else:
+                item = planner.workload_entry((d["width"], d["height"], d["frames"], d["fps"]), 1)
+                got = _processor_video(vp, d)
+                calls, patches = (got[0], got[1] * got[2]) if not isinstance(got, str) else (None, got)
+            if isinstance(got, str):  # transformers refuses it: so does qvl
+                assert item["patches"] is None and item["error"], (bucket, d, got, item)
+                continue
+            if d["kind"] == "image" and patches > bucket:  # refused, saying why: the minimum side or min_pixels
+                assert item["patches"] is None and f"over processor.max_pixels={bucket * 256}" in item["error"]
+                thin = "crop or pad it to an aspect ratio of at most" in item["error"]
+                assert thin == (ratio > bucket / 4 - 1) or "processor.min_pixels=" in item["error"], (bucket, d, item)
+                seen["thin_image_refused"] += thin
+                continue
+            assert item["patches"] == patches and item["vit_calls"] == calls, (bucket, d, got, item)
+            assert patches <= bucket and item["bucket"] == bucket, (bucket, d, got)
+            seen["fit"] += 1
+            seen["thin_video_capped"] += d["kind"] == "video" and ratio > bucket / 4
+    assert seen["fit"] > 600 and seen["thin_video_capped"] > 50 and seen["thin_image_refused"] > 30, seen

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.vision import frame_cap
 from qwenvl_rbln.vision import geometry as g
 
 # --- reference doc section 5 worked values ----------------------------------------------------------
@@ -79,6 +80,45 @@ def test_aspect_ratio_limit() -> None:
         g.video_smart_resize(4, 10, 2001)
     with pytest.raises(InputError):
         g.image_geometry(0, 10)
+
+
+def test_a_thin_video_refused_for_its_aspect_names_its_own_size() -> None:
+    """transformers scales a side below 32 px up before its aspect test (16x4000 -> 32x8000); the refusal names the
+    size the user's file has, as the bucket-plan table does (new-user audit D15)."""
+    for call in (
+        lambda: g.video_smart_resize(4, 4000, 16),
+        lambda: g.video_geometry(16, 4000, 48, 24.0),
+    ):
+        with pytest.raises(InputError) as e:
+            call()
+        assert e.value.message.startswith("size 16x4000 (WxH) has aspect ratio 250.0"), e.value.message
+        assert "32x8000" not in e.value.message
+
+
+def test_a_thin_short_video_fits_a_small_largest_bucket() -> None:
+    """Sources audit W5: with the per-frame cap of a largest bucket of 512, a 4-frame 484x96,300 clip came out at
+    32x5,088 px, 636 patches. The cap lowers a thin frame's budget so the minimum side cannot lift it over."""
+    kw = {"fps": None, "min_frames": 4, "max_frames": 4, "max_frame_pixels": 512 * 256}
+    geo = g.video_geometry(484, 96300, 4, 2.0, **kw)
+    assert geo.resized_width == 32 and geo.patches <= 512
+    lo, hi = frame_cap.video_budget(4, g.VIDEO_MIN_PIXELS, g.VIDEO_MAX_PIXELS, 512 * 256)  # without the frame size
+    normal = g.video_geometry(1920, 1080, 4, 2.0, **kw)  # a frame the floor does not touch keeps its budget
+    assert (normal.resized_height, normal.resized_width) == g.video_smart_resize(
+        4, 1080, 1920, min_pixels=lo, max_pixels=hi
+    )
+
+
+def test_an_image_the_minimum_side_lifts_over_max_pixels_is_refused_naming_the_aspect_limit() -> None:
+    from qwenvl_rbln.planning.plan import ProcessorCaps
+
+    caps = ProcessorCaps(min_pixels=4096, max_pixels=512 * 256, video_min_pixels=4096, video_max_pixels=25165824)
+    assert g.image_geometry(100, 20000, min_pixels=4096, max_pixels=512 * 256).patches == 640  # what transformers does
+    with pytest.raises(InputError) as e:
+        g.image_geometry_for(100, 20000, caps)
+    assert "aspect ratio 200.0 is over 130.0" in e.value.message and "640 patches" in e.value.message
+    assert "at most 130.0" in e.value.hint
+    assert g.image_geometry_for(100, 12900, caps).patches <= 512  # 129:1 fits
+    assert g.aspect_limit(800) > 200 > g.aspect_limit(768)  # only buckets below 800 are concerned
 
 
 def test_max_floor_branch_for_skinny_images() -> None:

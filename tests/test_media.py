@@ -291,6 +291,18 @@ def test_not_a_video(tmp_path: Path, name: str, content: bytes) -> None:
     _input_error(media.probe_video, p)
 
 
+def test_an_unreadable_video_is_explained_in_words_not_an_errno(tmp_path: Path) -> None:
+    """PyAV's invalid-data error is ``[Errno 1094995529] Invalid data found when processing input: 'path'``: the
+    line names the file once and gives the reason in words (new-user audit D27)."""
+    pytest.importorskip("av")
+    p = tmp_path / "noise.mp4"
+    p.write_bytes(bytes(range(256)) * 40)
+    with pytest.raises(InputError) as e:
+        media.probe_video(p)
+    assert e.value.message == f"{p}: not a readable video (Invalid data found when processing input)"
+    assert "Errno" not in e.value.message
+
+
 def test_audio_only_is_not_a_video(tmp_path: Path) -> None:
     av = pytest.importorskip("av")
     np = pytest.importorskip("numpy")

@@ -535,17 +535,17 @@ def test_no_vllm_import_anywhere(art):
 def test_plugin_entry_point_is_declared_and_installed():
     data = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     group = data["project"]["entry-points"][PLUGIN_GROUP]
-    assert group == {PLUGIN_NAME: "qwenvl_rbln.serving.vllm_plugin:register"}
+    assert group == {PLUGIN_NAME: "qwenvl_rbln.vllm_plugin:register"}
     found = [ep for ep in metadata.entry_points(group=PLUGIN_GROUP) if ep.name == PLUGIN_NAME]
     assert len(found) == 1, "reinstall qvl (`make install`) so the installed metadata carries the entry point"
-    from qwenvl_rbln.serving import vllm_plugin
+    from qwenvl_rbln import vllm_plugin
 
     assert found[0].load() is vllm_plugin.register
 
 
 @pytest.fixture
 def plugin(monkeypatch):
-    from qwenvl_rbln.serving import vllm_plugin
+    from qwenvl_rbln import vllm_plugin
 
     monkeypatch.setattr(vllm_plugin, "_installed", False)
     return vllm_plugin

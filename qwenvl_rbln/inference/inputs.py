@@ -120,8 +120,54 @@ def _load_checked_processor(model_dir: Path) -> Any:
             f"{model_dir}: AutoProcessor gave {type(processor).__name__}, not a Qwen3-VL processor",
             "point at a Qwen3-VL model directory (processor_config.json with Qwen3VLProcessor)",
         )
+    _settle_video_processor(processor, model_dir)
     check_processor(processor, model_dir)
     return processor
+
+
+QWEN3_VIDEO_KEEP = (  # what a Qwen2VLVideoProcessor carries over (from the checkpoint's image processor config)
+    "patch_size",
+    "temporal_patch_size",
+    "merge_size",
+    "image_mean",
+    "image_std",
+    "do_convert_rgb",
+    "do_rescale",
+    "rescale_factor",
+    "do_normalize",
+    "resample",
+)
+
+
+def _settle_video_processor(processor: Any, model_dir: Path) -> None:
+    """Give the processor the video processor qvl's plan describes, or refuse before any model loads.
+
+    qvl's geometry, buckets and per-frame cap follow ``Qwen3VLVideoProcessor`` (one pixel budget over all sampled
+    frames). A checkpoint without a video processor config gets transformers' fallback ``Qwen2VLVideoProcessor``
+    (inferred from the image processor's class), whose resize is per frame with the image caps: qvl replaces it by
+    a ``Qwen3VLVideoProcessor`` with the same patch/merge sizes and normalisation, as a shipped Qwen3-VL checkpoint
+    has. Any other class is refused: neither qvl's bucket prediction nor its frame cap would hold for it.
+    """
+    from qwenvl_rbln.vision.frame_cap import CLIP, FRAME, family
+
+    vp = getattr(processor, "video_processor", None)
+    if vp is None:
+        return
+    kind = family(type(vp))
+    if kind == CLIP:
+        return
+    if kind == FRAME:
+        from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+        keep = {k: getattr(vp, k) for k in QWEN3_VIDEO_KEEP if getattr(vp, k, None) is not None}
+        processor.video_processor = Qwen3VLVideoProcessor(**keep)
+        return
+    raise InputError(
+        f"{model_dir}: the video processor is {type(vp).__name__}; qvl plans and caps videos for "
+        "Qwen3VLVideoProcessor (or Qwen2VLVideoProcessor, which it replaces)",
+        'set "video_processor_type": "Qwen3VLVideoProcessor" in video_preprocessor_config.json (or the '
+        '"video_processor" section of processor_config.json), as the original Qwen3-VL checkpoint has',
+    )
 
 
 VISION_TOKENS = ("image_token", "video_token", "vision_start_token", "vision_end_token")

@@ -19,5 +19,6 @@ Device ids given to qvl (``--device``, ``--visual-device``, the compiled placeme
 - ``command``: ``vllm serve``: the directory, the placement, the multimodal limits, the environment.
 - ``bench``: ``vllm bench serve`` with images sized to the compiled ViT buckets.
 - ``launch``: finding the ``vllm`` executable.
-- ``vllm_plugin``: the ``vllm.general_plugins`` entry point that installs the packed ViT forward.
+- ``vllm_plugin``: serving's half of the vLLM plugin (the per-frame video cap, the switches ``qvl serve`` sets); the
+  ``vllm.general_plugins`` entry point that also installs the packed ViT forward is ``qwenvl_rbln/vllm_plugin.py``.
 """

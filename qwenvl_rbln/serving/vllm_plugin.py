@@ -1,20 +1,18 @@
-"""vLLM general plugin: the packed ViT forward inside every vLLM process that ``qvl serve`` starts.
+"""The serving half of qvl's vLLM plugin: the per-frame video cap, and the switches ``qvl serve`` sets.
 
 vLLM loads every entry point of the group ``vllm.general_plugins`` in each process it creates (API server, engine
-core, workers) before the model is built, and calls it (docs.vllm.ai, design/plugin_system). qvl declares one,
-``qvl_vit_packing = "qwenvl_rbln.serving.vllm_plugin:register"`` (pyproject.toml). It does nothing unless ``qvl serve``
-enabled packing (``QVL_VIT_PACKING=1`` in the environment it execs vllm with), so installing qvl beside vLLM
-changes nothing for anyone else. vllm-rbln calls ``self.model.visual(pixel_values, grid_thw=...)`` on the
-optimum-rbln model, so patching ``RBLNQwen3VLVisionModel.forward`` on the class reaches it.
+core, workers) before the model is built, and calls it (docs.vllm.ai, design/plugin_system). qvl's entry point is
+``qwenvl_rbln.vllm_plugin:register`` (pyproject.toml), a top-layer module: it composes this module (serving) with
+the packed ViT forward (``backends/vit_packing``), since serving never reaches into a backend. Nothing here acts
+unless ``qvl serve`` asked for it in the environment it execs vllm with, so installing qvl beside vLLM changes
+nothing for anyone else, and nothing here raises: a plugin must never stop vLLM from starting.
 
-``register`` may run several times per process (vLLM warns plugins about that) and never raises: without optimum-rbln
-or without qvl's packing module the ViT simply runs unpacked, and one warning line says so.
-
-It also installs qvl's per-frame video cap (``vision/frame_cap.py``) on transformers' ``Qwen3VLVideoProcessor``, in
-every process ``qvl serve`` starts (``QVL_FRAME_CAP=1``, whatever ``QVL_VIT_PACKING`` says): vLLM's Qwen3-VL
-processor loads the video processor from the artifact, whose config carries ``qvl_max_frame_pixels`` (written by
-``qvl compile``), and the patched resize caps each frame at it, so every temporal patch fits the largest compiled
-bucket. A processor without that key runs unchanged.
+``QVL_FRAME_CAP=1``: qvl's per-frame video cap (``vision/frame_cap.py``) on transformers' Qwen3-VL and Qwen2-VL
+video processor classes. vLLM's Qwen3-VL processor loads the video processor from the artifact, whose config
+carries ``qvl_max_frame_pixels`` (written by ``qvl compile``), and the patched resize caps each frame at it, so
+every temporal patch fits the largest compiled bucket. ``QVL_MAX_FRAME_PIXELS=<int>`` (set by ``qvl serve`` for
+an artifact whose processor files were written outside qvl) caps every such processor that has no smaller cap of
+its own; a bad value is one warning line, and that default is then not applied.
 """
 
 from __future__ import annotations
@@ -23,22 +21,42 @@ import importlib
 import os
 import sys
 
-ENV = "QVL_VIT_PACKING"
+ENV = "QVL_VIT_PACKING"  # "1" from qvl serve: the packed ViT forward (qwenvl_rbln.vllm_plugin installs it)
 FRAME_CAP_ENV = "QVL_FRAME_CAP"  # "1" from qvl serve: cap each video frame at the artifact's qvl_max_frame_pixels
-_installed = False
+MAX_FRAME_PIXELS_ENV = "QVL_MAX_FRAME_PIXELS"  # a positive int: the cap for processors without their own
 
 
-def _warn(message: str) -> None:
+def warn(message: str) -> None:
+    """One ``qvl: warning:`` line on stderr (vLLM's processes share it)."""
     print(f"qvl: warning: {message}", file=sys.stderr, flush=True)
 
 
+def default_frame_pixels() -> int | None:
+    """``QVL_MAX_FRAME_PIXELS`` as a positive int; None when unset, or (with one warning) when it is not one."""
+    raw = os.environ.get(MAX_FRAME_PIXELS_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        warn(
+            f"{MAX_FRAME_PIXELS_ENV}={raw!r} is not a positive integer (pixels per video frame); ignored, so "
+            "processors without qvl_max_frame_pixels in their config run uncapped"
+        )
+        return None
+    return value
+
+
 def install_frame_cap() -> bool:
-    """The per-frame video cap on transformers' video processor class; False (with one warning) when it cannot be."""
+    """The per-frame video cap on transformers' video processor classes; False (with one warning) when it cannot be."""
     try:
         frame_cap = importlib.import_module("qwenvl_rbln.vision.frame_cap")
+        frame_cap.set_default_cap(default_frame_pixels())
         frame_cap.install_on_class()
     except Exception as exc:  # noqa: BLE001 - a plugin must never stop vLLM from starting
-        _warn(
+        warn(
             f"the per-frame video cap could not be installed ({type(exc).__name__}: {exc}); short high-resolution "
             "videos may exceed the largest ViT bucket"
         )
@@ -47,24 +65,6 @@ def install_frame_cap() -> bool:
 
 
 def register() -> None:
-    """Install the per-frame video cap, and the packed ViT forward on optimum-rbln's vision model class when
-    ``QVL_VIT_PACKING=1``."""
-    global _installed
+    """Install the per-frame video cap when ``QVL_FRAME_CAP=1`` (what serving adds to every vLLM process)."""
     if os.environ.get(FRAME_CAP_ENV) == "1":
         install_frame_cap()
-    if _installed or os.environ.get(ENV) != "1":
-        return
-    try:  # import_module, not `from ... import`: it goes through sys.modules like every plugin import
-        vit_packing = importlib.import_module("qwenvl_rbln.backends.vit_packing")
-    except ImportError as exc:
-        _warn(f"ViT packing requested ({ENV}=1) but this qvl has no packed forward ({exc}); the ViT runs unpacked")
-        return
-    try:
-        vit_packing.install_on_class()
-    except ImportError as exc:
-        _warn(f"ViT packing requested ({ENV}=1) but optimum-rbln is not importable ({exc}); the ViT runs unpacked")
-        return
-    except Exception as exc:  # noqa: BLE001 - a plugin must never stop vLLM from starting
-        _warn(f"ViT packing could not be installed ({type(exc).__name__}: {exc}); the ViT runs unpacked")
-        return
-    _installed = True

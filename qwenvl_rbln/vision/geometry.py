@@ -49,12 +49,15 @@ def _check_positive(height: float, width: float) -> None:
         )
 
 
-def _check_aspect(height: float, width: float) -> None:
+def _check_aspect(height: float, width: float, shown: tuple[float, float] | None = None) -> None:
+    """InputError when ``height``/``width`` (as transformers tests them) exceed the aspect limit; the message
+    names ``shown`` (the input's own WxH, when the test runs on an upscaled copy) or the tested size."""
     _check_positive(height, width)
     ratio = max(height, width) / min(height, width)
     if ratio > MAX_ASPECT_RATIO:
+        w, h = shown or (width, height)
         raise InputError(
-            f"size {width}x{height} (WxH) has aspect ratio {ratio:.1f}, over Qwen3-VL's limit of {MAX_ASPECT_RATIO}",
+            f"size {w}x{h} (WxH) has aspect ratio {ratio:.1f}, over Qwen3-VL's limit of {MAX_ASPECT_RATIO}",
             f"crop or pad it so the long side is at most {MAX_ASPECT_RATIO}x the short side",
         )
 
@@ -186,11 +189,12 @@ def video_smart_resize(
             f"use a video with at least {temporal_factor} frames, or pass a single frame as an image",
         )
     _check_positive(height, width)
+    shown = (width, height)  # the input's own size, for the message
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)
         height = int(height * scale)
         width = int(width * scale)
-    _check_aspect(height, width)
+    _check_aspect(height, width, shown)
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
     t_bar = round(num_frames / temporal_factor) * temporal_factor
@@ -261,7 +265,16 @@ def video_geometry(
     if total_frames < 1:
         raise InputError(f"video reports {total_frames} frames", "check the file is a complete video")
     sampled = sample_frame_count(total_frames, used_fps, fps=fps, min_frames=min_frames, max_frames=max_frames)
-    min_pixels, max_pixels = video_budget(sampled, min_pixels, max_pixels, max_frame_pixels, temporal_patch_size)
+    min_pixels, max_pixels = video_budget(
+        sampled,
+        min_pixels,
+        max_pixels,
+        max_frame_pixels,
+        temporal_patch_size,
+        height=height,
+        width=width,
+        factor=patch_size * merge_size,
+    )
     rh, rw = video_smart_resize(
         sampled,
         height,
@@ -324,11 +337,50 @@ def video_max_pixels_for_bucket(
     return bucket * patch_size**2 * min(frames, t_bar)
 
 
+def aspect_limit(max_patches: int, merge_size: int = MERGE_SIZE) -> float:
+    """The aspect ratio above which an image resized within ``max_patches`` comes out over it anyway.
+
+    ``smart_resize`` keeps each side at least ``patch_size x merge_size`` px: past the limit the short side stays
+    ``merge_size`` patches wide and the long one gets ``merge_size * floor(sqrt(ratio * max_patches) / merge_size)``
+    patches, more than ``max_patches`` when ``ratio >= (merge_size * (max_patches // merge_size**2 + 1))**2 /
+    max_patches``: about ``max_patches / 4``, so only below 800 patches is it under Qwen3-VL's own limit of 200
+    (sources audit W5).
+    """
+    return (merge_size * (max_patches // merge_size**2 + 1)) ** 2 / max_patches
+
+
+def _over_max_pixels(
+    width: int, height: int, patches: int, caps: Any, max_patches: int, factor: int, merge_size: int
+) -> InputError:
+    """Why an image resizes over ``max_pixels`` and the fix: its aspect ratio (the minimum side), or the rounding up
+    to ``min_pixels`` (a ``min_pixels`` close to ``max_pixels``, as with a largest bucket of 256)."""
+    ratio = max(width, height) / min(width, height)
+    over = f"resizes to {patches} patches, over processor.max_pixels={caps.max_pixels} ({max_patches} patches)"
+    limit = math.floor(aspect_limit(max_patches, merge_size) * 10) / 10
+    if ratio > limit:
+        return InputError(
+            f"size {width}x{height} (WxH) {over}: its aspect ratio {ratio:.1f} is over {limit}, the most that "
+            f"many patches hold, since each side stays at least {factor} px",
+            f"crop or pad it to an aspect ratio of at most {limit}, or compile a largest ViT bucket of at least 800 "
+            "patches (visual.max_seq_len) and raise processor.max_pixels with it",
+        )
+    return InputError(
+        f"size {width}x{height} (WxH) {over}: processor.min_pixels={caps.min_pixels} rounds each side up to a "
+        f"multiple of {factor} px",
+        f"lower processor.min_pixels, e.g. --set processor.min_pixels={caps.max_pixels // 2}",
+    )
+
+
 def image_geometry_for(
     width: int, height: int, caps: Any, *, patch_size: int = PATCH_SIZE, merge_size: int = MERGE_SIZE
 ) -> ImageGeometry:
-    """image_geometry under a plan's processor caps (anything with min_pixels / max_pixels)."""
-    return image_geometry(
+    """image_geometry under a plan's processor caps (anything with min_pixels / max_pixels).
+
+    An image that resizes over ``max_pixels`` is refused, saying why: a plan's ``max_pixels`` is its largest ViT
+    bucket's (x 16^2), which the image would overflow. That happens only with small buckets: the minimum side
+    (an aspect ratio over ``aspect_limit``; crop or pad it) or ``min_pixels`` rounding up (lower it).
+    """
+    geo = image_geometry(
         width,
         height,
         min_pixels=caps.min_pixels,
@@ -336,6 +388,10 @@ def image_geometry_for(
         patch_size=patch_size,
         merge_size=merge_size,
     )
+    max_patches = caps.max_pixels // patch_size**2
+    if geo.patches > max_patches:
+        raise _over_max_pixels(width, height, geo.patches, caps, max_patches, patch_size * merge_size, merge_size)
+    return geo
 
 
 def video_geometry_for(

@@ -64,7 +64,11 @@ class VideoInfo:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    """The reason in words: an OS or FFmpeg error's ``strerror`` (PyAV's ``[Errno 1094995529] ...: 'path'`` says
+    "Invalid data found when processing input"; the path is already named), else the message on one line."""
+    strerror = getattr(exc, "strerror", None)
+    text = strerror if isinstance(strerror, str) and strerror.strip() else str(exc)
+    text = " ".join(text.split()) or type(exc).__name__
     return text[:200]
 
 
