@@ -41,6 +41,7 @@ def test_a_full_pool_serves_the_compiled_max_seq_len(tmp_path, capsys, no_exec):
     assert max_model_len(data["argv"]) == 262144
     (check,) = [c for c in data["checks"] if c["check"] == "max_model_len"]
     assert check["ok"] and "null block" not in check["detail"] and "max_model_len" not in err
+    assert "QVL_MAX_MODEL_LEN" not in data["env"]
 
 
 def test_a_short_pool_lowers_max_model_len_and_says_why(tmp_path, capsys, no_exec):
@@ -59,6 +60,7 @@ def test_a_short_pool_lowers_max_model_len_and_says_why(tmp_path, capsys, no_exe
     ):
         assert words in check["detail"], words
     assert "warning:" in err and "null block" in err
+    assert data["env"]["QVL_MAX_MODEL_LEN"] == str(19 * 8192) and "held there inside vLLM" in check["detail"]
     # a pass-through --max-model-len must agree with the pool, not with max_seq_len
     code, _, err = run_main(
         ["serve", str(artifact(tmp_path, kv_blocks=20)), "--dry-run", "--", "--max-model-len", "262144"], capsys
@@ -85,3 +87,65 @@ def test_pool_arithmetic(blocks, batch, max_len, held):
 def test_a_pool_of_one_block_is_refused(tmp_path, capsys, no_exec):
     code, _, err = run_main(["serve", str(artifact(tmp_path, kv_blocks=1)), "--dry-run"], capsys)
     assert code == 2 and "kvcache_num_blocks=1" in err and "null block" in err
+
+
+class _Config:
+    """The two parts of vLLM's config the guard touches."""
+
+    def __init__(self) -> None:
+        self.model_config = type("ModelConfig", (), {"max_model_len": 155648})()
+
+
+@pytest.fixture
+def stand_in_vllm_rbln(monkeypatch):
+    """vllm-rbln's dispatch module as v0.11 has it: sync_vllm_and_optimum calls the module-level sync_from_optimum,
+    which resets max_model_len to the compiled max_seq_len."""
+    import sys
+    import types
+
+    dispatch = types.ModuleType("vllm_rbln.utils.optimum.converter.dispatch")
+
+    def sync_from_optimum(vllm_config, compiled_rbln_config):
+        vllm_config.model_config.max_model_len = compiled_rbln_config["max_seq_len"]
+
+    def sync_vllm_and_optimum(vllm_config):
+        dispatch.sync_from_optimum(vllm_config, {"max_seq_len": 262144})
+
+    dispatch.sync_from_optimum = sync_from_optimum
+    dispatch.sync_vllm_and_optimum = sync_vllm_and_optimum
+    monkeypatch.setitem(sys.modules, dispatch.__name__, dispatch)
+    return dispatch
+
+
+def test_the_plugin_holds_max_model_len_after_vllm_rbln_resets_it(monkeypatch, stand_in_vllm_rbln, capsys):
+    """vllm-rbln resets --max-model-len to max_seq_len when it reads the artifact; with QVL_MAX_MODEL_LEN the plugin
+    lowers it again right after, so vLLM refuses a prompt the short pool cannot hold (issue #957)."""
+    from qwenvl_rbln.serving import vllm_plugin
+
+    config = _Config()
+    stand_in_vllm_rbln.sync_vllm_and_optimum(config)
+    assert config.model_config.max_model_len == 262144  # what happens without the guard
+    monkeypatch.setenv("QVL_MAX_MODEL_LEN", "155648")
+    vllm_plugin.register()
+    vllm_plugin.register()  # vLLM may load a plugin more than once per process: wrapped once
+    assert stand_in_vllm_rbln.sync_from_optimum.__wrapped__.__name__ == "sync_from_optimum"
+    assert not hasattr(stand_in_vllm_rbln.sync_from_optimum.__wrapped__, "__wrapped__")
+    config = _Config()
+    stand_in_vllm_rbln.sync_vllm_and_optimum(config)
+    assert config.model_config.max_model_len == 155648
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_the_guard_warns_and_never_raises_without_vllm_rbln_or_with_a_bad_value(monkeypatch, capsys):
+    import sys
+
+    from qwenvl_rbln.serving import vllm_plugin
+
+    monkeypatch.setitem(sys.modules, "vllm_rbln", None)  # not importable
+    monkeypatch.setenv("QVL_MAX_MODEL_LEN", "155648")
+    vllm_plugin.register()
+    err = capsys.readouterr().err
+    assert err.count("qvl: warning:") == 1 and "above 155648 tokens" in err and "#957" in err
+    monkeypatch.setenv("QVL_MAX_MODEL_LEN", "lots")
+    vllm_plugin.register()
+    assert "QVL_MAX_MODEL_LEN='lots' is not a positive integer" in capsys.readouterr().err

@@ -34,6 +34,7 @@ from qwenvl_rbln.serving.options import (
     api_key,
     is_loopback,
 )
+from qwenvl_rbln.serving.pool_guard import MAX_MODEL_LEN_ENV
 from qwenvl_rbln.serving.preflight import ok, pool_max_model_len, preflight, warn
 
 
@@ -267,7 +268,11 @@ def vllm_launch(
     held, why = pool_max_model_len(cfg)
     argv += ["--max-model-len", str(held), "--max-num-seqs", str(cfg["batch_size"])]
     if why:  # a short pool: lowered, with the reason, never silently
-        line = f"--max-model-len {held}, not the compiled max_seq_len {cfg['max_seq_len']}: {why}"
+        line = (
+            f"--max-model-len {held}, not the compiled max_seq_len {cfg['max_seq_len']}, held there inside vLLM by "
+            f"qvl's plugin ({MAX_MODEL_LEN_ENV}={held}: vllm-rbln resets the flag to max_seq_len): {why}"
+        )
+        env[MAX_MODEL_LEN_ENV] = str(held)
         warn(checks, "max_model_len", line)
         warnings.append(line)
     else:

@@ -336,9 +336,9 @@ def pool_max_model_len(cfg: dict[str, Any]) -> tuple[int, str | None]:
     only ``kvcache_num_blocks``; the block pool then keeps one block as the null block
     (vllm_rbln/v1/core/optimum_block_pool.py:81-82). A short pool therefore holds ``(kvcache_num_blocks - 1) *
     block`` tokens, and a prompt longer than that but under --max-model-len is admitted and never finishes
-    (vllm-rbln issue #957). Caveat: in that source ``sync_from_optimum`` (from_optimum.py:88-97) also resets
-    ``max_model_len`` to rbln_config.json's ``max_seq_len``, so the lowered flag may not reach vLLM's length check:
-    the warning (with its recompile fix) is the part the user can rely on."""
+    (vllm-rbln issue #957). In that source ``sync_from_optimum`` (from_optimum.py:88-97) also resets
+    ``max_model_len`` to rbln_config.json's ``max_seq_len``, so serve hands the length to qvl's plugin as well
+    (``QVL_MAX_MODEL_LEN``, ``serving/pool_guard.py``), which lowers it again after that sync."""
     import math
 
     blocks, block = cfg["kvcache_num_blocks"], cfg.get("kvcache_block_size") or cfg["kvcache_partition_len"]

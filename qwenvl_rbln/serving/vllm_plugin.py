@@ -13,6 +13,9 @@ carries ``qvl_max_frame_pixels`` (written by ``qvl compile``), and the patched r
 every temporal patch fits the largest compiled bucket. ``QVL_MAX_FRAME_PIXELS=<int>`` (set by ``qvl serve`` for
 an artifact whose processor files were written outside qvl) caps every such processor that has no smaller cap of
 its own; a bad value is one warning line, and that default is then not applied.
+
+``QVL_MAX_MODEL_LEN=<int>`` (set by ``qvl serve`` for a short KV pool): ``max_model_len`` is held at what the pool
+holds even after vllm-rbln resets it to the compiled ``max_seq_len`` (``serving/pool_guard.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+
+from qwenvl_rbln.serving import pool_guard
 
 ENV = "QVL_VIT_PACKING"  # "1" from qvl serve: the packed ViT forward (qwenvl_rbln.vllm_plugin installs it)
 FRAME_CAP_ENV = "QVL_FRAME_CAP"  # "1" from qvl serve: cap each video frame at the artifact's qvl_max_frame_pixels
@@ -68,3 +73,5 @@ def register() -> None:
     """Install the per-frame video cap when ``QVL_FRAME_CAP=1`` (what serving adds to every vLLM process)."""
     if os.environ.get(FRAME_CAP_ENV) == "1":
         install_frame_cap()
+    if os.environ.get(pool_guard.MAX_MODEL_LEN_ENV):
+        pool_guard.install(warn)
