@@ -84,6 +84,18 @@ def _processor_video(vp, d) -> tuple[int, int, int] | str:
     return grid_t, out.shape[-2] // vp.patch_size, out.shape[-1] // vp.patch_size
 
 
+def _planned_and_processed(planner, ip, vp, d):
+    """bucket-plan's entry for draw ``d`` and what transformers' processor makes of it: (item, processor result,
+    ViT calls, patches per call), the result a string where transformers refuses the input."""
+    if d["kind"] == "image":
+        item = planner.workload_entry((d["width"], d["height"], None, None), 1)
+        got = _processor_image(ip, d)
+        return item, got, 1, got
+    item = planner.workload_entry((d["width"], d["height"], d["frames"], d["fps"]), 1)
+    got = _processor_video(vp, d)
+    return (item, got, got[0], got[1] * got[2]) if not isinstance(got, str) else (item, got, None, got)
+
+
 def _processor_image(ip, d) -> int | str:
     try:
         return ip.get_number_of_image_patches(d["height"], d["width"])
@@ -100,14 +112,7 @@ def test_every_segment_fits_and_matches_bucket_plan(artifact_processor, size_pro
     ip, vp = artifact_processor.image_processor, artifact_processor.video_processor
     seen = {"image": 0, "video": 0, "refused": 0, "frame_capped": 0}
     for d in _draws(np.random.default_rng(SEED)):
-        if d["kind"] == "image":
-            item = planner.workload_entry((d["width"], d["height"], None, None), 1)
-            got = _processor_image(ip, d)
-            calls, patches = 1, got
-        else:
-            item = planner.workload_entry((d["width"], d["height"], d["frames"], d["fps"]), 1)
-            got = _processor_video(vp, d)
-            calls, patches = (got[0], got[1] * got[2]) if not isinstance(got, str) else (None, got)
+        item, got, calls, patches = _planned_and_processed(planner, ip, vp, d)
         if isinstance(got, str):  # transformers refuses it (aspect over 200, fewer than 2 frames): so does qvl
             assert item["patches"] is None and item["error"], (d, got, item)
             seen["refused"] += 1
@@ -189,14 +194,7 @@ def test_small_largest_buckets_hold_every_input_or_refuse_it_by_its_aspect(tiny_
         ip, vp = processor.image_processor, processor.video_processor
         for d in _thin_draws(np.random.default_rng(SEED + bucket), bucket):
             ratio = max(d["width"], d["height"]) / min(d["width"], d["height"])
-            if d["kind"] == "image":
-                item = planner.workload_entry((d["width"], d["height"], None, None), 1)
-                got = _processor_image(ip, d)
-                calls, patches = 1, got
-            else:
-                item = planner.workload_entry((d["width"], d["height"], d["frames"], d["fps"]), 1)
-                got = _processor_video(vp, d)
-                calls, patches = (got[0], got[1] * got[2]) if not isinstance(got, str) else (None, got)
+            item, got, calls, patches = _planned_and_processed(planner, ip, vp, d)
             if isinstance(got, str):  # transformers refuses it: so does qvl
                 assert item["patches"] is None and item["error"], (bucket, d, got, item)
                 continue

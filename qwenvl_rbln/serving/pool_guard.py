@@ -23,8 +23,10 @@ DISPATCH = "vllm_rbln.utils.optimum.converter.dispatch"
 MARK = "__qvl_max_model_len__"
 
 
-def _cap_from_env(warn: Callable[[str], None]) -> int | None:
-    raw = os.environ.get(MAX_MODEL_LEN_ENV, "").strip()
+def positive_int_env(name: str, what: str, warn: Callable[[str], None]) -> int | None:
+    """Environment variable ``name`` as a positive int; None when unset, or (with one warning saying ``what`` then
+    happens) when it is not one. The plugin's switches all read their numbers this way."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return None
     try:
@@ -32,7 +34,7 @@ def _cap_from_env(warn: Callable[[str], None]) -> int | None:
     except ValueError:
         value = 0
     if value <= 0:
-        warn(f"{MAX_MODEL_LEN_ENV}={raw!r} is not a positive integer (tokens); ignored")
+        warn(f"{name}={raw!r} is not a positive integer; ignored, so {what}")
         return None
     return value
 
@@ -54,7 +56,7 @@ def _capped(original: Callable[..., Any], cap: int) -> Callable[..., Any]:
 def install(warn: Callable[[str], None]) -> bool:
     """Wrap vllm-rbln's ``sync_from_optimum`` so ``max_model_len`` stays at ``QVL_MAX_MODEL_LEN``; False (with one
     warning when it was asked for) when it cannot be."""
-    cap = _cap_from_env(warn)
+    cap = positive_int_env(MAX_MODEL_LEN_ENV, "--max-model-len stays as vllm-rbln sets it", warn)
     if cap is None:
         return False
     risk = (

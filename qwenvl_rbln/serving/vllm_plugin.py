@@ -37,21 +37,9 @@ def warn(message: str) -> None:
 
 
 def default_frame_pixels() -> int | None:
-    """``QVL_MAX_FRAME_PIXELS`` as a positive int; None when unset, or (with one warning) when it is not one."""
-    raw = os.environ.get(MAX_FRAME_PIXELS_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        warn(
-            f"{MAX_FRAME_PIXELS_ENV}={raw!r} is not a positive integer (pixels per video frame); ignored, so "
-            "processors without qvl_max_frame_pixels in their config run uncapped"
-        )
-        return None
-    return value
+    """``QVL_MAX_FRAME_PIXELS`` (pixels per video frame) as a positive int; None when unset or not one."""
+    what = "processors without qvl_max_frame_pixels in their config run uncapped"
+    return pool_guard.positive_int_env(MAX_FRAME_PIXELS_ENV, what, warn)
 
 
 def install_frame_cap() -> bool:
