@@ -221,3 +221,17 @@ def test_a_report_without_decided_by_still_prints_what_decides():
     out = io.StringIO()
     print_memory(Console(file=out, width=400, color_system=None), old)
     assert "memory: does not fit: KV blocks 15 .. 18 < minimum 33 under memory_budget 0.5" in out.getvalue()
+
+
+def test_a_model_whose_weights_alone_exceed_the_card_is_headlined_by_its_weights():
+    """235B-A22B leaves no KV block because its weights alone exceed the card: the headline names that cause, not
+    only the symptom 'KV blocks 0 < minimum 32'."""
+    from tests.helpers_cli import run_qvl
+
+    result = run_qvl(
+        "compile", "--preset", "rebel100-1npu", "--model", "Qwen/Qwen3-VL-235B-A22B-Instruct", "--dry-run", "--json"
+    )
+    assert result.exit_code == 4, result.stderr
+    decided = json.loads(result.stdout)["memory"]["devices"][0]["decided_by"]
+    assert decided["constraint"] == "kv_blocks"
+    assert decided["text"].startswith("the LM weights alone (436.74 GiB) exceed the card's 140.00 GiB, so KV blocks 0")

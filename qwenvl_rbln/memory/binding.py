@@ -157,7 +157,17 @@ def decided_by(dev: dict[str, Any], kv: dict[str, Any] | None = None) -> dict[st
             "text": "a submodule split over several devices (the compiler decides the split)",
         }
     out = {k if k.startswith(("blocks", "min")) else f"{k}_bytes": v for k, v in pick.items() if k not in _NOT_OUT}
-    return {"constraint": pick["kind"], **out, "text": _limit_text(pick, kv)}
+    return {"constraint": pick["kind"], **out, "text": _weights_alone(dev, pick) + _limit_text(pick, kv)}
+
+
+def _weights_alone(dev: dict[str, Any], pick: dict[str, Any]) -> str:
+    """'the LM weights alone (436.74 GiB) exceed the card's 140.00 GiB, so ' when that is why no KV block is left:
+    the block count is the symptom, the weights are the cause."""
+    weights = sum(int(i.get("bytes") or 0) for i in dev.get("items") or [] if i.get("name") == "lm.weights")
+    usable = int(dev.get("usable_bytes") or 0)
+    if pick["kind"] != "kv_blocks" or pick["blocks_high"] != 0 or not usable or weights <= usable:
+        return ""
+    return f"the LM weights alone ({_gib(weights)} GiB) exceed the card's {_gib(usable)} GiB, so "
 
 
 def device_decided_by(dev: dict[str, Any], kv: dict[str, Any] | None = None) -> dict[str, Any]:
