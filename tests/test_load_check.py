@@ -154,10 +154,30 @@ def test_lack_of_device_memory_diagnosis(tmp_path, monkeypatch, capsys):
     assert diag["set"] and all(s.startswith("--set ") for s in diag["set"])  # the planner's concrete fixes
     last = err.strip().splitlines()[-1]
     assert last.startswith("qvl: error: runtime creation failed, Lack of device memory (device 0: prefill")
-    assert "fix: load with --visual-device 1" in last and "recompile with --set" in last
-    assert "--visual-device 1" in diag["load_flags"]
+    # the whole placement (the LM keeps device 0) and a recompile of this artifact (-o), as commands (audit N1)
+    assert f"fix: load with `qvl load-check {root} --device 0 --visual-device 1`" in last
+    assert "recompile this artifact with `qvl compile --preset PRESET --set " in last  # no preset in its manifest
+    assert last.endswith(f" -o {root} --force`")
+    assert "--device 0 --visual-device 1" in diag["load_flags"]
+    assert diag["recompile"] and all(c.endswith(f" -o {root} --force") for c in diag["recompile"])
     code, out, _ = run_main(["load-check", str(root), "--visual-device", "0"], capsys)
     assert code == 4 and "fixes" in out and "device 0: prefill" in out
+    assert f"-o{root}--force" in "".join(out.split())  # the printed recompiles rebuild this artifact
+
+
+def test_lack_of_device_memory_fixes_keep_the_requested_lm_device(tmp_path, monkeypatch, capsys):
+    # audit N1: with the LM and the ViT on device 2, a lone `--visual-device N` puts the LM back on device 0
+    plan = build_plan("rebel100-2npu-batch4")
+    _, root = _artifact(tmp_path, "rebel100-2npu-batch4", alloc=allocation_table(plan, kv_bytes=112 * GiB))
+    install(monkeypatch, make_auto(plan), rebel=make_rebel(runtime_error=LACK))
+    code, data, err = _json(["load-check", str(root), "--device", "2", "--visual-device", "2"], capsys)
+    diag = data["runtime"]["diagnosis"]
+    assert code == 4 and diag["shared_devices"] == [2]
+    assert diag["load_flags"] and all(f.startswith("--device 2 --visual-device ") for f in diag["load_flags"])
+    assert "--visual-device 2" not in " ".join(diag["load_flags"])
+    assert any("`qvl load-check DIR --device 2 --visual-device 3`: 3 is an example" in f for f in diag["fixes"])
+    last = err.strip().splitlines()[-1]
+    assert f"fix: load with `qvl load-check {root} --device 2 --visual-device " in last
 
 
 def test_backend_failure_exit_5(tiny_rbln, emulated, capsys, monkeypatch):

@@ -219,6 +219,7 @@ def test_fix_processor_refuses_a_damaged_manifest_and_a_torch_artifact_changing_
     code, out, err = run_main(["fix-processor", str(root)], capsys)
     assert code == 2 and out == "" and _snapshot(root) == before
     assert err.strip().splitlines()[-1].startswith(f"qvl: error: {root / MANIFEST_NAME}: damaged")
+    assert f"recompile with `qvl compile --preset PRESET -o {root} --force`" in err  # this artifact (audit N1)
     torch_art = tmp_path / "torch"
     torch_art.mkdir()
     (torch_art / "qvl-rbln-config.json").write_text(json.dumps({"backend": "torch"}))

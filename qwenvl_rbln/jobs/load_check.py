@@ -32,6 +32,7 @@ from typing import Any
 
 from qwenvl_rbln.artifacts.layout import QWEN3_VL_MOE_CONFIG_CLS
 from qwenvl_rbln.errors import DoesNotFit, InputError, QvlError
+from qwenvl_rbln.jobs.load_check_fixes import add_apply, check_flags, gate_hint, recompile_command
 from qwenvl_rbln.jobs.processor_fix import processor_part, strict_error
 from qwenvl_rbln.memory.placement import check_placement, vit_shares_a_device
 from qwenvl_rbln.paths import user_path
@@ -389,7 +390,9 @@ def _runtime(root: Path, kind: str, placement: dict[str, Any], no_runtime: bool,
 # ------------------------------------------------------------------------------------------------ verdict
 
 
-def _blocked(root: Path, layout: dict, placement: dict, guard: QvlError | None) -> tuple[dict[str, Any], QvlError]:
+def _blocked(
+    root: Path, layout: dict, placement: dict, guard: QvlError | None, manifest: dict | None
+) -> tuple[dict[str, Any], QvlError]:
     """Layout or placement problems: no runtime is tried, the first problem is the error."""
     from qwenvl_rbln.artifacts.layout import describe_layout_problem
 
@@ -397,8 +400,8 @@ def _blocked(root: Path, layout: dict, placement: dict, guard: QvlError | None) 
         runtime: dict[str, Any] = {"attempted": False, "ok": None, "reason": "layout problems (fix them first)"}
         return runtime, guard or InputError(
             f"{root}: {describe_layout_problem(layout)}",
-            "recompile with `qvl compile --force` (or restore the files); the report (or --json's layout) lists every "
-            "problem",
+            f"recompile with `{recompile_command(root, manifest)}` (or restore the files); the report (or --json's "
+            "layout) lists every problem",
         )
     runtime = {"attempted": False, "ok": None, "reason": "placement problems"}
     return runtime, InputError(placement["problems"][0], "pass one device id per compiled device (num_devices)")
@@ -412,8 +415,11 @@ def _lack_of_memory(runtime: dict, memory: dict, placement: dict, layout: dict) 
     diag = rbln_memory.lack_of_memory_diagnosis(
         runtime.get("error") or "", memory, placement["requested"], layout["graphs"], memory
     )
+    applies = [s for s in memory.get("suggestions") or [] if isinstance(s, dict) and s.get("apply")]
+    diag["recompile"] = [s["apply"] for s in applies if not s.get("apply_placement")]  # with -o DIR
     runtime["diagnosis"] = diag
-    return DoesNotFit(f"runtime creation failed, {rbln_backend.LACK_OF_MEMORY} ({diag['summary']})", diag["hint"])
+    hint = gate_hint(memory) or diag["hint"]
+    return DoesNotFit(f"runtime creation failed, {rbln_backend.LACK_OF_MEMORY} ({diag['summary']})", hint)
 
 
 def _does_not_fit(root: Path, memory: dict, placement: dict) -> DoesNotFit:
@@ -421,22 +427,25 @@ def _does_not_fit(root: Path, memory: dict, placement: dict) -> DoesNotFit:
     from qwenvl_rbln.backends.rbln import device_memory as rbln_memory
 
     where = rbln_memory.over_devices_text(memory)
-    _, clis = rbln_memory.suggestion_texts(memory)
-    flags, sets = rbln_memory.split_load_time(clis)
     return DoesNotFit(
         f"{root} does not fit the requested placement ({memory.get('source')} memory: {where or 'over capacity'})",
-        rbln_memory.fix_hint(flags, sets, vit_shares_a_device=vit_shares_a_device(placement["requested"])),
+        _fix(memory, placement),
     )
+
+
+def _fix(memory: dict, placement: dict) -> str:
+    """The gate's fix: the commands that apply the suggestions (load_check_fixes.gate_hint), else general advice."""
+    from qwenvl_rbln.backends.rbln import device_memory as rbln_memory
+
+    hint = gate_hint(memory)
+    return hint or rbln_memory.fix_hint([], [], vit_shares_a_device=vit_shares_a_device(placement["requested"]))
 
 
 def _uncertain(root: Path, memory: dict, placement: dict) -> DoesNotFit:
     """The estimate cannot tell (verdict uncertain) and no runtime proved it: the dry run's gate, exit 4."""
-    from qwenvl_rbln.backends.rbln import device_memory as rbln_memory
     from qwenvl_rbln.memory.verdicts import gate_message
 
-    _, clis = rbln_memory.suggestion_texts(memory)
-    flags, sets = rbln_memory.split_load_time(clis)
-    fix = rbln_memory.fix_hint(flags, sets, vit_shares_a_device=vit_shares_a_device(placement["requested"]))
+    fix = _fix(memory, placement)
     return DoesNotFit(
         f"{root}: " + gate_message(memory).replace("--uncertain-ok accepts it", "loading may fail"),
         f"{fix}; or pass --uncertain-ok to accept the risk (as `qvl compile --dry-run` does)",
@@ -490,26 +499,6 @@ def _accepted(memory: dict[str, Any], uncertain_ok: bool, error: Exception | Non
     if error is None and uncertain_ok and (judged or {}).get("verdict") == "uncertain":
         return ["memory uncertain at the estimate (accepted with --uncertain-ok)"]
     return []
-
-
-def _how_to_apply(memory: dict[str, Any], manifest: dict[str, Any] | None) -> None:
-    """load-check has no --set: each suggestion says how to apply it here (a load flag, or a recompile)."""
-    from qwenvl_rbln.backends.rbln import device_memory as rbln_memory
-
-    preset = (
-        ((manifest or {}).get("preset") or {}).get("name") if isinstance((manifest or {}).get("preset"), dict) else None
-    )
-    for report in (memory, memory.get("estimate") or {}):
-        if not report.get("suggestions"):
-            continue
-        report["suggestions_how"] = "load-check has no --set: each line is the command that applies it"
-        for sug in report["suggestions"]:
-            if not isinstance(sug, dict) or not sug.get("set"):
-                continue
-            sets = " ".join(f"--set {x}" for x in sug["set"])
-            flags, _ = rbln_memory.split_load_time([sets])
-            compile_cmd = f"qvl compile --preset {preset or 'PRESET'} {sets} --force"
-            sug["apply"] = f"qvl load-check {flags[0]}" if flags else compile_cmd
 
 
 def _check_device_memory(device_memory: str | None) -> None:
@@ -575,13 +564,14 @@ def run_load_check(
         layout["ok"] = False
     if calibrate:
         memory["calibration"] = _calibrate(root, cfg, memory, target)
+    flags = check_flags(no_runtime=no_runtime, device_memory=device_memory, emulate=emulate, strict=strict)
+    add_apply(memory, manifest, root, placement["requested"], flags)  # before the verdict: its fix names them
     if not layout["ok"] or not placement["ok"]:
-        runtime, error = _blocked(root, layout, placement, guard)
+        runtime, error = _blocked(root, layout, placement, guard, manifest)
     else:
         runtime, error = _run_and_judge(root, kind, layout, placement, memory, no_runtime, model_cls, uncertain_ok)
     if error is None and strict and processor["warnings"]:
         error = strict_error(root, processor)
-    _how_to_apply(memory, manifest)
     if runtime.get("ok") is True and runtime.get("create_runtimes") and _emulated():
         runtime["note"] = "runtimes created on qvl's CPU emulator (emulated: no NPU memory was used)"
     parts: dict[str, Any] = {"layout": layout, "processor": processor, "target": target, "placement": placement}

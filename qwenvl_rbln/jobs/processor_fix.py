@@ -185,6 +185,7 @@ def plan_fix(root: Path) -> dict[str, Any]:
 def _new_manifest(root: Path, stage: Path, plan: dict[str, Any]) -> Path | None:
     """The manifest with the new files' and backups' hashes and the caps, written into ``stage`` (None: none)."""
     from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME, now, sha256_file, write_manifest
+    from qwenvl_rbln.jobs.load_check_fixes import recompile_command
 
     manifest = plan["manifest"]
     if manifest is None:
@@ -195,7 +196,7 @@ def _new_manifest(root: Path, stage: Path, plan: dict[str, Any]) -> Path | None:
     ):
         raise InputError(
             f"{root / MANIFEST_NAME}: damaged (a files entry without an integer size and a sha256); not rewritten",
-            f"`qvl load-check {root}` names the problem; recompile with `qvl compile --force`",
+            f"`qvl load-check {root}` names the problem; recompile with `{recompile_command(root, manifest)}`",
         )
     for entry in plan["files"]:
         for rel, path in ((entry["file"], stage / entry["file"]), (entry["backup"], stage / entry["backup"])):

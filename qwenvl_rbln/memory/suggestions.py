@@ -124,16 +124,19 @@ def suggestions(ctx: Ctx, resolved: Any, placement: dict[str, Any], report: Memo
     if shared:
         free_ids = [i for i in range(max(lm_devs + vis_devs) + len(vis_devs) + 1) if i not in lm_devs][: len(vis_devs)]
         new_vis: int | list[int] = free_ids if isinstance(placement.get("visual_device"), list) else free_ids[0]
-        rep = run(pl={**placement, "visual_device": new_vis})
+        moved = {**placement, "visual_device": new_vis}
+        rep = run(pl=moved)
         if rep.fits:
             value = "[" + ",".join(map(str, new_vis)) + "]" if isinstance(new_vis, list) else str(new_vis)
             out.append(
                 _sug(
                     "visual_device",
-                    f"move the ViT to its own NPU (device {value}); the LM and its KV cache keep device "
-                    f"{placement['device']} (the documented remedy for large batches at full context)",
+                    f"move the ViT to an NPU of its own (device {value} is an example: any NPU the LM does not use); "
+                    f"the LM and its KV cache keep device {placement['device']} (the documented remedy for large "
+                    "batches at full context)",
                     [f"placement.visual_device={value}"],
                     rep,
+                    placement={"device": moved["device"], "visual_device": new_vis},  # the whole estimated placement
                 )
             )
 

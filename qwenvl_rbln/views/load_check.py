@@ -171,8 +171,8 @@ def _diagnosis(console: Any, diag: dict[str, Any]) -> None:
         console.print(f"  • {escape(fix)}")
     for flag in diag.get("load_flags") or []:
         console.print(f"  • load with {escape(flag)} (no recompile)")
-    for cli in diag["set"]:
-        console.print(f"  • recompile with {escape(cli)}")
+    for cli in diag.get("recompile") or [f"recompile with {cli}" for cli in diag["set"]]:
+        console.print(f"  • {escape(cli)}")
 
 
 def _runtime(console: Any, runtime: dict[str, Any]) -> None:

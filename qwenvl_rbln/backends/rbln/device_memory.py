@@ -208,15 +208,18 @@ def lack_of_memory_diagnosis(
     shared = sorted(lm_devs & vis_devs)
     fixes: list[str] = []
     load_flags: list[str] = []
+    lm = ",".join(map(str, device_list(placement["device"])))
     if shared:
         spare = max(lm_devs | vis_devs) + 1
-        load_flags.append(f"--visual-device {spare}")
+        load_flags.append(f"--device {lm} --visual-device {spare}")
         fixes.append(
-            f"the ViT and the LM share device {shared[0]}: load the ViT on its own NPU "
-            f"(`qvl load-check DIR --visual-device {spare}`, or placement.visual_device: {spare} in the preset)"
+            f"the ViT and the LM share device {shared[0]}: load the ViT on an NPU of its own "
+            f"(`qvl load-check DIR --device {lm} --visual-device {spare}`: {spare} is an example, any NPU the LM "
+            f"does not use; or placement.visual_device: {spare} in the preset)"
         )
     texts, clis = suggestion_texts(planner)
     flags, sets = split_load_time(clis)
+    flags = [f if f.startswith("--device ") else f"--device {lm} {f}" for f in flags]  # keep the LM where it is
     load_flags.extend(f for f in flags if f not in load_flags)
     fixes.extend(texts)
     fixes.append(
