@@ -89,14 +89,99 @@ def _video_inputs(found: dict[str, Any]) -> str:
     return text
 
 
+VIDEO_CLASS_SOURCES = (  # where transformers 5.15.1 reads the video processor config from, first found wins
+    ("processor_config.json", "video_processor"),
+    ("video_preprocessor_config.json", None),
+    ("preprocessor_config.json", None),
+)
+DEFAULT_VIDEO_CLASS = "Qwen3VLVideoProcessor"  # the qwen3_vl / qwen3_vl_moe model type's video processor
+
+
+def _known_video_class(name: str) -> str | None:
+    """``name`` when transformers has that video processor class (None: it has not). Without transformers here,
+    a name shaped like one (``...VideoProcessor``) counts; ``...VideoProcessorFast`` (inferred from a fast image
+    processor) has no video class in transformers 5, so it falls through as there."""
+    try:
+        from transformers.models.auto.video_processing_auto import video_processor_class_from_name
+    except Exception:  # noqa: BLE001 - no (working) transformers: judge the name's shape
+        return name if name.endswith("VideoProcessor") else None
+    return name if video_processor_class_from_name(name) is not None else None
+
+
+def video_processor_class(root: Path) -> dict[str, Any]:
+    """The video processor class ``AutoVideoProcessor.from_pretrained(root)`` loads, as transformers 5.15.1 resolves
+    it (``models/auto/video_processing_auto.py``): the config is ``processor_config.json``'s ``video_processor``
+    section, else ``video_preprocessor_config.json``, else ``preprocessor_config.json``; the class is its
+    ``video_processor_type``, else its ``image_processor_type`` with ImageProcessor -> VideoProcessor when such a
+    class exists (a checkpoint without a video processor config: ``Qwen2VLVideoProcessor``), else the model type's
+    (``Qwen3VLVideoProcessor``). Returns ``{"cls", "file", "section", "key", "value", "supported"}`` (``file``,
+    ``key``, ``value`` None for the model type's default); ``supported``: qvl's per-frame cap patches that class
+    (``vision.frame_cap.FAMILIES``, the one list)."""
+    from qwenvl_rbln.artifacts.layout import read_json_quiet
+    from qwenvl_rbln.vision.frame_cap import FAMILIES
+
+    def found(cls: str, file: str | None = None, section: str | None = None, key: str | None = None, value: Any = None):
+        head = {"cls": cls, "file": file, "section": section, "key": key, "value": value}
+        return {**head, "supported": cls in FAMILIES}
+
+    for name, section in VIDEO_CLASS_SOURCES:
+        data = read_json_quiet(root / name)
+        part = data.get(section) if data is not None and section else data
+        if not isinstance(part, dict):
+            continue
+        named = part.get("video_processor_type")
+        if isinstance(named, str):
+            return found(named, name, section, "video_processor_type", named)
+        image = part.get("image_processor_type")
+        if isinstance(image, str):
+            inferred = image.replace("ImageProcessor", "VideoProcessor")
+            if inferred in FAMILIES or _known_video_class(inferred) is not None:
+                return found(inferred, name, section, "image_processor_type", image)
+        break
+    named = (read_json_quiet(root / "config.json") or {}).get("video_processor_type")
+    if isinstance(named, str):
+        return found(named, "config.json", None, "video_processor_type", named)
+    return found(DEFAULT_VIDEO_CLASS)
+
+
+def video_class_problem(root: Path) -> dict[str, Any] | None:
+    """A video processor class qvl's per-frame cap does not patch, with the one-line message and its fix (None:
+    supported). ``qvl infer`` refuses it before a model loads; ``qvl serve`` refuses it; load-check warns."""
+    from qwenvl_rbln.vision.frame_cap import FAMILIES
+
+    resolved = video_processor_class(root)
+    if resolved["supported"]:
+        return None
+    cls, file, section, key = resolved["cls"], resolved["file"], resolved["section"], resolved["key"]
+    fix = (
+        f'set "video_processor_type": "{DEFAULT_VIDEO_CLASS}" in {root / file}'
+        + (f" (its {section} section)" if section else "")
+        + ", as the original Qwen3-VL checkpoint has, or recompile with `qvl compile --preset P -o DIR --force`"
+    )
+    message = (
+        f"{root / file}: {section + '.' if section else ''}{key}={resolved['value']!r} loads the video processor "
+        f"{cls}, but qvl's per-frame video cap patches only {' and '.join(FAMILIES)}: its frames would reach the "
+        "ViT uncapped and qvl's bucket prediction does not hold for it"
+    )
+    return {"file": file, "section": section, "what": "video_class", "key": key, "value": resolved["value"]} | {
+        "cls": cls,
+        "message": message,
+        "fix": fix,
+    }
+
+
 def processor_warnings(root: Path, cfg: dict[str, Any], manifest: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """``processor_files.findings`` with ``inputs`` (what would fail) and ``warning`` (the one line to show)."""
+    """``processor_files.findings`` with ``inputs`` (what would fail) and ``warning`` (the one line to show), and
+    a video processor class qvl cannot cap (``video_class_problem``)."""
     from qwenvl_rbln.artifacts.processor_files import findings
 
     found = _buckets(root, cfg)
     if found is None:
         return []
     out = []
+    problem = video_class_problem(root)
+    if problem is not None:
+        out.append({**problem, "inputs": None, "warning": f"{problem['message']}; fix: {problem['fix']}"})
     for item in findings(root, found[0], found[1], (manifest or {}).get("processor")):
         inputs = {"image": _image_inputs, "video": _video_inputs}.get(item["what"], lambda _: None)(item)
         head, _, fix = item["message"].partition("; fix: ")
@@ -113,8 +198,25 @@ def processor_part(root: Path, kind: str, cfg: dict[str, Any], manifest: dict[st
         "ok": not found,
         "warnings": [f["warning"] for f in found],
         "findings": found,
-        "fix": f"qvl fix-processor {root}" if found else None,
+        "fix": _fix_of(root, found),
+        "fix_line": _fix_line(root, found),
     }
+
+
+def _fix_of(root: Path, found: list[dict[str, Any]]) -> str | None:
+    """``qvl fix-processor DIR`` for the caps; a video processor class it does not change needs its own edit."""
+    if any(f["what"] != "video_class" for f in found):
+        return f"qvl fix-processor {root}"
+    return found[0]["fix"] if found else None
+
+
+def _fix_line(root: Path, found: list[dict[str, Any]]) -> str | None:
+    """What the verdict line says fixes the warnings, when `qvl fix-processor` alone does not (None: it does)."""
+    classes = [f for f in found if f["what"] == "video_class"]
+    if not classes:
+        return None
+    caps = f"`qvl fix-processor {root}` fixes the caps; " if len(classes) < len(found) else ""
+    return f"{caps}{classes[0]['fix']}"
 
 
 def strict_error(root: Path, processor: dict[str, Any]) -> InputError:
@@ -122,7 +224,8 @@ def strict_error(root: Path, processor: dict[str, Any]) -> InputError:
     return InputError(
         f"{root}: --strict: {count} processor-file warning{'s' * (count != 1)}: "
         + processor["warnings"][0].partition("; fix: ")[0],
-        f"`qvl fix-processor {root}` rewrites them to the compiled buckets (or drop --strict)",
+        f"{processor.get('fix_line') or f'`qvl fix-processor {root}` rewrites them to the compiled buckets'} "
+        "(or drop --strict)",
     )
 
 

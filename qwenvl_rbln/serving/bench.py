@@ -22,19 +22,22 @@ from qwenvl_rbln.serving.options import (
     Launch,
     api_key,
 )
-from qwenvl_rbln.serving.preflight import ok, preflight
+from qwenvl_rbln.serving.preflight import ok, pool_max_model_len, preflight
 
 PROMPT_MARGIN = 64  # chat template and special tokens around a benchmark prompt
 
 
 def bench_images(art: Artifact, input_len: int, output_len: int) -> tuple[list[tuple[int, int, int]], list[str]]:
-    """One square image size per compiled ViT bucket that lands in that bucket and whose prompt fits the context:
-    [(side px, bucket, LM tokens)], and notes on the buckets left out."""
+    """One square image size per compiled ViT bucket that lands in that bucket and whose prompt fits the context
+    (the --max-model-len qvl serve passes: ``pool_max_model_len``): [(side px, bucket, LM tokens)], and notes on the
+    buckets left out."""
     from qwenvl_rbln.vision.buckets import select_bucket
     from qwenvl_rbln.vision.geometry import IMAGE_MIN_PIXELS, image_geometry
 
     sizes: list[tuple[int, int, int]] = []
     notes: list[str] = []
+    context, short = pool_max_model_len(art.cfg)
+    length = f"max-model-len {context} (what the KV block pool holds)" if short else f"max_seq_len {context}"
     unit = art.merge_size  # a side of p patches must be a multiple of the merge size (factor patch*merge px)
     for bucket in art.buckets:
         side_patches = (math.isqrt(bucket) // unit) * unit
@@ -54,8 +57,8 @@ def bench_images(art: Artifact, input_len: int, output_len: int) -> tuple[list[t
         if landed != bucket:
             notes.append(f"bucket {bucket}: the processor's minimum size puts every image in bucket {landed}")
             continue
-        if geo.lm_tokens + input_len + output_len + PROMPT_MARGIN > art.cfg["max_seq_len"]:
-            notes.append(f"bucket {bucket}: {geo.lm_tokens} image tokens + the text do not fit max_seq_len")
+        if geo.lm_tokens + input_len + output_len + PROMPT_MARGIN > context:
+            notes.append(f"bucket {bucket}: {geo.lm_tokens} image tokens + the text do not fit {length}")
             continue
         sizes.append((side, bucket, geo.lm_tokens))
     return sizes, notes
@@ -94,7 +97,7 @@ def bench_command(opts: BenchOptions, environ: Mapping[str, str] | None = None) 
     if not sizes:
         raise InputError(
             f"no compiled ViT bucket takes a benchmark image with --input-len {opts.input_len} and --output-len "
-            f"{opts.output_len} within max_seq_len {art.cfg['max_seq_len']} ({'; '.join(notes)})",
+            f"{opts.output_len} within the context ({'; '.join(notes)})",
             "lower --input-len / --output-len",
         )
     share = round(1.0 / len(sizes), 6)

@@ -32,6 +32,7 @@ from qwenvl_rbln.serving.options import (
     Launch,
     ServeOptions,
     api_key,
+    host_port,
     is_loopback,
 )
 from qwenvl_rbln.serving.pool_guard import MAX_MODEL_LEN_ENV
@@ -132,7 +133,8 @@ def _preset_plan(preset: str | None) -> Any:
 def limit_mm_per_prompt(art: Artifact, plan: Any) -> tuple[dict[str, int], str, list[str]]:
     """Items per prompt: the preset's ``runtime.limit_mm_per_prompt`` when it has one, else as many of the largest
     image (capped at the largest bucket) and of the largest video (the recorded processor caps) as fit the context
-    with ``vision.context.RESERVE_TOKENS`` left for the template, the text and the output. The third value names
+    with ``vision.context.RESERVE_TOKENS`` left for the template, the text and the output. The context is the
+    --max-model-len serve passes (``pool_max_model_len``: below max_seq_len for a short KV pool). The third value names
     each modality a context too small for one such item turns off (0), with its cause."""
     runtime = getattr(plan, "runtime", None) or (art.manifest or {}).get("runtime") or {}
     given = runtime.get("limit_mm_per_prompt") if isinstance(runtime, dict) else None
@@ -148,7 +150,8 @@ def limit_mm_per_prompt(art: Artifact, plan: Any) -> tuple[dict[str, int], str, 
     video_pixels = video_pixels if type(video_pixels) is int and video_pixels > 0 else VIDEO_MAX_PIXELS
     frames = caps.get("max_frames") if type(caps.get("max_frames")) is int else VIDEO_MAX_FRAMES
     fps = caps.get("fps") if isinstance(caps.get("fps"), int | float) and caps.get("fps") > 0 else 2.0
-    context_len = art.cfg["max_seq_len"]
+    context_len, short = pool_max_model_len(art.cfg)  # the --max-model-len serve passes, not max_seq_len alone
+    length = f"max-model-len {context_len} (what the KV block pool holds)" if short else f"max_seq_len {context_len}"
     image_tokens = context.image_tokens(art.buckets[-1] // art.merge_size**2)
     # the longest video: max_frames frames over the whole budget, one timestamp and delimiter pair per 2 frames
     pads = max(1, video_pixels // (2 * art.patch_size**2 * art.merge_size**2))
@@ -159,9 +162,10 @@ def limit_mm_per_prompt(art: Artifact, plan: Any) -> tuple[dict[str, int], str, 
     }
     room = context_len - context.RESERVE_TOKENS
     off = [
-        f"limit_mm_per_prompt {kind} is 0: one {what} ({tokens} tokens) does not fit max_seq_len {context_len} less "
+        f"limit_mm_per_prompt {kind} is 0: one {what} ({tokens} tokens) does not fit {length} less "
         f"the reserve of {context.RESERVE_TOKENS} for the template, text and output ({room}); vLLM will refuse every "
-        f"{kind}. Fix: recompile with a larger max_seq_len, lower processor.{cap}, or set runtime.limit_mm_per_prompt"
+        f"{kind}. Fix: recompile with a larger {'KV pool' if short else 'max_seq_len'}, lower processor.{cap}, or "
+        "set runtime.limit_mm_per_prompt"
         for kind, what, tokens, cap in (
             ("image", "image at the largest bucket", image_tokens, "max_pixels"),
             ("video", "video at the full budget", video_tokens, "video_max_pixels / max_frames"),
@@ -171,7 +175,7 @@ def limit_mm_per_prompt(art: Artifact, plan: Any) -> tuple[dict[str, int], str, 
     where = "the recorded processor caps" if caps else "the default video caps"
     source = (
         f"largest image ({image_tokens} tokens) and video ({video_tokens} tokens, {where}) per context less a reserve "
-        f"of {context.RESERVE_TOKENS}"
+        f"of {context.RESERVE_TOKENS}, in {length}"
     )
     return limits, source, off
 
@@ -415,7 +419,7 @@ def _spell(value: Any) -> str:
 def _auth(launch: Launch, opts: ServeOptions, key: str | None, source: str, warnings: list[str]) -> None:
     """Off loopback vLLM's API answers anyone who reaches the port: require a key, or an explicit --no-auth that
     says what it exposes. The key goes to vLLM as $VLLM_API_KEY, never in argv, and is never shown."""
-    where = f"{opts.host}:{opts.port}"
+    where = host_port(opts.host, opts.port)
     if key is not None:
         launch.env[API_KEY_ENV] = key
         launch.secret = frozenset({*launch.secret, API_KEY_ENV})

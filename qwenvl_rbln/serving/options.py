@@ -149,6 +149,19 @@ def is_loopback(host: str) -> bool:
         return False  # a host name or an interface address: other machines may reach it
 
 
+def host_port(host: str, port: int) -> str:
+    """``HOST:PORT`` as a URL spells it: an IPv6 literal in brackets (``[::]:8000``, not ``:::8000``)."""
+    import ipaddress
+
+    name = host.strip()
+    bare = name[1:-1] if name.startswith("[") and name.endswith("]") else name
+    try:
+        v6 = ipaddress.ip_address(bare.partition("%")[0]).version == 6
+    except ValueError:
+        v6 = False
+    return f"[{bare}]:{port}" if v6 else f"{name}:{port}"
+
+
 def api_key(api_key_file: Path | None, environ: Mapping[str, str]) -> tuple[str | None, str]:
     """The API key and where it came from: ``--api-key-file`` (first line), else ``$VLLM_API_KEY``; never argv, so
     a process list cannot show it."""

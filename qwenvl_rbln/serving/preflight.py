@@ -83,6 +83,7 @@ def preflight(directory: Path, *, verify_hashes: bool = True) -> Artifact:
     _check_config(cfg, root / RBLN_CONFIG_NAME, checks)
     _check_graphs(root, cfg, checks)
     _check_processor(root, checks, _source_model(manifest))
+    _check_video_class(root, checks)
     caps_fix = _check_processor_caps(root, cfg, manifest, checks)
     if manifest is None:
         ok(checks, "manifest hashes", "no qvl-manifest.json: edits after compile cannot be detected")
@@ -243,6 +244,20 @@ def _check_processor(root: Path, checks: list[dict[str, Any]], source: str) -> N
             f"copy chat_template.jinja (or chat_template.json) from the source model directory into {root}",
         )
     ok(checks, "processor files", f"processor config, tokenizer, chat template ({template})")
+
+
+def _check_video_class(root: Path, checks: list[dict[str, Any]]) -> None:
+    """The video processor class vLLM will load must be one qvl's per-frame cap patches (``frame_cap.FAMILIES``),
+    else serve would claim a cap the plugin cannot apply: refused before vLLM starts, as ``qvl infer`` refuses it."""
+    from qwenvl_rbln.jobs.processor_fix import video_class_problem, video_processor_class
+
+    problem = video_class_problem(root)
+    if problem is not None:
+        raise InputError(f"{problem['message']}; nothing was started", problem["fix"])
+    resolved = video_processor_class(root)
+    section = f"{resolved['section']}." if resolved["section"] else ""
+    where = f"{resolved['file']} {section}{resolved['key']}" if resolved["file"] else "the model type's default"
+    ok(checks, "video processor", f"{resolved['cls']} ({where}): qvl's per-frame video cap patches it")
 
 
 def _check_processor_caps(

@@ -207,8 +207,9 @@ def verdict_line(d: dict[str, Any]) -> str:
     extra = []
     warnings = (d.get("processor") or {}).get("warnings") or []
     if warnings:
-        fix = (d.get("processor") or {}).get("fix")
-        extra.append(f"{len(warnings)} processor-file warning{'s' * (len(warnings) != 1)}: `{escape(fix)}` fixes them")
+        fix, line = (d.get("processor") or {}).get("fix"), (d.get("processor") or {}).get("fix_line")
+        said = escape(line) if line else f"`{escape(fix)}` fixes them"
+        extra.append(f"{len(warnings)} processor-file warning{'s' * (len(warnings) != 1)}: {said}")
     extra.extend(escape(a) for a in d.get("accepted") or [])
     if extra:
         return f"[yellow bold]load-check: ok, with {'; '.join(extra)}[/yellow bold]"
