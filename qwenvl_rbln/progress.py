@@ -34,8 +34,11 @@ class Progress:
     background heartbeat (tests). ``clock`` is the time source (tests pass a fake one). A live display
     (``views/live.py``) reads ``current``, ``stages``, ``details`` and the graph counts while it runs and sets
     ``quiet_stages``: stage and heartbeat lines are then recorded but not emitted (the display shows them);
-    every other line still is. A stage cut short by an exception (the ``with`` block or ``stop(ended=...)``)
-    is recorded with ``ended``: ``interrupted`` (Ctrl-C, SIGTERM) or ``failed``, so nobody shows it as done.
+    every other line still is, without its ``[elapsed]`` stamp (``qvl compile: compile cache off: ...``): printed
+    just above the board, a time that never moves read as the board's stale header beside the footer's running
+    total. ``lines`` keeps every line stamped. A stage cut short by an exception (the ``with`` block or
+    ``stop(ended=...)``) is recorded with ``ended``: ``interrupted`` (Ctrl-C, SIGTERM) or ``failed``, so nobody
+    shows it as done.
     """
 
     def __init__(
@@ -70,8 +73,10 @@ class Progress:
         line = f"{self.prefix}[{fmt_elapsed(self.elapsed())}] {message}"
         with self._lock:
             self.lines.append(line)
-        if not (stage_line and self.quiet_stages):
+        if not self.quiet_stages:
             self._emit(line)
+        elif not stage_line:  # above a live board: its footer keeps the running total, so no frozen time here
+            self._emit(f"{self.prefix.rstrip()}: {message.strip()}" if self.prefix.strip() else message.strip())
 
     def _close_stage(self, now: float, ended: str | None = None) -> None:
         if self.current is not None:

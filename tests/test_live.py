@@ -62,7 +62,8 @@ def test_stage_board_shows_each_stage_its_time_the_total_and_graphs():
         p.stage("decoder graph decoder_batch_1", "decoder_batch_1.rbln (1/1)")
         p.graph_done()
         p.stop()
-    assert lines == [p.lines[2]] and "compile cache off" in lines[0]  # stage lines went to the board only
+    assert lines == ["compile cache off: --no-cache"]  # stage lines went to the board only; this one unstamped
+    assert p.lines[2].startswith("[") and p.lines[2].endswith("] compile cache off: --no-cache")  # recorded stamped
     assert len(p.lines) == 4 and p.quiet_stages is False  # all recorded; plain lines again afterwards
     final = ANSI.sub("", buf.getvalue()).splitlines()
     text = "\n".join(final[-5:])
@@ -292,6 +293,41 @@ def test_lines_written_to_stderr_during_the_board_leave_no_stale_rows(monkeypatc
     assert re.search(r"✓ +resolving model +qvl:tiny +0\.5s$", screen[-5]), "\n".join(screen)
     assert screen[-1] == "total 2.5s · graphs 0/4"
     assert screen.index("Loading weights: 100%| 98/98") < screen.index(screen[-5])  # above the board
+
+
+def test_a_line_above_the_board_carries_no_frozen_time_beside_the_running_total(monkeypatch, manual_live):
+    """N5: the cache note printed above the board kept "qvl compile [3.8s]" while the footer said "total 8.4s" (and
+    "[0.0s]" after Ctrl-C): read as the board's header, its time never moved. The footer alone tells the time."""
+    import sys
+
+    term = io.StringIO()  # one terminal: the board's console and sys.stderr write to it, as on a tty
+    monkeypatch.setattr(sys, "stderr", term)
+    clock = _Clock()
+    lines: list[str] = []
+
+    def emit(line: str) -> None:  # what the CLI's info() does: the line, to stderr
+        lines.append(line)
+        print(line, file=sys.stderr, flush=True)
+
+    p = Progress(emit, heartbeat_s=0, prefix="qvl compile ", clock=clock)
+    with live.compile_watch(p, Console(file=term, force_terminal=True, width=100)):
+        (board,) = manual_live
+        p.stage("resolving model", "qvl:tiny")
+        clock.now += 3.8
+        p.stage("hashing model files", "/models/tiny")
+        p.say("compile cache off: --no-cache")
+        board.refresh()
+        p.stage("ViT buckets", "visual/compiled_model.rbln")
+        clock.now += 4.6
+        board.refresh()
+        p.stop()
+    screen = [row for row in _screen(term.getvalue()) if row]
+    assert lines == ["qvl compile: compile cache off: --no-cache"]
+    assert not [row for row in screen if "qvl compile [" in row], screen  # no time but the footer's
+    assert screen[-1] == "total 8.4s"
+    assert [row for row in screen if "compile cache off" in row] == ["qvl compile: compile cache off: --no-cache"]
+    p.say("compile cache off: --no-cache")  # no board any more: the plain, stamped line of before
+    assert lines[-1] == "qvl compile [8.4s] compile cache off: --no-cache"
 
 
 def test_an_interrupted_stage_is_shown_interrupted_not_done(manual_live):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,8 +22,8 @@ from pathlib import Path
 from qwenvl_rbln.paths import user_path
 
 CONFIG = "config.json"
-# One try with this timeout (s; HF_HUB_ETAG_TIMEOUT overrides it): an air-gapped NPU host must get its answer at
-# once, not after huggingface_hub's five retries with back-off (24 s).
+# One try, the whole fetch within this many seconds (HF_HUB_ETAG_TIMEOUT overrides it): an air-gapped NPU host must
+# get its answer at once, not after huggingface_hub's five retries with back-off (24 s).
 HUB_TIMEOUT_S = 2.0
 # What a failed fetch says, by huggingface_hub's exception name (anything else: the hub did not answer).
 _HUB_REFUSALS = {
@@ -95,7 +97,7 @@ def cached_snapshot(repo_id: str) -> HubSnapshot | None:
 
 
 def hub_timeout() -> float:
-    """The one try's timeout: HF_HUB_ETAG_TIMEOUT when it is a positive number, else HUB_TIMEOUT_S."""
+    """The one try's deadline (the whole fetch): HF_HUB_ETAG_TIMEOUT when positive, else HUB_TIMEOUT_S."""
     try:
         value = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or HUB_TIMEOUT_S)
     except ValueError:
@@ -103,44 +105,96 @@ def hub_timeout() -> float:
     return value if value > 0 else HUB_TIMEOUT_S
 
 
+def _etag_timeout_problem() -> str | None:
+    """huggingface_hub reads HF_HUB_ETAG_TIMEOUT with ``int()`` when its download module is imported: any other
+    value (``0.5``, empty) makes that import fail, so it is named instead of reported as a hub that did not answer."""
+    raw = os.environ.get("HF_HUB_ETAG_TIMEOUT")
+    try:
+        int(raw) if raw is not None else None
+    except ValueError:
+        return (
+            f"HF_HUB_ETAG_TIMEOUT={raw!r} is not a whole number of seconds, which huggingface_hub needs, so"
+            " config.json was not fetched (fix: HF_HUB_ETAG_TIMEOUT=2, or unset it)"
+        )
+    return None
+
+
 @contextmanager
 def _quiet_hub() -> Iterator[None]:
-    """huggingface_hub logs each failed request and retry as a warning; qvl says why in its own one line."""
+    """huggingface_hub logs each failed request and retry as a warning; qvl says why in its own one line. Its
+    telemetry is off for the fetch too: with it on, building a request's headers first fetches the hub's
+    agent-harness registry (``GET /api/agent-harnesses``, with its own 3 s timeout), a second request that an
+    air-gapped host waited out before the HEAD was even sent (5.5 s for "one try, 2 s timeout")."""
+    from huggingface_hub import constants
+
     logger = logging.getLogger("huggingface_hub")
-    level = logger.level
+    level, telemetry = logger.level, constants.HF_HUB_DISABLE_TELEMETRY
     logger.setLevel(logging.ERROR + 10)
+    constants.HF_HUB_DISABLE_TELEMETRY = True
     try:
         yield
     finally:
         logger.setLevel(level)
+        constants.HF_HUB_DISABLE_TELEMETRY = telemetry
+
+
+def _fetch(repo_id: str, deadline: float, result: dict[str, object]) -> None:
+    """The worker of ``fetch_config``: one HEAD, then the file; its outcome (``file`` or ``error``) in ``result``.
+    No file is fetched once ``fetch_config`` has given up on it (``abandoned``)."""
+    try:
+        from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+
+        with _quiet_hub():
+            remaining = max(0.001, deadline - time.monotonic())
+            get_hf_file_metadata(hf_hub_url(repo_id, CONFIG), timeout=remaining, retry_on_errors=False)
+            if result.get("abandoned"):  # the answer came after the deadline: qvl has already said no
+                return
+            remaining = max(0.001, deadline - time.monotonic())
+            result["file"] = hf_hub_download(repo_id, CONFIG, cache_dir=hub_cache_dir(), etag_timeout=remaining)
+    except Exception as exc:  # noqa: BLE001 - no network, gated or missing repo: reported by fetch_config
+        result["error"] = exc
 
 
 def fetch_config(repo_id: str) -> tuple[HubSnapshot | None, str]:
     """config.json alone through huggingface_hub (never weights), when HF_HUB_OFFLINE is unset.
 
-    One HEAD first, without huggingface_hub's retries and with a short timeout, so an air-gapped host or an unknown
-    id answers at once; only a hub that answered is asked for the file. Returns (snapshot, "") or (None, why
-    not), so a refusal can say why the hub was not asked or did not answer.
+    One HEAD first, without huggingface_hub's retries or its telemetry request, so an air-gapped host or an unknown
+    id answers at once; only a hub that answered is asked for the file. The whole fetch has one deadline
+    (``hub_timeout``): httpx's timeouts are per phase (connect, each read) and a name lookup has none, so the fetch
+    runs in a daemon thread that is abandoned when the deadline passes. Returns (snapshot, "") or (None, why not),
+    so a refusal can say why the hub was not asked or did not answer.
     """
     if not is_hub_id(repo_id):
         return None, "not a hub id"
     offline = _offline_variable()
     if offline:
         return None, f"{offline} is set, so config.json was not fetched"
+    problem = _etag_timeout_problem()
+    if problem:
+        return None, problem
     try:
-        from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+        # imported (huggingface_hub's lazy attributes loaded) before the deadline starts: it is not the network
+        from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url  # noqa: F401
     except ImportError:  # pragma: no cover
         return None, "huggingface_hub is not installed"
     timeout = hub_timeout()
-    try:
-        with _quiet_hub():
-            get_hf_file_metadata(hf_hub_url(repo_id, CONFIG), timeout=timeout, retry_on_errors=False)
-            file = hf_hub_download(repo_id, CONFIG, cache_dir=hub_cache_dir(), etag_timeout=timeout)
-    except Exception as exc:  # noqa: BLE001 - no network, gated or missing repo: one reason, no traceback
-        name = type(exc).__name__
+    result: dict[str, object] = {}
+    worker = threading.Thread(
+        target=_fetch, args=(repo_id, time.monotonic() + timeout, result), name="qvl-hub-fetch", daemon=True
+    )
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        result["abandoned"] = True
+    file, exc = result.get("file"), result.get("error")
+    if isinstance(file, str):
+        return _snapshot_of(repo_id, file, fetched=True), ""
+    name = type(exc).__name__ if exc is not None else ""
+    if exc is None or name.endswith("Timeout") or isinstance(exc, TimeoutError):  # the deadline or httpx's own
+        why = f"the hub did not answer within {timeout:g} s (one try; HF_HUB_ETAG_TIMEOUT sets the limit)"
+    else:
         why = _HUB_REFUSALS.get(name) or f"the hub did not answer ({name}; one try, {timeout:g} s timeout)"
-        return None, f"fetching config.json failed: {why}"
-    return _snapshot_of(repo_id, file, fetched=True), ""
+    return None, f"fetching config.json failed: {why}"
 
 
 def cached_ids() -> list[str]:
