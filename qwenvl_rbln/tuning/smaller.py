@@ -60,14 +60,27 @@ def smaller_images(checker: Checker) -> list[dict[str, Any]]:
     top = checker.vit(Config(False, 8192, 0, 1))[-1]
     p = partitions_for(needs, checker.max_position)[0]
     floor = min_pixels_bucket(checker.base)
+    candidates = [b for b in LARGEST if floor <= b < top]
+    tried: dict[int, tuple[Checker | None, Config | None]] = {}
+
+    def attempt(bucket: int) -> tuple[Checker | None, Config | None]:
+        if bucket not in tried:  # each re-plans the whole workload: once per bucket
+            chk = _checker(checker, bucket, p)
+            cfg = _best(chk) if chk is not None else None
+            checker.calls += chk.calls if chk is not None else 0
+            tried[bucket] = (chk, cfg)
+        return tried[bucket]
+
+    # the smallest images first: a lower bucket never needs more memory or context, so when even it does not meet
+    # the needs, no larger one will, and the workload is not planned again for each
+    if not candidates or _short(attempt(candidates[-1])[1], needs.min_batch):
+        return []
     out: list[dict[str, Any]] = []
-    for bucket in (b for b in LARGEST if floor <= b < top):
-        chk = _checker(checker, bucket, p)
+    for bucket in candidates:
+        chk, cfg = attempt(bucket)
         if chk is None:
             continue
-        cfg = _best(chk)
-        checker.calls += chk.calls
-        if cfg is None or cfg.batch < needs.min_batch or (out and cfg.batch <= out[-1]["batch_size"]):
+        if _short(cfg, needs.min_batch) or (out and cfg.batch <= out[-1]["batch_size"]):
             if out:
                 break
             continue
@@ -82,3 +95,8 @@ def smaller_images(checker: Checker) -> list[dict[str, Any]]:
         if len(out) == 2:
             break
     return out
+
+
+def _short(cfg: Config | None, min_batch: int) -> bool:
+    """No configuration, or one below the batch the needs ask for."""
+    return cfg is None or cfg.batch < min_batch
