@@ -55,7 +55,7 @@ def _read(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _sections(root: Path) -> list[tuple[str, str | None, str, dict[str, Any], dict[str, Any]]]:
+def sections(root: Path) -> list[tuple[str, str | None, str, dict[str, Any], dict[str, Any]]]:
     """(file, section, kind, the file's data, the section's dict) for every processor section present."""
     out = []
     files: dict[str, dict[str, Any] | None] = {}  # one parsed copy per file: its sections are edited together
@@ -92,7 +92,7 @@ def edited(root: Path, caps: dict[str, Any]) -> tuple[dict[str, dict[str, Any]],
     keys = wanted(caps)
     written: dict[str, dict[str, Any]] = {}
     changed: dict[str, dict[str, Any]] = {}
-    for name, section, kind, data, part in _sections(root):
+    for name, section, kind, data, part in sections(root):
         values = dict(keys[kind])
         size = values["size"]
         for key, edge in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
@@ -128,7 +128,7 @@ def caps_for_buckets(root: Path, largest: int, patch_size: int, recorded: dict[s
     else:
         image: dict[str, Any] = {}
         video: dict[str, Any] = {}
-        for _, _, kind, _, part in _sections(root):
+        for _, _, kind, _, part in sections(root):
             (image if kind == "image" else video).setdefault("part", part)
         img, vid = image.get("part", {}), video.get("part", {})
         isize = img.get("size") if isinstance(img.get("size"), dict) else {}
@@ -161,7 +161,7 @@ def findings(root: Path, buckets: list[int], patch_size: int, recorded: dict[str
         head = {"file": name, "section": section, "what": what, "key": key, "value": value}
         found.append({**head, "largest_bucket": largest, "cap_pixels": cap, **more, "message": message})
 
-    for name, section, kind, _, part in _sections(root):
+    for name, section, kind, _, part in sections(root):
         where = f"{name} {section}." if section else f"{name} "
         size = part.get("size") if isinstance(part.get("size"), dict) else {}
         longest = _number(part.get("max_pixels")) or _number(size.get("longest_edge"))

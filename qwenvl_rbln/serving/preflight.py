@@ -270,30 +270,30 @@ def _check_processor_caps(
     editing the artifact. Files that disagree with the caps the compile recorded (edited since) are refused.
     Returns ``{"image": needs a cap, "video": needs a cap, "min_pixels": the files' image minimum, "why": [...]}``.
     """
-    from qwenvl_rbln.artifacts.layout import processor_problems
-    from qwenvl_rbln.artifacts.processor_files import FRAME_KEY, SECTIONS
+    from qwenvl_rbln.artifacts.processor_files import FRAME_KEY, findings, sections
 
-    recorded = [p for p in processor_problems(root, cfg, manifest) if p not in processor_problems(root, cfg, None)]
+    visual = cfg["visual"]["max_seq_len"]
+    buckets = visual if isinstance(visual, list) else [visual]
+    vision = (read_json(root / "config.json") or {}).get("vision_config") or {}
+    patch = vision.get("patch_size", 16) if isinstance(vision, dict) else 16
+    patch = patch if type(patch) is int and patch > 0 else 16
+    recorded = [
+        f["message"]
+        for f in findings(root, buckets, patch, (manifest or {}).get("processor"))
+        if f["what"] == "recorded"
+    ]
     if recorded:
         raise InputError(
             f"{root}: {recorded[0].partition('; fix: ')[0]}",
             f"{recorded[0].partition('; fix: ')[2] or RECOMPILE}; the manifest recorded other caps than the files hold",
         )
-    visual = cfg["visual"]["max_seq_len"]
-    largest = max(visual if isinstance(visual, list) else [visual])
-    vision = (read_json(root / "config.json") or {}).get("vision_config") or {}
-    patch = vision.get("patch_size", 16) if isinstance(vision, dict) else 16
-    cap = largest * (patch if type(patch) is int and patch > 0 else 16) ** 2
+    cap = max(buckets) * patch**2
     fix: dict[str, Any] = {"min_pixels": None, "why": [], "cap": cap}
     seen = {"image": False, "video": False}
     bad = {"image": False, "video": False}
-    for name, section, kind in SECTIONS:
-        data = _json_quiet(root / name)
-        part = data.get(section) if data is not None and section else data
-        if not isinstance(part, dict) or not part:
+    for name, section, kind, _, part in sections(root):
+        if not part:
             continue
-        if section is None and kind == "image" and "video_processor_type" in part:
-            kind = "video"
         where = f"{name} {section}" if section else name
         size = part.get("size") if isinstance(part.get("size"), dict) else {}
         if kind == "image":
@@ -316,14 +316,6 @@ def _check_processor_caps(
     if not fix["image"] and not fix["video"]:
         ok(checks, "processor caps", "the processor files' image and video caps fit the largest ViT bucket")
     return fix
-
-
-def _json_quiet(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _count(value: Any) -> int | None:
