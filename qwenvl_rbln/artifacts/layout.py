@@ -222,19 +222,27 @@ def _torch_weight_files(root: Path) -> tuple[list[str], list[str]]:
     return ["model.safetensors (or sharded weights with an index)"], []
 
 
-def processor_problems(root: Path, cfg: dict[str, Any], manifest: dict[str, Any] | None) -> list[str]:
-    """The processor files against the compiled ViT buckets and the recorded caps (``processor_files.check``)."""
-    from qwenvl_rbln.artifacts.processor_files import check
-
+def vit_buckets_and_patch(root: Path, cfg: dict[str, Any]) -> tuple[list[int], int] | None:
+    """The compiled ViT buckets (rbln_config.json) and the patch size (config.json, 16 when absent); None when the
+    config has no valid bucket list (the config check reports it)."""
     visual = cfg.get("visual") if isinstance(cfg.get("visual"), dict) else {}
     buckets = visual.get("max_seq_len")
     buckets = [buckets] if isinstance(buckets, int) else buckets
     if not (isinstance(buckets, list) and buckets and all(type(b) is int and b > 0 for b in buckets)):
-        return []  # the config check reports a broken bucket list
+        return None
     vision = (read_json_quiet(root / "config.json") or {}).get("vision_config") or {}
     patch = vision.get("patch_size", 16) if isinstance(vision, dict) else 16
-    patch = patch if type(patch) is int and patch > 0 else 16
-    return check(root, buckets, patch, (manifest or {}).get("processor"))
+    return buckets, patch if type(patch) is int and patch > 0 else 16
+
+
+def processor_problems(root: Path, cfg: dict[str, Any], manifest: dict[str, Any] | None) -> list[str]:
+    """The processor files against the compiled ViT buckets and the recorded caps (``processor_files.check``)."""
+    from qwenvl_rbln.artifacts.processor_files import check
+
+    found = vit_buckets_and_patch(root, cfg)
+    if found is None:
+        return []  # the config check reports a broken bucket list
+    return check(root, found[0], found[1], (manifest or {}).get("processor"))
 
 
 def read_json_quiet(path: Path) -> dict[str, Any] | None:

@@ -22,25 +22,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from qwenvl_rbln.artifacts.layout import vit_buckets_and_patch
 from qwenvl_rbln.errors import InputError
 
 EXAMPLE_IMAGE = (4000, 3000)  # a 12 MP photo
 EXAMPLE_VIDEO = (3840, 2160)  # a 4K frame
 BACKUP_SUFFIX = ".orig"
-
-
-def _buckets(root: Path, cfg: dict[str, Any]) -> tuple[list[int], int] | None:
-    """The compiled ViT buckets and the patch size (None: not an rbln artifact with a bucket list)."""
-    visual = cfg.get("visual") if isinstance(cfg.get("visual"), dict) else {}
-    buckets = visual.get("max_seq_len")
-    buckets = [buckets] if isinstance(buckets, int) else buckets
-    if not (isinstance(buckets, list) and buckets and all(type(b) is int and b > 0 for b in buckets)):
-        return None
-    from qwenvl_rbln.artifacts.layout import read_json_quiet
-
-    vision = (read_json_quiet(root / "config.json") or {}).get("vision_config") or {}
-    patch = vision.get("patch_size", 16) if isinstance(vision, dict) else 16
-    return buckets, patch if type(patch) is int and patch > 0 else 16
 
 
 def _image_inputs(found: dict[str, Any]) -> str:
@@ -144,12 +131,13 @@ def video_processor_class(root: Path) -> dict[str, Any]:
     return found(DEFAULT_VIDEO_CLASS)
 
 
-def video_class_problem(root: Path) -> dict[str, Any] | None:
+def video_class_problem(root: Path, resolved: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """A video processor class qvl's per-frame cap does not patch, with the one-line message and its fix (None:
-    supported). ``qvl infer`` refuses it before a model loads; ``qvl serve`` refuses it; load-check warns."""
+    supported). ``qvl infer`` refuses it before a model loads; ``qvl serve`` refuses it; load-check warns.
+    ``resolved``: ``video_processor_class(root)`` when the caller has it already."""
     from qwenvl_rbln.vision.frame_cap import FAMILIES
 
-    resolved = video_processor_class(root)
+    resolved = resolved or video_processor_class(root)
     if resolved["supported"]:
         return None
     cls, file, section, key = resolved["cls"], resolved["file"], resolved["section"], resolved["key"]
@@ -175,7 +163,7 @@ def processor_warnings(root: Path, cfg: dict[str, Any], manifest: dict[str, Any]
     a video processor class qvl cannot cap (``video_class_problem``)."""
     from qwenvl_rbln.artifacts.processor_files import findings
 
-    found = _buckets(root, cfg)
+    found = vit_buckets_and_patch(root, cfg)
     if found is None:
         return []
     out = []
@@ -258,7 +246,7 @@ def plan_fix(root: Path) -> dict[str, Any]:
     from qwenvl_rbln.artifacts.processor_files import caps_for_buckets, edited
 
     kind, cfg = read_artifact_config(root)
-    found = _buckets(root, cfg) if kind == "rbln" else None
+    found = vit_buckets_and_patch(root, cfg) if kind == "rbln" else None
     if found is None:
         raise InputError(
             f"{root}: a {kind}-backend artifact has no compiled ViT buckets, so its processor files need no caps",

@@ -251,10 +251,10 @@ def _check_video_class(root: Path, checks: list[dict[str, Any]]) -> None:
     else serve would claim a cap the plugin cannot apply: refused before vLLM starts, as ``qvl infer`` refuses it."""
     from qwenvl_rbln.jobs.processor_fix import video_class_problem, video_processor_class
 
-    problem = video_class_problem(root)
+    resolved = video_processor_class(root)  # may import transformers to look a class up: once
+    problem = video_class_problem(root, resolved)
     if problem is not None:
         raise InputError(f"{problem['message']}; nothing was started", problem["fix"])
-    resolved = video_processor_class(root)
     section = f"{resolved['section']}." if resolved["section"] else ""
     where = f"{resolved['file']} {section}{resolved['key']}" if resolved["file"] else "the model type's default"
     ok(checks, "video processor", f"{resolved['cls']} ({where}): qvl's per-frame video cap patches it")
@@ -270,13 +270,12 @@ def _check_processor_caps(
     editing the artifact. Files that disagree with the caps the compile recorded (edited since) are refused.
     Returns ``{"image": needs a cap, "video": needs a cap, "min_pixels": the files' image minimum, "why": [...]}``.
     """
+    from qwenvl_rbln.artifacts.layout import vit_buckets_and_patch
     from qwenvl_rbln.artifacts.processor_files import FRAME_KEY, findings, sections
 
-    visual = cfg["visual"]["max_seq_len"]
-    buckets = visual if isinstance(visual, list) else [visual]
-    vision = (read_json(root / "config.json") or {}).get("vision_config") or {}
-    patch = vision.get("patch_size", 16) if isinstance(vision, dict) else 16
-    patch = patch if type(patch) is int and patch > 0 else 16
+    found = vit_buckets_and_patch(root, cfg)
+    assert found is not None  # _check_config refused a config without a valid bucket list
+    buckets, patch = found
     recorded = [
         f["message"]
         for f in findings(root, buckets, patch, (manifest or {}).get("processor"))
