@@ -18,8 +18,8 @@ import importlib
 import os
 
 from qwenvl_rbln.serving import vllm_plugin as serving_plugin
+from qwenvl_rbln.serving.options import PACKING_ENV as ENV
 
-ENV = serving_plugin.ENV
 _installed = False
 
 

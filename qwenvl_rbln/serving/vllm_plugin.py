@@ -25,10 +25,7 @@ import os
 import sys
 
 from qwenvl_rbln.serving import pool_guard
-
-ENV = "QVL_VIT_PACKING"  # "1" from qvl serve: the packed ViT forward (qwenvl_rbln.vllm_plugin installs it)
-FRAME_CAP_ENV = "QVL_FRAME_CAP"  # "1" from qvl serve: cap each video frame at the artifact's qvl_max_frame_pixels
-MAX_FRAME_PIXELS_ENV = "QVL_MAX_FRAME_PIXELS"  # a positive int: the cap for processors without their own
+from qwenvl_rbln.serving.options import FRAME_CAP_ENV, MAX_FRAME_PIXELS_ENV
 
 
 def warn(message: str) -> None:
@@ -61,5 +58,4 @@ def register() -> None:
     """Install the per-frame video cap when ``QVL_FRAME_CAP=1`` (what serving adds to every vLLM process)."""
     if os.environ.get(FRAME_CAP_ENV) == "1":
         install_frame_cap()
-    if os.environ.get(pool_guard.MAX_MODEL_LEN_ENV):
-        pool_guard.install(warn)
+    pool_guard.install(warn)  # QVL_MAX_MODEL_LEN unset: nothing to hold, nothing said

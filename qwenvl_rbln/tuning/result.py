@@ -41,14 +41,12 @@ def output_dir_for(path: Path | None) -> str:
     return f"qvl-out/{path.stem if path is not None else 'tuned'}"
 
 
-def commands(preset_ref: str, data: dict[str, Any], max_len: int, batch: int) -> dict[str, Any]:
-    """``qvl compile``, ``qvl serve`` and the vLLM command serve will build, from the one builder serve runs
-    (``serving.command.vllm_launch``), so the printed line and ``qvl serve --dry-run`` cannot differ."""
-    from qwenvl_rbln.planning.plan import plan_from_loaded
-    from qwenvl_rbln.planning.presets import LoadedPreset
+def commands(preset_ref: str, data: dict[str, Any], plan: Any) -> dict[str, Any]:
+    """``qvl compile``, ``qvl serve`` and the vLLM command serve will build for the tuned preset ``data`` (its
+    ``plan``), from the one builder serve runs (``serving.command.vllm_launch``), so the printed line and
+    ``qvl serve --dry-run`` cannot differ."""
     from qwenvl_rbln.serving.command import placement, plan_artifact, vllm_launch
 
-    plan = plan_from_loaded(LoadedPreset(name="tuned", path=Path("tuned.yaml"), data=data), model=data.get("model"))
     art = plan_artifact(plan, data["output_dir"])
     launch = vllm_launch(art, plan, placement(art, None, None, None))
     return {

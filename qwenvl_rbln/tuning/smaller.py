@@ -57,7 +57,7 @@ def smaller_images(checker: Checker) -> list[dict[str, Any]]:
     """Rows for lower largest buckets that meet every need but the image size: the first (largest images) that
     does, and the next one down when it runs a larger batch. Each row says what it costs: the pixel cap."""
     needs = checker.needs
-    top = checker.vit(Config(False, 8192, 0, 1))[-1]
+    top = checker.work.vit_buckets[-1]
     p = partitions_for(needs, checker.max_position)[0]
     floor = min_pixels_bucket(checker.base)
     candidates = [b for b in LARGEST if floor <= b < top]

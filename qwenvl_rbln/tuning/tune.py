@@ -221,7 +221,7 @@ def _hand_over(checker: Checker, cfg: Config, best: dict[str, Any], output: Path
         "preset_verdict": verdict,
         "preset_path": str(output) if output is not None else None,
         "preset_replaced": False,  # the command sets it once -o has replaced a preset tune wrote before
-        "commands": commands(ref, data, cfg.max_seq_len, cfg.batch),
+        "commands": commands(ref, data, plan),
     }
 
 

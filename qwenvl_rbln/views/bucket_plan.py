@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from qwenvl_rbln.views.render import Col, fmt_bytes, markup, plural, print_table
+from qwenvl_rbln.views.render import Col, fmt_bytes, markup, plural, print_left_out, print_table
 from qwenvl_rbln.vision.buckets import fmt_flops
 
 
@@ -16,15 +16,6 @@ def _fmt_int(n: Any) -> str:
 
 def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
-
-
-def _left_out(console: Any, dropped: list[str]) -> None:
-    """Say which columns a narrow console left out, so a missing one is not mistaken for missing data."""
-    if dropped:
-        console.print(
-            f"[dim]left out at {console.width} columns: {', '.join(dropped)} (a wider terminal or --json shows them)"
-            "[/dim]"
-        )
 
 
 def _print_header(console: Any, data: dict[str, Any]) -> None:
@@ -102,7 +93,7 @@ def _print_inputs(console: Any, data: dict[str, Any], rows_limit: int) -> None:
         cols, rows = cols[:-2] + cols[-1:], [r[:-2] + r[-1:] for r in rows]
     if not any(it["count"] != 1 for it in items):
         cols, rows = cols[:-1], [r[:-1] for r in rows]
-    _left_out(console, print_table(console, cols, rows, title="inputs"))
+    print_left_out(console, print_table(console, cols, rows, title="inputs"))
     if len(shown) < len(items):
         what = "distinct sizes" if data.get("workload") else "items"
         console.print(
@@ -204,7 +195,7 @@ def _yes_no(value: bool | str | None) -> str:
 def _print_buckets(console: Any, s: dict[str, Any]) -> None:
     if not s["vit_calls"]:
         return
-    _left_out(console, print_table(console, BUCKET_COLS, _bucket_rows(s), title="per bucket"))
+    print_left_out(console, print_table(console, BUCKET_COLS, _bucket_rows(s), title="per bucket"))
     console.print(
         f"[dim]compute = ViT FLOPs per call at the bucket (executed) vs at the real patch count (useful); "
         f"LM tokens in total {s['lm_tokens']:,}[/dim]"
@@ -285,7 +276,7 @@ def _print_optimized(console: Any, opt: dict[str, Any], preset: str) -> None:
         ]
         for label, b in lists
     ]
-    _left_out(console, print_table(console, cols, rows))
+    print_left_out(console, print_table(console, cols, rows))
     if opt["speedup_vs_preset"] is not None:
         console.print(f"{opt['speedup_vs_preset']:.2f}x less ViT compute executed than the preset's list", markup=False)
     elif opt.get("speedup_note"):

@@ -315,3 +315,13 @@ def print_table(
 def plural(n: int, noun: str) -> str:
     """``1 request``, ``2 requests``, ``1,200 lines``: a count with its noun in the right number."""
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def print_left_out(console: Any, dropped: list[str]) -> None:
+    """Name the columns a narrow console left out (``print_table`` returns them), so a missing one is not mistaken
+    for missing data."""
+    if dropped:
+        console.print(
+            markup("[dim]left out at {} columns: {} (a wider terminal or --json shows them)[/dim]", console.width,
+                   ", ".join(dropped))
+        )  # fmt: skip

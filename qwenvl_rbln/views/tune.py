@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qwenvl_rbln.views.render import Col, markup, print_table
+from qwenvl_rbln.views.render import Col, markup, print_left_out, print_table
 
 GiB = 1 << 30
 
@@ -109,7 +109,7 @@ def print_human(console: Any, data: dict[str, Any]) -> None:
     if data.get("best"):
         rows = [_config_row(i + 1, r) for i, r in enumerate(data["candidates"])]
         cols = _config_cols(data["needs"])
-        _left_out(console, print_table(console, cols, rows, title="best configurations (every one fits)"))
+        print_left_out(console, print_table(console, cols, rows, title="best configurations (every one fits)"))
         console.print(markup("decoder graphs: {}", data.get("decoder_graphs_from") or ""))
         capped = [f["largest_batch"] for f in data["frontier"] if f["batch_cap_reached"]]
         if capped:  # the binary search stops there: the largest batch shown is a floor, not the most that fits
@@ -126,19 +126,10 @@ def print_human(console: Any, data: dict[str, Any]) -> None:
     else:
         rows = [[*_config_row(i + 1, r)[:8], "; ".join(r["gives_up"])] for i, r in enumerate(data["nearest"])]
         cols = [*_config_cols(data["needs"])[:8], Col("gives up", justify="left", fold=True)]
-        _left_out(
+        print_left_out(
             console, print_table(console, cols, rows, title="nothing meets the needs; the nearest configurations")
         )
     _searched(console, data)
-
-
-def _left_out(console: Any, dropped: list[str]) -> None:
-    """Name the columns a narrow console left out (as bucket-plan does): a missing one is not missing data."""
-    if dropped:
-        console.print(
-            markup("[dim]left out at {} columns: {} (a wider terminal or --json shows them)[/dim]", console.width,
-                   ", ".join(dropped))
-        )  # fmt: skip
 
 
 def _searched(console: Any, data: dict[str, Any]) -> None:
