@@ -34,29 +34,16 @@ from qwenvl_rbln.vision.media import expand_inputs_report, parse_size
 from qwenvl_rbln.vision.workload import read_batch_trace
 
 
-def _workspace_bytes(plan: Any, buckets: list[int]) -> dict[int, int | None] | None:
-    """Visual workspace bytes per bucket from the memory planner (None: it has no per-bucket figure)."""
-    fn = getattr(workspaces, "estimate_for_bucket", None)
-    if fn is None:
-        return None
+def _workspace_bytes(plan: Any, buckets: list[int]) -> dict[int, int | None]:
+    """Visual workspace bytes per bucket from the memory planner (None for a bucket it cannot estimate)."""
     out: dict[int, int | None] = {}
     for bucket in buckets:
         try:
-            d = fn(plan.geometry, bucket, dtype_bytes=plan.geometry.dtype_bytes)
+            d = workspaces.estimate_for_bucket(plan.geometry, bucket, dtype_bytes=plan.geometry.dtype_bytes)
+            out[bucket] = int(d["workspace_bytes"])
         except Exception:  # a workspace column must never stop the plan of the inputs
             out[bucket] = None
-            continue
-        value = None
-        if isinstance(d, int | float):
-            value = int(d)
-        elif isinstance(d, dict):
-            value = next((int(d[k]) for k in ("workspace_bytes", "total_bytes", "bytes") if _number(d.get(k))), None)
-        out[bucket] = value
     return out
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float)
 
 
 def _bucket_verdicts(plan: Any, buckets: list[int]) -> dict[int, bool | str | None]:

@@ -198,7 +198,7 @@ def _planner_estimate(
     return out
 
 
-def _memory(
+def memory_for_placement(
     root: Path,
     kind: str,
     cfg: dict[str, Any],
@@ -557,7 +557,8 @@ def run_load_check(
     if cfg.get("cls_name") == QWEN3_VL_MOE_CONFIG_CLS:
         target["model_moe"] = _moe_line(root)  # its ViT and out_hidden_size are not the dense 2B's
     placement = check_placement(device, visual_device, manifest, target, fallback, cfg)
-    memory = _memory(root, kind, cfg, layout, target, placement["requested"], device_memory, guard is not None)
+    requested = placement["requested"]
+    memory = memory_for_placement(root, kind, cfg, layout, target, requested, device_memory, guard is not None)
     if layout["ok"] and memory.get("source") == "unavailable" and memory.get("problem"):
         # the artifact's own config cannot be read as optimum-rbln would (a bad value, a broken config.json)
         layout["problems"].append(memory["problem"])

@@ -380,7 +380,8 @@ def remap_memory_gate(art: Artifact, opts: ServeOptions, plan: Any) -> None:
         return
     from qwenvl_rbln.artifacts.layout import check_layout, compile_target
     from qwenvl_rbln.errors import DoesNotFit
-    from qwenvl_rbln.jobs.load_check import _memory
+    from qwenvl_rbln.jobs.load_check import memory_for_placement
+    from qwenvl_rbln.jobs.load_check_fixes import devices_text
     from qwenvl_rbln.memory.placement import check_placement
     from qwenvl_rbln.memory.verdicts import gate_message, gate_stops, verdict_of
 
@@ -390,10 +391,10 @@ def remap_memory_gate(art: Artifact, opts: ServeOptions, plan: Any) -> None:
     if where["matches"] and where["compiled"] is not None:
         return  # the placement planned at compile, spelled out: the compile's gate already judged it
     layout = check_layout(art.root, "rbln", art.cfg, None)
-    memory = _memory(art.root, "rbln", art.cfg, layout, target, where["requested"], None)
+    memory = memory_for_placement(art.root, "rbln", art.cfg, layout, target, where["requested"], None)
     verdict = verdict_of(memory) if memory.get("source") != "unavailable" else None
     given = (("--device", opts.device), ("--visual-device", opts.visual_device))
-    shown = " ".join(f"{flag} {_spell(value)}" for flag, value in given if value is not None)
+    shown = " ".join(f"{flag} {devices_text(value)}" for flag, value in given if value is not None)
     if verdict is None:
         art.checks.append(
             {"check": "memory", "ok": False, "warning": True, "detail": f"{shown}: {memory.get('reason')}"}
@@ -407,10 +408,6 @@ def remap_memory_gate(art: Artifact, opts: ServeOptions, plan: Any) -> None:
             + ("; --uncertain-ok serves an uncertain verdict anyway" if verdict == "uncertain" else ""),
         )
     ok(art.checks, "memory", f"{shown}: load-check's memory check says {verdict} ({memory.get('source')})")
-
-
-def _spell(value: Any) -> str:
-    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 # ------------------------------------------------------------------------------------------ who may call
