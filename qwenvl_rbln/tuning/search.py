@@ -273,3 +273,16 @@ def check_needs(needs: Needs, max_position: int) -> None:
         raise InputError(f"--objective {needs.objective!r} is not throughput or latency", "use one of them")
     if needs.max_buckets < 1:
         raise InputError(f"--max-buckets {needs.max_buckets} must be at least 1", "e.g. --max-buckets 3")
+
+
+def largest_batches(checker: Checker) -> list[Config]:
+    """Per placement (the NPUs the needs allow, fewest first) and KV partition: the configuration at the needed
+    context with the largest batch that fits (batch 0: none fits; BATCH_CAP: the search's bound)."""
+    needs = checker.needs
+    out = []
+    for split in (False, True)[: needs.devices]:
+        for p in partitions_for(needs, checker.max_position):
+            length = need_len(needs.context, p)
+            bmax = largest(lambda b, s=split, p=p, n=length: checker.fits(Config(s, p, n, b)), 1, BATCH_CAP)
+            out.append(Config(split, p, length, bmax))
+    return out

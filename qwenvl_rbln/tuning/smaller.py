@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import QvlError
-from qwenvl_rbln.tuning.search import BASE_PRESET, BATCH_CAP, Checker, Config, largest, need_len, partitions_for
+from qwenvl_rbln.tuning.search import BASE_PRESET, Checker, Config, largest_batches, need_len, partitions_for
 from qwenvl_rbln.tuning.workload import min_pixels_bucket, read_work
 
 LARGEST = (8192, 4096, 2048, 1024)  # the largest buckets tried, in patches: 2, 1, 0.5 and 0.25 MP images
@@ -42,14 +42,10 @@ def _checker(checker: Checker, top: int, p: int) -> Checker | None:
 
 def _best(chk: Checker) -> Config | None:
     """The largest batch that fits at the needed context, on the NPUs the needs allow (fewest first)."""
-    needs = chk.needs
     best: Config | None = None
-    for split in (False, True)[: needs.devices]:
-        for p in partitions_for(needs, chk.max_position):
-            length = need_len(needs.context, p)
-            b = largest(lambda b, s=split, p=p, n=length: chk.fits(Config(s, p, n, b)), 1, BATCH_CAP)
-            if b >= 1 and (best is None or b > best.batch):
-                best = Config(split, p, length, b)
+    for top in largest_batches(chk):
+        if top.batch >= 1 and (best is None or top.batch > best.batch):
+            best = top
     return best
 
 

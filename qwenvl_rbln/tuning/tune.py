@@ -25,7 +25,7 @@ from qwenvl_rbln.tuning.search import (
     Needs,
     batch_choices,
     check_needs,
-    largest,
+    largest_batches,
     need_len,
     partitions_for,
 )
@@ -65,26 +65,23 @@ def _setup(needs: Needs, workload: Path, trace: Path | None, prompt_tokens: int,
 
 def _search(checker: Checker) -> tuple[list[tuple[Config, dict[str, Any]]], list[dict[str, Any]]]:
     """Every configuration that meets the needs and fits (described), and the frontier per placement/partition."""
-    needs = checker.needs
     found: list[tuple[Config, dict[str, Any]]] = []
     frontier = []
-    for split in (False, True)[: needs.devices]:
-        for p in partitions_for(needs, checker.max_position):
-            length = need_len(needs.context, p)
-            bmax = largest(lambda b, s=split, p=p, n=length: checker.fits(Config(s, p, n, b)), 1, BATCH_CAP)
-            frontier.append(
-                {
-                    "vit_on_own_npu": split,
-                    "kvcache_partition_len": p,
-                    "max_seq_len": length,
-                    "largest_batch": bmax,
-                    "batch_cap_reached": bmax == BATCH_CAP,  # the search stops at BATCH_CAP: at least this many
-                }
-            )
-            for b in batch_choices(needs.min_batch, bmax, checker.work.trace):
-                cfg = Config(split, p, length, b)
-                row = checker.describe(cfg, longest_max_seq_len_that_fits=checker.longest(cfg, length))
-                found.append((cfg, row))
+    for top in largest_batches(checker):
+        split, p, length, bmax = top.split, top.partition, top.max_seq_len, top.batch
+        frontier.append(
+            {
+                "vit_on_own_npu": split,
+                "kvcache_partition_len": p,
+                "max_seq_len": length,
+                "largest_batch": bmax,
+                "batch_cap_reached": bmax == BATCH_CAP,  # the search stops at BATCH_CAP: at least this many
+            }
+        )
+        for b in batch_choices(checker.needs.min_batch, bmax, checker.work.trace):
+            cfg = Config(split, p, length, b)
+            row = checker.describe(cfg, longest_max_seq_len_that_fits=checker.longest(cfg, length))
+            found.append((cfg, row))
     return found, frontier
 
 
