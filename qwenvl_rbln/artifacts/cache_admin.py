@@ -9,7 +9,6 @@ they cannot get. Last use is the entry directory's mtime, set on every store and
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import secrets
@@ -136,29 +135,6 @@ def remove_entry(cache_dir: Path, key: str) -> bool:
         flock.remove_if_free(_lock(cache_dir, key))
 
 
-def stale_locks() -> list[str]:
-    """The lock files under ``$QVL_HOME/locks`` that nobody holds now: what ``remove_stale_locks`` would delete,
-    for a dry run. Each is tried without creating or deleting anything (a lock file gone meanwhile is skipped)."""
-    from qwenvl_rbln.planning.catalogue.modelinfo import qvl_home
-
-    root = qvl_home() / "locks"
-    free = []
-    for path in sorted(root.glob("*.lock")) if root.is_dir() else []:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # held by a running compile (or prune)
-            continue
-        else:
-            free.append(path.name)
-        finally:
-            os.close(fd)  # closing releases the lock
-    return free
-
-
 def parse_duration(text: str, flag: str = "--older-than") -> float:
     """``30d``, ``12h``, ``90m``, ``2w``, ``45s`` as seconds."""
     m = DURATION_RE.match(str(text))
@@ -218,7 +194,7 @@ def prune(
             removed.append(e)
         else:
             in_use.append(e)
-    locks = stale_locks() if dry_run else remove_stale_locks()
+    locks = remove_stale_locks(dry_run=dry_run)
     left = [e for e in entries if e not in removed]
     return {
         "cache_dir": str(cache_dir),

@@ -72,3 +72,19 @@ def remove_if_free(path: Path) -> bool:
         return False
     finally:
         release(fd)
+
+
+def is_free(path: Path) -> bool:
+    """Whether nobody holds ``path``'s lock now, tried without creating, locking for long or deleting anything
+    (a dry run's question; a file gone meanwhile is not free)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held by a running compile (or prune)
+        return False
+    finally:
+        os.close(fd)  # closing releases the lock
+    return True

@@ -131,14 +131,18 @@ def output_lock(target: Path) -> Iterator[Path]:
         flock.release(fd)
 
 
-def remove_stale_locks() -> list[str]:
+def remove_stale_locks(*, dry_run: bool = False) -> list[str]:
     """Delete the lock files under ``$QVL_HOME/locks`` that no process holds (finished compiles), and owner
-    records whose lock is gone; safe beside running compiles (``flock.remove_if_free``). Returns the names."""
+    records whose lock is gone; safe beside running compiles (``flock.remove_if_free``). Returns the names.
+    ``dry_run``: the names it would delete, nothing deleted (``flock.is_free``)."""
     from qwenvl_rbln.planning.catalogue.modelinfo import qvl_home
 
     root = qvl_home() / "locks"
+    paths = sorted(root.glob("*.lock")) if root.is_dir() else []
+    if dry_run:
+        return [path.name for path in paths if flock.is_free(path)]
     removed = []
-    for path in sorted(root.glob("*.lock")) if root.is_dir() else []:
+    for path in paths:
         if flock.remove_if_free(path):
             removed.append(path.name)
     for owner in sorted(root.glob("*.lock.owner")) if root.is_dir() else []:
