@@ -59,7 +59,7 @@ def clean_stale_temp(target: Path) -> list[str]:
     return sorted(removed)
 
 
-def _non_empty_dir(path: Path) -> bool:
+def non_empty_dir(path: Path) -> bool:
     return path.is_dir() and any(path.iterdir())
 
 
@@ -68,7 +68,7 @@ def check_target(target: Path, force: bool) -> None:
     target = Path(target)
     if target.exists() and not target.is_dir():
         raise InputError(f"output {target} exists and is not a directory", "pass -o with a directory path")
-    if not _non_empty_dir(target):
+    if not non_empty_dir(target):
         return
     if not force:
         raise InputError(
@@ -80,30 +80,38 @@ def check_target(target: Path, force: bool) -> None:
 
 def refuse_to_replace_a_non_artifact(target: Path) -> None:
     """``--force`` replaces a compiled artifact, never an arbitrary directory: a typo such as ``-o .`` or
-    ``-o ~/thesis`` must not delete a user's files. An artifact is a directory whose qvl manifest lists every
-    file in it, or (compiled without qvl) an optimum-rbln ``rbln_config.json`` beside nothing but the kinds of
-    file optimum-rbln writes."""
+    ``-o ~/thesis`` must not delete a user's files (``replace_refusal`` says why not)."""
+    target = Path(target).absolute()
+    refusal = replace_refusal(target)
+    if refusal is not None:
+        why, fix = refusal
+        raise InputError(f"refusing to replace {target} with --force: {why}; nothing was touched", fix)
+
+
+def replace_refusal(target: Path) -> tuple[str, str] | None:
+    """Why ``--force`` may not replace ``target``, and the fix (None: it may). An artifact is a directory whose qvl
+    manifest lists every file in it, or (compiled without qvl) an optimum-rbln ``rbln_config.json`` beside nothing
+    but the kinds of file optimum-rbln writes."""
     target = Path(target).absolute()
     cwd = Path.cwd().absolute()
     protected = {Path(target.anchor), Path.home().absolute(), cwd, *cwd.parents}
     if target in protected or target.resolve() in {p.resolve() for p in protected}:
-        raise InputError(
-            f"refusing to replace {target} with --force: it is the working directory, one of its parents, "
-            "your home or the root; nothing was touched",
+        return (
+            "it is the working directory, one of its parents, your home or the root",
             "compile into a new directory with -o DIR",
         )
     if target.is_symlink():
-        raise InputError(
-            f"refusing to replace {target} with --force: it is a symlink (to {os.readlink(target)}); nothing was "
-            "touched",
+        return (
+            f"it is a symlink (to {os.readlink(target)})",
             "pass the directory it points to with -o, or a new directory",
         )
     why = _not_an_artifact(target)
     if why:
-        raise InputError(
-            f"refusing to replace {target} with --force: {why}; nothing was touched",
+        return (
+            why,
             "compile into a new directory with -o DIR, or move those files out (or remove the directory yourself)",
         )
+    return None
 
 
 # What optimum-rbln's save_pretrained writes (graphs, configs, tokenizer/processor files, host-side weights).
@@ -169,7 +177,7 @@ def atomic_output_dir(target: Path, force: bool = False) -> Iterator[Path]:
         old = target.parent / f".{target.name}.qvl-old-{tag}"
         moved_old = False
         if target.is_dir():
-            if _non_empty_dir(target):
+            if non_empty_dir(target):
                 os.rename(target, old)
                 moved_old = True
             else:

@@ -52,7 +52,7 @@ def refuse_before_compile(plan: Any, *, emulate: bool, force: bool, dry_run: boo
     A dry run writes nothing, so an occupied output directory without --force is not refused there: it returns
     the one warning saying what the real compile would need (the plan and verdict still print). Returns the
     warnings (none for a real compile)."""
-    from qwenvl_rbln.artifacts.staging import check_target
+    from qwenvl_rbln.artifacts.staging import check_target, non_empty_dir
     from qwenvl_rbln.backends import emulator
     from qwenvl_rbln.paths import user_path
 
@@ -65,7 +65,7 @@ def refuse_before_compile(plan: Any, *, emulate: bool, force: bool, dry_run: boo
     if plan.backend == "rbln" and emulator.requested(emulate) and emulator.real_rebel_importable():
         emulator.activate("--emulate" if emulate else "QVL_EMULATE_NPU=1")  # raises its one-line refusal
     target = user_path(plan.output_dir, "output_dir").absolute()
-    if dry_run and not force and target.is_dir() and any(target.iterdir()):
+    if dry_run and not force and non_empty_dir(target):
         return [occupied_warning(target)]
     check_target(target, force)
     return []
@@ -74,14 +74,12 @@ def refuse_before_compile(plan: Any, *, emulate: bool, force: bool, dry_run: boo
 def occupied_warning(target: Path) -> str:
     """What a real compile into the occupied ``target`` would need: --force for an artifact it may replace, -o for
     a directory of other files (which --force never replaces)."""
-    from qwenvl_rbln.artifacts.staging import refuse_to_replace_a_non_artifact
+    from qwenvl_rbln.artifacts.staging import replace_refusal
 
     lead = f"output directory {target} already exists and is not empty: a real compile would refuse it"
-    try:
-        refuse_to_replace_a_non_artifact(target)
-    except InputError as exc:
-        why = exc.message.split(" with --force: ", 1)[-1].removesuffix("; nothing was touched")
-        return f"{lead}, even with --force ({why}); compile with -o DIR into a new directory"
+    refusal = replace_refusal(target)
+    if refusal is not None:
+        return f"{lead}, even with --force ({refusal[0]}); compile with -o DIR into a new directory"
     return f"{lead}; pass --force to replace it, or -o DIR to compile into a new directory"
 
 

@@ -24,6 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from qwenvl_rbln.artifacts.staging import non_empty_dir
 from qwenvl_rbln.backends.tiny.tokenizer import VOCAB_SIZE
 from qwenvl_rbln.backends.tiny.weights import write_checkpoint
 from qwenvl_rbln.errors import BackendError, DependencyMissing, InputError
@@ -115,10 +116,6 @@ def _write_model(tmp: Path, seed: int, moe: bool = False, shape: str = "2b") -> 
         f.chmod(0o644)  # safetensors writes 0600; a shared cache should be readable by others
 
 
-def _non_empty_dir(path: Path) -> bool:
-    return path.is_dir() and any(path.iterdir())
-
-
 _WRITE_FAILED = {errno.ENOSPC, errno.EDQUOT, errno.EIO}
 
 
@@ -164,9 +161,9 @@ def create_tiny_model(
     out_dir = user_path(out_dir).absolute()
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"tiny model target {out_dir} exists and is not a directory", "pick another path")
-    if _non_empty_dir(out_dir) and not is_tiny_model(out_dir):  # --force replaces a tiny model, nothing else
+    if non_empty_dir(out_dir) and not is_tiny_model(out_dir):  # --force replaces a tiny model, nothing else
         raise _not_a_tiny_model(out_dir)
-    if _non_empty_dir(out_dir) and not overwrite:
+    if non_empty_dir(out_dir) and not overwrite:
         raise InputError(
             f"tiny model target {out_dir} already holds a tiny model",
             "pass overwrite=True (qvl tiny-model --force) to replace it, or pick another directory",
@@ -193,7 +190,7 @@ def _write_atomically(
             _write_model(tmp, seed, shape=shape)
         else:
             _write_model(tmp, seed)
-        if out_dir.is_dir() and not _non_empty_dir(out_dir):
+        if out_dir.is_dir() and not non_empty_dir(out_dir):
             out_dir.rmdir()
         elif out_dir.exists():
             if not overwrite:  # appeared while we were writing
@@ -227,12 +224,12 @@ def ensure_tiny_model(path: Path | None = None, *, seed: int = 0, moe: bool = Fa
     target = user_path(path).absolute() if path is not None else default_tiny_model_dir(moe, shape)
     if _is_complete(target, moe, shape):
         return target
-    if _non_empty_dir(target) and not is_tiny_model(target):
+    if non_empty_dir(target) and not is_tiny_model(target):
         raise _not_a_tiny_model(target)
     _require_heavy()  # building needs torch and transformers
     with _one_writer(target):
         if not _is_complete(target, moe, shape):
-            if _non_empty_dir(target) and not is_tiny_model(target):
+            if non_empty_dir(target) and not is_tiny_model(target):
                 raise _not_a_tiny_model(target)
             # an older-format or half-written qvl tiny model is ours to replace
             create_tiny_model(target, seed=seed, overwrite=True, moe=moe, shape=shape)
@@ -309,7 +306,7 @@ def build_or_reuse(
             marker = read_marker(target)
             reuse = not force and _reusable(target, marker, seed, moe, shape)
             if not reuse:
-                if not force and marker is not None and _non_empty_dir(target):
+                if not force and marker is not None and non_empty_dir(target):
                     raise InputError(
                         f"{target} already holds a tiny model ({_variant_words(marker.get('moe'), marker.get('shape'))}"
                         f"seed {marker.get('seed')}, format {marker.get('format')}); this asks for "
