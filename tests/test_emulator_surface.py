@@ -159,3 +159,25 @@ def test_kv_buffers_grow_with_exp_multiply_buffer_size(tmp_path):
     cm.save(tmp_path / "k.rbln")
     assert rebel_api.RBLNCompiledModel(tmp_path / "k.rbln").static_specs()["past_key_values_0"][0] == [15, 4]
     assert is_emulated_file(tmp_path / "k.rbln")
+
+
+def test_capture_reports_times_graph_calls_as_device_time_and_the_call_hold_makes_each_call_last(monkeypatch):
+    lin = torch.nn.Linear(4, 2)
+    rt = rebel_api.Runtime(rebel_api.compile_from_torch(lin, [("x", [2, 4], "float32")], npu="RBLN-CR13"), device=0)
+    monkeypatch.setenv("QVL_EMULATE_CALL_MS", "30")
+    with rebel_api.capture_reports() as reports:
+        assert reports == []  # filled on exit, as vllm-rbln reads it after the block
+        rt(torch.randn(2, 4))
+        rt(torch.randn(2, 4))
+    (report,) = reports
+    assert report["emulated"] is True and report["calls"] == 2 and report["total_ccl"] == 0.0
+    assert report["total_device"] >= 2 * 30_000  # each call held for at least 30 ms, in microseconds
+    assert report["total_host"] >= 0
+    monkeypatch.setenv("QVL_EMULATE_CALL_MS", "0")
+    with rebel_api.capture_reports() as outer:
+        with rebel_api.capture_reports() as inner:
+            rt(torch.randn(2, 4))
+        rt(torch.randn(2, 4))
+    assert inner[0]["calls"] == 1 and outer[0]["calls"] == 2  # nested blocks each see their own calls
+    monkeypatch.setenv("QVL_EMULATE_CALL_MS", "not-a-number")
+    assert rebel_api.call_hold_seconds() == 0.0

@@ -21,6 +21,13 @@ Entry points and where optimum-rbln calls them (paths inside ``optimum/rbln/``):
   ``qwen3_vl/qwen3_vl_runtime_utils.py:266-269``, ``qwen3_vl/modeling_qwen3_vl.py:219-224``): it gets the
   non-static inputs in ``input_info`` order, supplies the static buffers itself, picks the graph whose input
   shapes match, writes into ``out`` when given and returns a tensor or a list.
+* ``capture_reports()`` (vllm-rbln 0.12 ``v1/worker/optimum_model_runner.py`` wraps every model call in it and
+  reads ``reports[0]["total_host"]`` / ``["total_device"]`` / ``["total_ccl"]`` in microseconds,
+  ``v1/worker/metrics.py``): a context manager yielding a list that holds one report when it exits. Here
+  "device" time is the time inside emulated graph calls (CPU compute plus the hold below) and "host" the rest
+  of the block; each report says ``"emulated": True``.
+* ``QVL_EMULATE_CALL_MS``: every graph call takes at least that many milliseconds (it sleeps the rest, without
+  the GIL), so a benchmark of many workers measures qvl's overhead against a busy device, not the CPU's speed.
 * ``compile_context.CompileContext(use_weight_sharing=...)`` with ``mark_static_address(tensor, name)``
   (``decoderonly/modeling_decoderonly.py:262-273``): every graph compiled with one context shares its static
   tensors (the KV cache) at run time, also after save and reload (the context id is stored in each file).
@@ -28,11 +35,14 @@ Entry points and where optimum-rbln calls them (paths inside ``optimum/rbln/``):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import time
 import types
 import uuid
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -410,8 +420,11 @@ class Runtime:
         full = [self.static[n] if n in self.static else next(it) for n, _, _ in info]
         import torch
 
+        start = time.perf_counter()
         with torch.no_grad():
             result = self.compiled_model.module(gi)(*full)
+        _hold(start)
+        _record_call(time.perf_counter() - start)
         self.calls += 1
         outs = list(result) if isinstance(result, list | tuple) else [result]
         if out is not None:
@@ -426,3 +439,58 @@ class Runtime:
 
     def __repr__(self) -> str:
         return f"<Runtime (emulated by qvl) on device {self.device}>"
+
+
+# ------------------------------------------------------------------------------ device time and its reports
+
+
+def call_hold_seconds() -> float:
+    """``QVL_EMULATE_CALL_MS`` as seconds (0 when unset or not a non-negative number)."""
+    try:
+        return max(0.0, float(os.environ.get("QVL_EMULATE_CALL_MS", "0") or 0) / 1000.0)
+    except ValueError:
+        return 0.0
+
+
+def _hold(start: float) -> None:
+    """Keep a graph call busy until QVL_EMULATE_CALL_MS has passed since ``start``."""
+    rest = call_hold_seconds() - (time.perf_counter() - start)
+    if rest > 0:
+        time.sleep(rest)
+
+
+_captures = threading.local()
+
+
+def _record_call(seconds: float) -> None:
+    for acc in getattr(_captures, "stack", ()):
+        acc["device"] += seconds
+        acc["calls"] += 1
+
+
+@contextlib.contextmanager
+def capture_reports() -> Iterator[list[dict[str, Any]]]:
+    """Time the graph calls made in this block (this thread): on exit the yielded list holds one report with
+    ``total_host``, ``total_device`` and ``total_ccl`` in microseconds, as vllm-rbln reads them."""
+    reports: list[dict[str, Any]] = []
+    acc = {"device": 0.0, "calls": 0}
+    stack = getattr(_captures, "stack", None)
+    if stack is None:
+        stack = _captures.stack = []
+    stack.append(acc)
+    start = time.perf_counter()
+    try:
+        yield reports
+    finally:
+        stack.remove(acc)
+        wall = time.perf_counter() - start
+        device_us = acc["device"] * 1e6
+        reports.append(
+            {
+                "total_host": max(0.0, wall * 1e6 - device_us),
+                "total_device": device_us,
+                "total_ccl": 0.0,
+                "calls": acc["calls"],
+                "emulated": True,
+            }
+        )
