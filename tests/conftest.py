@@ -10,6 +10,10 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp(prefix="qvl-test-hf-cache-")  # empty: no model is "cached" by chance
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist hands its workers COLUMNS (the controller's width, 80 off a terminal); qvl's human output is
+    # tested as a user's pipe sees it (no COLUMNS: the wide pipe width), which a serial run also gives
+    os.environ.pop("COLUMNS", None)
 
 # Hypothesis: a fixed seed by default, so CI sees the same examples on every run and a failure reproduces;
 # every counterexample found so far is pinned with @example. QVL_PROPERTY_RANDOM=1 (with QVL_PROPERTY_SCALE
@@ -22,6 +26,14 @@ _hypothesis_settings.load_profile("qvl-random" if os.environ.get("QVL_PROPERTY_R
 
 
 import pytest  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A short private base folder for tmp_path: human output wraps at the terminal's width, and a long
+    temporary path (pytest-of-USER/pytest-N/popen-gwK/...) must not decide where a test's table row breaks.
+    Private (mkdtemp), so two suites running at once never clear each other's folders."""
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        config.option.basetemp = tempfile.mkdtemp(prefix="qvl-t", dir="/tmp" if os.path.isdir("/tmp") else None)
 
 
 @pytest.fixture

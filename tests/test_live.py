@@ -182,6 +182,7 @@ def test_batch_file_stdout_identical_with_the_live_bar(tmp_path, monkeypatch, ca
     batch = tmp_path / "r.jsonl"
     batch.write_text("".join(json.dumps({"prompt": f"Say {w}.", "images": [str(DEMO)]}) + "\n" for w in "abc"))
     argv = ["infer", str(tmp_path / "art"), "--batch-file", str(batch), "--max-new-tokens", "4"]
+    monkeypatch.setenv("COLUMNS", "400")  # a timing one digit longer must not move a line break (it is masked)
     monkeypatch.setenv("TERM", "dumb")
     code, plain, plain_err = run_main(argv, capsys)
     assert code == 0, plain_err
