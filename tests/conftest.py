@@ -34,6 +34,19 @@ def pytest_configure(config: pytest.Config) -> None:
     Private (mkdtemp), so two suites running at once never clear each other's folders."""
     if config.option.basetemp is None and not hasattr(config, "workerinput"):
         config.option.basetemp = tempfile.mkdtemp(prefix="qvl-t", dir="/tmp" if os.path.isdir("/tmp") else None)
+        config.stash[_OWN_BASETEMP] = config.option.basetemp
+
+
+_OWN_BASETEMP = pytest.StashKey[str]()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the private base folder again (pytest's own default keeps the last three runs instead)."""
+    own = config.stash.get(_OWN_BASETEMP, None)
+    if own:
+        import shutil
+
+        shutil.rmtree(own, ignore_errors=True)
 
 
 @pytest.fixture
