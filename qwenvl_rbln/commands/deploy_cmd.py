@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         artifact: str = typer.Option(
             None,
             "--artifact",
-            help="Where the pods find the artifact: pvc:CLAIM[/SUBPATH], hostpath:/PATH (on each node) or image:REF "
+            help="Where the pods find the artifact: pvc:CLAIM\\[/SUBPATH], hostpath:/PATH (on each node) or image:REF "
             "(an image holding it at /artifact).",
             show_default=False,
         ),
