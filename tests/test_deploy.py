@@ -271,3 +271,26 @@ def test_cli_writes_atomically_and_force_replaces_only_its_own_folder(tmp_path, 
     assert code == 0 and "# ---- deployment.yaml ----" in stdout and not dry.exists()
     code, _, err = run_main(["deploy", str(arts["one"]), "--artifact", "nfs:/x", "--image", IMAGE, "--dry-run"], capsys)
     assert code == 2 and "pvc:CLAIM" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--replicas", "0"], "--replicas 0"),
+        (["--name", "Qwen_VL"], "not a Kubernetes name"),
+        (["--npu", "gpu"], "--npu 'gpu'"),
+        (["--artifact", "pvc:Bad_Claim"], "not a PersistentVolumeClaim name"),
+        (["--artifact", "hostpath:relative/dir"], "must be absolute"),
+        (["--image", ""], "not an image reference"),
+    ],
+)
+def test_bad_options_are_one_line_input_errors(arts, capsys, extra, said):
+    args = ["deploy", str(arts["one"]), "--artifact", "pvc:models", "--image", IMAGE, "--dry-run", *extra]
+    code, out, err = run_main(args, capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1 and said in lines[0] and "fix:" in lines[0], err
+
+
+def test_no_output_folder_and_no_dry_run_is_refused(arts, capsys):
+    code, _, err = run_main(["deploy", str(arts["one"]), "--artifact", "pvc:m", "--image", IMAGE], capsys)
+    assert code == 2 and "-o OUT" in err
