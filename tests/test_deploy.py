@@ -60,9 +60,13 @@ def built(arts):
     """The four shapes (target x NPU mode), built once."""
     return {
         ("kubernetes", "dra"): build(opts(arts["one"])),
-        ("kubernetes", "device-plugin"): build(opts(arts["two"], npu="device-plugin", replicas=3)),
+        ("kubernetes", "device-plugin"): build(
+            opts(arts["two"], npu="device-plugin", replicas=3, artifact="image:registry.internal/qwen3-vl-art:1")
+        ),
         ("llm-d", "dra"): build(opts(arts["two"], target="llm-d")),
-        ("llm-d", "device-plugin"): build(opts(arts["one"], target="llm-d", npu="device-plugin", plugin=False)),
+        ("llm-d", "device-plugin"): build(
+            opts(arts["one"], target="llm-d", npu="device-plugin", plugin=False, artifact="hostpath:/data/qwen3-vl")
+        ),
     }
 
 
@@ -207,6 +211,12 @@ def test_every_object_is_valid_for_kubernetes_1_34_and_reads_back_as_built(built
         for path, obj in result["extra"].items():
             assert yaml.safe_load(result["files"][path]) == plain(obj)
     assert kinds == {"Deployment", "Service", "ResourceClaimTemplate"}
+    sources = set()  # the three --artifact kinds, each a valid pod spec
+    for result in built.values():
+        pod = plain(result["objects"]["deployment.yaml"])["spec"]["template"]["spec"]
+        (artifact,) = [v for v in pod["volumes"] if v["name"] == "artifact"]
+        sources |= set(artifact) - {"name"}
+    assert sources == {"persistentVolumeClaim", "emptyDir", "hostPath"}
     pool = plain(built[("llm-d", "dra")]["extra"]["llm-d/inferencepool.yaml"])
     # a CRD (inference.networking.k8s.io) has no schema in Kubernetes' own: checked structurally
     assert pool["apiVersion"] == "inference.networking.k8s.io/v1" and pool["kind"] == "InferencePool"

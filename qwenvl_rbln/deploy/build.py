@@ -113,6 +113,9 @@ def _header(spec: manifests.Spec) -> str:
         ns = f" -n {spec.opts.namespace}" if spec.opts.namespace else ""
         steps.append(f"{n}. kubectl create secret generic {spec.secret} --from-file=api-key=KEYFILE{ns}")
         n += 1
+    else:
+        steps.append(f"{n}. --no-auth: no API key; every client that reaches the Service may call /v1.")
+        n += 1
     if spec.opts.target == "llm-d":
         steps.append(f"{n}. helm install the llm-d router with the guide's values and -f llm-d/router.values.yaml.")
         n += 1
