@@ -174,6 +174,8 @@ def test_the_plugin_is_built_into_the_image_or_its_absence_is_costed(built):
     assert not [k for k in env_of(without) if k.startswith("QVL_")]
     header = " ".join(without["files"]["kustomization.yaml"].split())
     assert "no video frame cap" in header and "no ViT packing" in header
+    checks = {c["check"]: c for c in without["spec"].pod.checks}
+    assert not checks["vit packing"]["ok"] and "--no-plugin" in checks["video frame cap"]["detail"]
 
 
 def test_llm_d_labels_router_values_and_the_prefill_estimate(built):

@@ -70,7 +70,24 @@ def pod_launch(opts: ServeOptions, model_path: str, *, plugin: bool) -> PodLaunc
         if env.get("VLLM_PLUGINS"):
             env["VLLM_PLUGINS"] = ",".join(p for p in env["VLLM_PLUGINS"].split(",") if p != PLUGIN_NAME)
     devices = len(launch.env.get("RBLN_VISIBLE_DEVICES", "0").split(","))
-    return PodLaunch(art, argv, env, launch.checks, devices, warnings, costs)
+    checks = launch.checks if plugin else _without_plugin(launch.checks, costs)
+    return PodLaunch(art, argv, env, checks, devices, warnings, costs)
+
+
+PLUGIN_CHECKS = {"video frame cap": 0, "video cap": 0, "vit packing": 1}  # check -> the cost that replaces it
+
+
+def _without_plugin(checks: list[dict[str, Any]], costs: list[str]) -> list[dict[str, Any]]:
+    """Serve's checks with the plugin's own ones turned into what --no-plugin costs (a warning, never "ok")."""
+    out = []
+    for check in checks:
+        if check["check"] in PLUGIN_CHECKS:
+            detail = f"off (--no-plugin: the image has no qvl): {costs[PLUGIN_CHECKS[check['check']]]}"
+            check = {"check": check["check"], "ok": False, "warning": True, "detail": detail}
+        out.append(check)
+    if len(costs) > 2:
+        out.append({"check": "pool guard", "ok": False, "warning": True, "detail": f"off (--no-plugin): {costs[2]}"})
+    return out
 
 
 def _plugin_costs(launch: Launch) -> list[str]:
