@@ -306,3 +306,18 @@ def test_bad_options_are_one_line_input_errors(arts, capsys, extra, said):
 def test_no_output_folder_and_no_dry_run_is_refused(arts, capsys):
     code, _, err = run_main(["deploy", str(arts["one"]), "--artifact", "pvc:m", "--image", IMAGE], capsys)
     assert code == 2 and "-o OUT" in err
+
+
+def test_a_short_pool_without_the_plugin_names_the_hang_it_risks(tmp_path):
+    from tests.fakes_rbln import rbln_config_json
+
+    plan = build_plan("rebel100-1npu")
+    root = write_artifact(tmp_path / "short", plan, cfg=rbln_config_json(plan, kv_blocks=20))
+    write_manifest(root, {"format": 1, "npu": plan.npu, "placement": plan.placement, "model": MODEL})
+    guarded = build(opts(root))
+    assert env_of(guarded)["QVL_MAX_MODEL_LEN"] == str(19 * 8192)  # serve's pool guard, in the pod too
+    bare = build(opts(root, plugin=False))
+    assert "QVL_MAX_MODEL_LEN" not in env_of(bare)
+    (check,) = [c for c in bare["spec"].pod.checks if c["check"] == "pool guard"]
+    assert not check["ok"] and "#957" in check["detail"]
+    assert "#957" in " ".join(bare["files"]["kustomization.yaml"].split())
