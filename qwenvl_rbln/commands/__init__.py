@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "tune_cmd",
     "compare_cmd",
     "serve_cmd",
+    "deploy_cmd",
     "presets_cmd",
     "cache_cmd",
     "tiny_model_cmd",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -222,13 +222,30 @@ SERVE_OWNED = {
 
 def serve_command(opts: ServeOptions, environ: Mapping[str, str]) -> tuple[Launch, list[str]]:
     """Preflight, then ``vllm serve DIR ...`` and its environment; InputError before anything starts."""
-    directory, warnings = resolve_directory(opts.directory, opts.preset, "serve")
+    _, launch, warnings = checked_launch(opts, environ)
+    key, key_source = api_key(opts.api_key_file, environ)
+    _auth(launch, opts, key, key_source, warnings)
+    return launch, warnings
+
+
+def checked_launch(
+    opts: ServeOptions,
+    environ: Mapping[str, str],
+    *,
+    command: str = "serve",
+    remap: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> tuple[Artifact, Launch, list[str]]:
+    """What ``qvl serve --dry-run`` shows, short of who may call: the preflight, the pass-through checks, the
+    placement and its memory gate, then ``vllm_launch``. ``qvl deploy`` calls it too (``remap`` renumbers the
+    placement as a pod sees its claimed NPUs), so a cluster runs exactly the command serve would."""
+    directory, warnings = resolve_directory(opts.directory, opts.preset, command)
     art = preflight(directory)
     plan = _preset_plan(opts.preset)
     replaced = check_pass_through(opts.extra, art, SERVE_OWNED)
     where = placement(art, opts.device, opts.visual_device, getattr(plan, "placement", None), opts.force)
     remap_memory_gate(art, opts, plan)
-    key, key_source = api_key(opts.api_key_file, environ)
+    if remap is not None:
+        where = remap(where)
     launch = vllm_launch(
         art,
         plan,
@@ -242,8 +259,7 @@ def serve_command(opts: ServeOptions, environ: Mapping[str, str]) -> tuple[Launc
         environ=environ,
         warnings=warnings,
     )
-    _auth(launch, opts, key, key_source, warnings)
-    return launch, warnings
+    return art, launch, warnings
 
 
 def vllm_launch(

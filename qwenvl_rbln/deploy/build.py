@@ -1,0 +1,189 @@
+"""``qvl deploy`` as data: check the artifact as ``qvl serve`` does, derive every number, and return the files of
+the kustomize folder (path -> text) with what the command reports. Writing them is ``deploy.write``'s job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qwenvl_rbln import __version__
+from qwenvl_rbln.deploy import llmd, manifests, sizing, source
+from qwenvl_rbln.deploy.options import K8S_VERSION, DeployOptions, default_name
+from qwenvl_rbln.deploy.pod import POD_HOST, pod_launch
+from qwenvl_rbln.deploy.yamltext import Note, dump
+from qwenvl_rbln.serving.options import ServeOptions
+
+PACKAGE = "qwenvl-rbln"
+MODEL_PATH = f"{source.MODEL_ROOT}/artifact"  # vllm serve MODEL_PATH in the pod
+
+
+def _served(opts: DeployOptions) -> ServeOptions:
+    return ServeOptions(
+        directory=opts.directory,
+        preset=opts.preset,
+        host=POD_HOST,
+        served_model_name=opts.served_model_name,
+        vit_packing=opts.vit_packing,
+        extra=list(opts.extra),
+        no_auth=True,  # who may call is the Secret's job in a cluster (manifests._env), not serve's
+    )
+
+
+def spec_for(opts: DeployOptions) -> manifests.Spec:
+    """Every decision, in the order a refusal should come: options, then the artifact (serve's preflight)."""
+    src = source.parse_artifact(opts.artifact)
+    base = source.check_image(opts.image, "--image")
+    image = base
+    if opts.plugin:
+        image = source.check_image(opts.plugin_image, "--plugin-image") if opts.plugin_image else None
+        image = image or source.plugin_image(base, __version__)
+    pod = pod_launch(_served(opts), MODEL_PATH, plugin=opts.plugin)
+    served = pod.argv[pod.argv.index("--served-model-name") + 1]
+    name = opts.name or default_name(served)
+    size = sizing.artifact_bytes(pod.art.root)
+    measured = sizing.read_load_check(opts.load_check) if opts.load_check is not None else None
+    volume, mount, init = source.artifact_volume(src, size)
+    selector = {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "model-server"}
+    labels = {**selector, "app.kubernetes.io/managed-by": "qvl", "app.kubernetes.io/version": __version__}
+    if opts.target == "llm-d":
+        labels.update(llmd.labels(name))
+    return manifests.Spec(
+        opts=opts,
+        name=name,
+        pod=pod,
+        image=image,
+        secret=opts.api_key_secret or f"{name}-api-key",
+        labels=labels,
+        selector=selector,
+        volume=volume,
+        mount=mount,
+        init=init,
+        budget=sizing.load_budget(measured, size),
+        resources=sizing.host_resources(pod.art.cfg, size),
+        npu=_npu(pod.art),
+    )
+
+
+def _npu(art: Any) -> str | None:
+    from qwenvl_rbln.artifacts.layout import compile_target
+
+    return compile_target(art.cfg, art.manifest).get("npu")
+
+
+def _max_model_len(argv: list[str]) -> int:
+    return int(argv[argv.index("--max-model-len") + 1])
+
+
+def containerfile(spec: manifests.Spec) -> str:
+    opts = spec.opts
+    return "\n".join(
+        [
+            f"# Written by qvl deploy {__version__}. The serving image for {spec.name}: the vllm-rbln image you gave",
+            "# (--image) with this qvl version inside, because the video frame cap, ViT packing and the KV-pool guard",
+            "# are qvl's vLLM plugin and run in vLLM's own processes. Build it, push it where the cluster pulls from:",
+            f"#   podman build -t {spec.image} -f Containerfile . && podman push {spec.image}",
+            "# (docker build / docker push work the same way). deployment.yaml runs that image.",
+            f"FROM {opts.image}",
+            "# --no-deps: vllm-rbln, optimum-rbln, torch and transformers stay exactly as the base image pins them.",
+            f'RUN pip install --no-cache-dir --no-deps "{PACKAGE}=={__version__}"',
+            "# Fails the build, not the pod, when the plugin cannot load in this image's Python.",
+            'RUN python -c "import qwenvl_rbln.vllm_plugin"',
+            "",
+        ]
+    )
+
+
+def _kustomization(spec: manifests.Spec, resources: list[str]) -> dict[str, Any]:
+    data: dict[str, Any] = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization"}
+    if spec.opts.namespace:
+        data["namespace"] = Note(spec.opts.namespace, "Every object goes into this namespace (--namespace).")
+    data["resources"] = resources
+    return data
+
+
+def _header(spec: manifests.Spec) -> str:
+    steps = [f"Written by qvl deploy {__version__} for {spec.pod.art.root} ({spec.opts.target}, Kubernetes "
+             f"{K8S_VERSION}+: DRA resource.k8s.io/v1 is GA there). Regenerate it rather than editing it: qvl deploy "
+             "--force replaces this folder."]  # fmt: skip
+    n = 1
+    if spec.opts.plugin:
+        steps.append(f"{n}. Build and push the serving image {spec.image} (see Containerfile).")
+        n += 1
+    if not spec.opts.no_auth:
+        ns = f" -n {spec.opts.namespace}" if spec.opts.namespace else ""
+        steps.append(f"{n}. kubectl create secret generic {spec.secret} --from-file=api-key=KEYFILE{ns}")
+        n += 1
+    else:
+        steps.append(f"{n}. --no-auth: no API key; every client that reaches the Service may call /v1.")
+        n += 1
+    if spec.opts.target == "llm-d":
+        steps.append(f"{n}. helm install the llm-d router with the guide's values and -f llm-d/router.values.yaml.")
+        n += 1
+    steps.append(f"{n}. kubectl apply -k THIS_FOLDER")
+    return "\n".join(steps)
+
+
+def build(opts: DeployOptions) -> dict[str, Any]:
+    """The files (relative path -> text) and the report: what was derived, the warnings and the next steps."""
+    spec = spec_for(opts)
+    objects: dict[str, dict[str, Any]] = {"deployment.yaml": manifests.deployment(spec)}
+    objects["service.yaml"] = manifests.service(spec)
+    if opts.npu == "dra":
+        objects["resourceclaimtemplate.yaml"] = manifests.claim_template(spec)
+    files = {path: dump(obj, f"qvl deploy: {obj['kind']} {spec.name}.") for path, obj in objects.items()}
+    files["kustomization.yaml"] = dump(_kustomization(spec, list(objects)), _header(spec))
+    extra: dict[str, dict[str, Any]] = {}
+    if opts.target == "llm-d":
+        prefill = sizing.prefill_throughput(spec.pod.art.model_config, spec.pod.art.cfg, _npu(spec.pod.art))
+        select = {k: v for k, v in spec.labels.items() if k.startswith("llm-d.ai/")}
+        cited = "Follows llm-d/llm-d " + ", ".join(llmd.GUIDE_FILES) + "."
+        extra["llm-d/router.values.yaml"] = llmd.router_values(select, _max_model_len(spec.pod.argv), prefill)
+        files["llm-d/router.values.yaml"] = dump(extra["llm-d/router.values.yaml"], cited)
+        extra["llm-d/inferencepool.yaml"] = llmd.inference_pool(spec.name, select)
+        files["llm-d/inferencepool.yaml"] = dump(
+            extra["llm-d/inferencepool.yaml"],
+            "Not in kustomization.yaml: the router chart creates this pool from router.values.yaml. Apply it only "
+            "with a gateway set up without that chart. " + cited,
+        )
+    if opts.plugin:
+        files["Containerfile"] = containerfile(spec)
+    else:
+        files["kustomization.yaml"] = dump(
+            _kustomization(spec, list(objects)),
+            _header(spec)
+            + "\n--no-plugin: the image has no qvl, so the plugin's variables are left out. That costs: "
+            + "; ".join(spec.pod.costs)
+            + ".",
+        )
+    return {"spec": spec, "objects": objects, "extra": extra, "files": dict(sorted(files.items()))}
+
+
+def report(result: dict[str, Any], out: str | None, *, dry_run: bool) -> dict[str, Any]:
+    """What the command prints (``--json``: this document)."""
+    spec: manifests.Spec = result["spec"]
+    files = [{"path": p, "bytes": len(t.encode())} for p, t in result["files"].items()]
+    if dry_run:
+        for row in files:
+            row["text"] = result["files"][row["path"]]
+    notes = []
+    if spec.opts.plugin:
+        notes.append(f"build and push {spec.image} from {out or 'OUT'}/Containerfile before applying: "
+                     "the frame cap, ViT packing and the KV-pool guard run only with qvl inside the image")  # fmt: skip
+    else:
+        notes += [f"--no-plugin: {c}" for c in spec.pod.costs]
+    return {
+        "out": out,
+        "dry_run": dry_run,
+        "target": spec.opts.target,
+        "kubernetes": K8S_VERSION,
+        "name": spec.name,
+        "image": spec.image,
+        "npu": {"mode": spec.opts.npu, "devices_per_replica": spec.pod.devices, "family": spec.npu_family},
+        "startup_budget_s": spec.budget["budget_s"],
+        "load_measured": spec.budget["measured_s"] is not None,
+        "files": files,
+        "checks": spec.pod.checks,
+        "warnings": spec.pod.warnings,
+        "notes": notes,
+        "next": _header(spec).split("\n")[1:],
+    }

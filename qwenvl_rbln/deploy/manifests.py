@@ -1,0 +1,219 @@
+"""The Kubernetes objects of one model server: a Deployment of identical replicas, its Service, and (with DRA) the
+ResourceClaimTemplate each replica's claim is made from. Plain data with ``Note``s where a reason belongs.
+
+The shape follows llm-d's Rebellions overlay (``guides/optimized-baseline/modelserver/npu/vllm/patch-vllm.yaml`` and
+``base/resource-claim-template.yaml`` in llm-d/llm-d): Recreate, a long startup probe with the progress deadline to
+match, /dev/shm and a compile-cache volume; every number in it is this artifact's.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from qwenvl_rbln.deploy.options import DEVICE_CLASS, DEVICE_RESOURCE, PORT, DeployOptions
+from qwenvl_rbln.deploy.pod import PodLaunch, api_key_env
+from qwenvl_rbln.deploy.sizing import CACHE_GIB, PROBE_DELAY_S, PROBE_PERIOD_S, SHM_GIB
+from qwenvl_rbln.deploy.yamltext import Note
+
+CACHE_ROOT = "/cache/vllm"
+HEALTH = "/health"  # vLLM answers it without the API key (the key guards /v1 only)
+
+
+@dataclass
+class Spec:
+    """Everything the objects are made from, decided before any is built."""
+
+    opts: DeployOptions
+    name: str
+    pod: PodLaunch
+    image: str
+    secret: str
+    labels: dict[str, str]  # on every object and the pod template
+    selector: dict[str, str]  # the Deployment's and Service's selector (a subset of labels)
+    volume: Any
+    mount: dict[str, Any]
+    init: list
+    budget: dict[str, Any]
+    resources: dict[str, Any]
+    npu: str | None  # the NPU the graphs were compiled for
+
+    @property
+    def npu_family(self) -> str | None:
+        return npu_family(self.npu)
+
+
+def npu_family(npu: str | None) -> str | None:
+    """``RBLN-CR13`` -> ``RBLN-CR``: the product family a graph compiled for ``npu`` runs on (llm-d's overlay filters
+    Rebel100 the same way, on the productName prefix)."""
+    m = re.match(r"(RBLN-[A-Z]+)", npu or "")
+    return m.group(1) if m else None
+
+
+def claim_template(spec: Spec) -> dict[str, Any]:
+    n = spec.pod.devices
+    request: dict[str, Any] = {"deviceClassName": DEVICE_CLASS, "count": n}
+    if spec.npu_family:
+        request["selectors"] = [
+            Note(
+                {
+                    "cel": {
+                        "expression": f'device.attributes["{DEVICE_CLASS}"].productName.startsWith("{spec.npu_family}")'
+                    }
+                },
+                f"The graphs were compiled for {spec.npu}; one DeviceClass covers every Rebellions product, so "
+                f"only this filter keeps the claim on {spec.npu_family} NPUs (productName has no domain prefix).",
+            )
+        ]
+    why = (
+        "The LM and the ViT share one NPU (as compiled): one device per replica."
+        if n == 1
+        else f"The artifact places its graphs on {n} NPUs (the ViT on its own): {n} devices per replica, numbered "
+        f"0..{n - 1} inside the pod."
+    )
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": f"{spec.name}-npu", "labels": dict(spec.labels)},
+        "spec": {"spec": {"devices": {"requests": [{"name": "npu", "exactly": Note(request, why)}]}}},
+    }
+
+
+def _env(spec: Spec) -> list:
+    env: list = [{"name": k, "value": v} for k, v in spec.pod.env.items()]
+    env.append(
+        Note(
+            {"name": "VLLM_CACHE_ROOT", "value": CACHE_ROOT},
+            "vLLM's cache (and vllm-rbln's compiled_models) on the cache volume, not the read-only artifact.",
+        )
+    )
+    if not spec.opts.no_auth:
+        env.append(
+            Note(
+                api_key_env(spec.secret),
+                f"vLLM requires this key on /v1 when set. It comes from the Secret {spec.secret} (key api-key), which "
+                f"you create; no key is ever written here: kubectl create secret generic {spec.secret} "
+                f"--from-file=api-key=KEYFILE" + (f" -n {spec.opts.namespace}" if spec.opts.namespace else ""),
+            )
+        )
+    return env
+
+
+def _probe(failure: int, period: int, timeout: int, delay: int = 0) -> dict[str, Any]:
+    probe: dict[str, Any] = {"httpGet": {"path": HEALTH, "port": "http"}}
+    if delay:
+        probe["initialDelaySeconds"] = delay
+    return {**probe, "periodSeconds": period, "timeoutSeconds": timeout, "failureThreshold": failure}
+
+
+def _resources(spec: Spec) -> Any:
+    r = spec.resources
+    requests: dict[str, Any] = {"cpu": Note(r["cpu"], r["why_cpu"]), "memory": Note(r["memory"], r["why_memory"])}
+    limits: dict[str, Any] = {"memory": r["memory"]}
+    out: dict[str, Any] = {"requests": requests, "limits": limits}
+    n = spec.pod.devices
+    if spec.opts.npu == "device-plugin":
+        why = f"{n} NPU(s) from Rebellions' device plugin (resource {DEVICE_RESOURCE}); extended resources need " + (
+            "the same request and limit."
+        )
+        requests[DEVICE_RESOURCE] = Note(n, why)
+        limits[DEVICE_RESOURCE] = n
+    else:
+        out["claims"] = [Note({"name": "npu"}, "The NPU(s) of this replica's DRA claim (resourceClaims below).")]
+    return out
+
+
+def _container(spec: Spec) -> dict[str, Any]:
+    b = spec.budget
+    return {
+        "name": "vllm",
+        "image": spec.image,
+        "command": Note(
+            spec.pod.argv,
+            "Exactly the command `qvl serve --dry-run` prints for this artifact (one builder), with the artifact at "
+            "its mount path and the NPU ids as the pod sees them.",
+        ),
+        "env": _env(spec),
+        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "resources": _resources(spec),
+        "startupProbe": Note(
+            _probe(b["failure_threshold"], PROBE_PERIOD_S, 5, PROBE_DELAY_S),
+            f"{PROBE_DELAY_S} + {PROBE_PERIOD_S} x {b['failure_threshold']} s to load before liveness counts. "
+            + b["why"],
+        ),
+        "readinessProbe": Note(_probe(3, 5, 2), f"Traffic only once {HEALTH} answers (no API key needed there)."),
+        "livenessProbe": Note(
+            _probe(3, 10, 5), f"A hung engine stops answering {HEALTH}: restart it after 30 s (after the start)."
+        ),
+        "volumeMounts": [
+            spec.mount,
+            {"name": "shm", "mountPath": "/dev/shm"},
+            {"name": "cache", "mountPath": CACHE_ROOT.rsplit("/", 1)[0]},
+        ],
+    }
+
+
+def _volumes(spec: Spec) -> list:
+    return [
+        spec.volume,
+        Note(
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_GIB}Gi"}},
+            "vLLM's processes hand decoded images and frames over in shared memory; a container's default /dev/shm "
+            f"is 64 MiB. A stated size ({SHM_GIB} GiB), counted in the memory request.",
+        ),
+        Note(
+            {"name": "cache", "emptyDir": {"sizeLimit": f"{CACHE_GIB}Gi"}},
+            f"The compile cache (VLLM_CACHE_ROOT): per pod, a restart starts clean; a stated size ({CACHE_GIB} GiB).",
+        ),
+    ]
+
+
+def deployment(spec: Spec) -> dict[str, Any]:
+    pod: dict[str, Any] = {}
+    if spec.init:
+        pod["initContainers"] = spec.init
+    pod["containers"] = [_container(spec)]
+    if spec.opts.npu == "dra":
+        pod["resourceClaims"] = [{"name": "npu", "resourceClaimTemplateName": f"{spec.name}-npu"}]
+    pod["volumes"] = _volumes(spec)
+    b = spec.budget
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": spec.name, "labels": dict(spec.labels)},
+        "spec": {
+            "replicas": Note(spec.opts.replicas, "Identical single-artifact replicas; the Service spreads requests."),
+            "strategy": Note(
+                {"type": "Recreate"},
+                "A rolling update starts the new pod while the old one still holds its NPU claim; with no spare NPU "
+                "the new pod never schedules and the rollout stalls. Recreate frees the NPUs first.",
+            ),
+            "progressDeadlineSeconds": Note(
+                b["progress_deadline_s"],
+                "The startup budget plus 600 s for pulling the serving image (a stated figure); at the 600 s "
+                "default a replica still loading inside its budget would mark the rollout failed.",
+            ),
+            "selector": {"matchLabels": dict(spec.selector)},
+            "template": {"metadata": {"labels": dict(spec.labels)}, "spec": pod},
+        },
+    }
+
+
+def service(spec: Spec) -> dict[str, Any]:
+    kind = spec.opts.service_type
+    why = (
+        "ClusterIP: reachable inside the cluster only (a gateway, llm-d's router or a port-forward in front)."
+        if kind == "ClusterIP"
+        else f"{kind}, as asked (--service-type): reachable from outside the cluster; the API key guards /v1."
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": spec.name, "labels": dict(spec.labels)},
+        "spec": {
+            "type": Note(kind, why),
+            "selector": dict(spec.selector),
+            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }

@@ -1,0 +1,82 @@
+"""What ``qvl deploy`` takes: the options as one checked record, and the names the manifests share."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qwenvl_rbln.errors import InputError
+
+TARGETS = ("kubernetes", "llm-d")
+NPU_MODES = ("dra", "device-plugin")
+SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
+K8S_VERSION = "1.34"  # the oldest Kubernetes where DRA's resource.k8s.io/v1 is GA: what the manifests target
+DEVICE_CLASS = "npu.rebellions.ai"  # Rebellions' DRA DeviceClass (one for every product)
+DEVICE_RESOURCE = "rebellions.ai/npu"  # the device plugin's generic resource name (the default since v0.4.0)
+PORT = 8000  # vLLM's default, and the port llm-d's InferencePool targets
+_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+MAX_NAME = 40  # room for the suffixes (-npu, -api-key) and the ReplicaSet and pod hashes under 63
+
+
+@dataclass
+class DeployOptions:
+    directory: Path | None = None
+    target: str = "kubernetes"
+    out: Path | None = None
+    replicas: int = 1
+    npu: str = "dra"
+    artifact: str | None = None  # pvc:CLAIM[/SUBPATH] | hostpath:PATH | image:REF
+    image: str | None = None  # the vllm-rbln serving image the Containerfile starts from
+    plugin: bool = True  # build an image with qvl in it (the frame cap, ViT packing, the pool guard)
+    plugin_image: str | None = None  # what that image is pushed as (default: derived from image)
+    name: str | None = None
+    namespace: str | None = None
+    service_type: str = "ClusterIP"
+    api_key_secret: str | None = None  # default NAME-api-key
+    no_auth: bool = False
+    load_check: Path | None = None  # `qvl load-check --json` report with a measured load time
+    preset: str | None = None
+    served_model_name: str | None = None
+    vit_packing: bool | None = None
+    extra: list[str] = field(default_factory=list)
+    force: bool = False
+    dry_run: bool = False
+
+    def __post_init__(self) -> None:
+        _choice("--target", self.target, TARGETS)
+        _choice("--npu", self.npu, NPU_MODES)
+        _choice("--service-type", self.service_type, SERVICE_TYPES)
+        if self.replicas < 1:
+            raise InputError(f"--replicas {self.replicas}: at least one replica", "pass --replicas 1 or more")
+        if self.out is None and not self.dry_run:
+            raise InputError("no output folder", "pass -o OUT (the kustomize folder to write), or --dry-run")
+        for flag, value in (("--name", self.name), ("--namespace", self.namespace)):
+            if value is not None:
+                check_name(flag, value)
+        if self.api_key_secret is not None:
+            check_name("--api-key-secret", self.api_key_secret)
+
+
+def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise InputError(f"{flag} {value!r} is not one of {', '.join(allowed)}", f"pass {flag} {allowed[0]}")
+
+
+def check_name(flag: str, value: str) -> str:
+    if not _NAME.fullmatch(value) or len(value) > MAX_NAME:
+        raise InputError(
+            f"{flag} {value!r}: not a Kubernetes name (lowercase letters, digits and '-', starting with a letter, "
+            f"at most {MAX_NAME} characters here)",
+            f"pass e.g. {flag} qwen3-vl-2b",
+        )
+    return value
+
+
+def default_name(served: str) -> str:
+    """A Kubernetes name from the served model name: ``Qwen/Qwen3-VL-2B-Instruct`` -> ``qwen3-vl-2b-instruct``."""
+    base = re.sub(r"[^a-z0-9]+", "-", served.rsplit("/", 1)[-1].lower()).strip("-")
+    base = base[:MAX_NAME].rstrip("-")
+    if not base or not base[0].isalpha():
+        base = ("qvl-" + base)[:MAX_NAME].rstrip("-")
+    return base

@@ -1,0 +1,111 @@
+"""The serving container's command and environment: exactly what ``qvl serve --dry-run`` builds for the artifact
+(``serving.command.checked_launch``, the same preflight and the same ``vllm_launch``), then moved into a pod.
+
+Moving it changes three things and nothing else: the NPU ids become the pod's (its claimed NPUs are numbered from 0,
+whatever their ids on the node), the artifact path becomes the mount path, and the API key comes from a Secret. An
+image without qvl (``--no-plugin``) also drops the plugin's variables, and the notes say what that costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from qwenvl_rbln.serving.options import (
+    API_KEY_ENV,
+    FRAME_CAP_ENV,
+    MAX_FRAME_PIXELS_ENV,
+    PACKING_ENV,
+    PLUGIN_NAME,
+    Artifact,
+    Launch,
+    ServeOptions,
+)
+from qwenvl_rbln.serving.pool_guard import MAX_MODEL_LEN_ENV
+
+PLUGIN_ENVS = (PACKING_ENV, FRAME_CAP_ENV, MAX_FRAME_PIXELS_ENV, MAX_MODEL_LEN_ENV)
+POD_HOST = "0.0.0.0"  # the pod's network namespace: the Service and the probes reach it on the pod IP
+
+
+@dataclass
+class PodLaunch:
+    art: Artifact
+    argv: list[str]
+    env: dict[str, str]
+    checks: list[dict[str, Any]]
+    devices: int  # NPUs one replica claims
+    warnings: list[str] = field(default_factory=list)
+    costs: list[str] = field(default_factory=list)  # what --no-plugin gives up (empty with the plugin)
+
+
+def pod_numbering(where: dict[str, Any]) -> dict[str, Any]:
+    """The placement as the pod sees it: the claimed NPUs are 0..n-1 in the order of the physical ids, so the
+    overrides (positions in that list) stay as they are and only the ids change."""
+    visible = list(where["visible"])
+    local = {phys: i for i, phys in enumerate(visible)}
+
+    def renumber(value: Any) -> Any:
+        return [local[i] for i in value] if isinstance(value, list) else local.get(value, value)
+
+    return {
+        **where,
+        "device": renumber(where["device"]),
+        "visual_device": renumber(where["visual_device"]),
+        "visible": list(range(len(visible))),
+        "source": f"{where['source']}, numbered as the pod sees its {len(visible)} claimed NPU(s)",
+    }
+
+
+def pod_launch(opts: ServeOptions, model_path: str, *, plugin: bool) -> PodLaunch:
+    """``qvl serve --dry-run``'s launch for ``opts`` (host 0.0.0.0), renumbered and moved into the pod."""
+    from qwenvl_rbln.serving.command import checked_launch
+
+    art, launch, warnings = checked_launch(opts, {}, command="deploy", remap=pod_numbering)
+    argv = [model_path if i == 2 else a for i, a in enumerate(launch.argv)]  # vllm serve DIR ...
+    env = {k: v for k, v in launch.env.items() if v is not None}
+    costs: list[str] = []
+    if not plugin:
+        costs = _plugin_costs(launch)
+        env = {k: v for k, v in env.items() if k not in PLUGIN_ENVS}
+        if env.get("VLLM_PLUGINS"):
+            env["VLLM_PLUGINS"] = ",".join(p for p in env["VLLM_PLUGINS"].split(",") if p != PLUGIN_NAME)
+    devices = len(launch.env.get("RBLN_VISIBLE_DEVICES", "0").split(","))
+    checks = launch.checks if plugin else _without_plugin(launch.checks, costs)
+    return PodLaunch(art, argv, env, checks, devices, warnings, costs)
+
+
+PLUGIN_CHECKS = {"video frame cap": 0, "video cap": 0, "vit packing": 1}  # check -> the cost that replaces it
+
+
+def _without_plugin(checks: list[dict[str, Any]], costs: list[str]) -> list[dict[str, Any]]:
+    """Serve's checks with the plugin's own ones turned into what --no-plugin costs (a warning, never "ok")."""
+    out = []
+    for check in checks:
+        if check["check"] in PLUGIN_CHECKS:
+            detail = f"off (--no-plugin: the image has no qvl): {costs[PLUGIN_CHECKS[check['check']]]}"
+            check = {"check": check["check"], "ok": False, "warning": True, "detail": detail}
+        out.append(check)
+    if len(costs) > 2:
+        out.append({"check": "pool guard", "ok": False, "warning": True, "detail": f"off (--no-plugin): {costs[2]}"})
+    return out
+
+
+def _plugin_costs(launch: Launch) -> list[str]:
+    """What serving without qvl in the image gives up, for this artifact."""
+    costs = [
+        f"no video frame cap ({FRAME_CAP_ENV}): a long or large video can exceed the largest ViT bucket and fail "
+        "the request (or the engine) instead of being capped per frame",
+        f"no ViT packing ({PACKING_ENV}): every image and video runs in its own ViT call, so a multimodal batch "
+        "costs more NPU time",
+    ]
+    if MAX_MODEL_LEN_ENV in launch.env:
+        costs.append(
+            f"no pool guard ({MAX_MODEL_LEN_ENV}={launch.env[MAX_MODEL_LEN_ENV]}): vllm-rbln resets --max-model-len to "
+            "the compiled max_seq_len, so a prompt longer than the KV block pool holds is admitted and never "
+            "scheduled (vllm-rbln issue #957: the replica hangs); recompile with a full KV pool"
+        )
+    return costs
+
+
+def api_key_env(secret: str) -> dict[str, Any]:
+    return {"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": secret, "key": "api-key"}}}

@@ -1,0 +1,136 @@
+"""The numbers a pod spec needs that qvl can derive: how long a start may take, the CPU and host memory a replica
+asks for, and (for llm-d's router) the prefill throughput. Each comes back with the reason the manifests print.
+
+Only the load time can be measured here (``qvl load-check --json`` on the NPU host records the seconds its runtime
+creation took); the rest are estimates and are labelled so in every comment that carries them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln.errors import InputError
+
+# Stated figures (not measured; the comments say so where they are used).
+STORAGE_BYTES_PER_S = 100 * 2**20  # a network volume's sustained read; local NVMe is 10-30x faster
+START_S = 600  # vLLM start-up, runtime creation on the NPU and warm-up around the read
+PULL_S = 600  # the serving image is pulled before the startup probe starts counting
+PROBE_DELAY_S = 15
+PROBE_PERIOD_S = 10
+SHM_GIB = 8  # vLLM's processes pass decoded images and video frames through /dev/shm
+CACHE_GIB = 20  # vLLM's cache root (compiled graphs vllm-rbln writes, torch.compile artefacts)
+BASE_HOST_GIB = 6  # the API server and the engine core (Python, torch, transformers, the tokenizer and processor)
+
+
+def artifact_bytes(root: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                total += (Path(dirpath) / name).stat().st_size
+            except OSError:
+                continue
+    return total
+
+
+def read_load_check(path: Path) -> float:
+    """The measured load time from ``qvl load-check DIR --json``: the runtime creation on a real NPU only."""
+    from qwenvl_rbln.paths import user_path
+
+    path = user_path(path, "--load-check")
+    fix = "run `qvl load-check DIR --json > load-check.json` on the NPU host (without --no-runtime) and pass that file"
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--load-check {path}: not a readable JSON report ({exc})", fix) from None
+    runtime = report.get("runtime") if isinstance(report, dict) else None
+    if not isinstance(runtime, dict):
+        raise InputError(f"--load-check {path}: no 'runtime' section (not a `qvl load-check --json` report)", fix)
+    if report.get("emulated"):
+        raise InputError(f"--load-check {path}: the load ran on the emulator, not an NPU (no load time to use)", fix)
+    seconds = runtime.get("seconds")
+    if runtime.get("ok") is not True or not runtime.get("create_runtimes") or not isinstance(seconds, int | float):
+        why = runtime.get("reason") or runtime.get("error") or "no runtime was created"
+        raise InputError(f"--load-check {path}: the report has no measured load ({why})", fix)
+    return float(seconds)
+
+
+def _round_up(seconds: float, step: int = 60) -> int:
+    return int(math.ceil(seconds / step) * step)
+
+
+def load_budget(measured_s: float | None, size_bytes: int) -> dict[str, Any]:
+    """The startup probe's budget and the Deployment's progress deadline, with the reasoning."""
+    if measured_s is not None:
+        budget = max(300, _round_up(3 * measured_s))
+        why = (
+            f"qvl load-check measured a load of {measured_s:.0f} s on the NPU host; the budget is 3x that "
+            f"({budget} s, at least 300 s) for a busier node, a cold page cache and slower storage."
+        )
+    else:
+        read_s = size_bytes / STORAGE_BYTES_PER_S
+        budget = max(900, _round_up(2 * (read_s + START_S)))
+        why = (
+            f"A stated conservative figure, not measured (no --load-check report was given): reading the "
+            f"{size_bytes / 2**30:.1f} GiB artifact at {STORAGE_BYTES_PER_S // 2**20} MiB/s (a network volume) takes "
+            f"{read_s:.0f} s, plus {START_S} s for vLLM's start, the runtime creation on the NPU and warm-up; "
+            f"the budget doubles that ({budget} s, at least 900 s). The artifact is precompiled, so no start "
+            "compiles. Pass --load-check with `qvl load-check --json` from the NPU host to size it from a measurement."
+        )
+    threshold = math.ceil((budget - PROBE_DELAY_S) / PROBE_PERIOD_S)
+    return {
+        "budget_s": budget,
+        "measured_s": measured_s,
+        "why": why,
+        "failure_threshold": threshold,
+        "progress_deadline_s": PROBE_DELAY_S + threshold * PROBE_PERIOD_S + PULL_S,
+    }
+
+
+def host_resources(cfg: dict[str, Any], size_bytes: int) -> dict[str, Any]:
+    """CPU and host-memory requests per replica, estimated from the compiled batch and the artifact's size."""
+    batch = cfg.get("batch_size") if type(cfg.get("batch_size")) is int else 1
+    cpu = 2 + math.ceil(batch / 2)
+    cpu += cpu % 2  # even: a node whose static CPU manager aligns to SMT siblings rejects odd counts
+    graphs_gib = math.ceil(size_bytes / 2**30)
+    memory = BASE_HOST_GIB + graphs_gib + SHM_GIB
+    return {
+        "cpu": str(cpu),
+        "memory": f"{memory}Gi",
+        "why_cpu": (
+            f"An estimate, not measured: 2 cores for vLLM's API server and engine core, plus 1 per 2 of the "
+            f"{batch} sequences the artifact batches (max_num_seqs), which decode and resize images and video "
+            "frames on the CPU; rounded up to an even count."
+        ),
+        "why_memory": (
+            f"An estimate, not measured: {BASE_HOST_GIB} GiB for vLLM's processes, {graphs_gib} GiB for the "
+            f"artifact's files (read into host memory, and into the page cache charged to this pod, before they go "
+            f"to the NPU), and {SHM_GIB} GiB for /dev/shm, which is memory-backed and counts against this limit. "
+            "The limit equals the request, so a replica that outgrows it is restarted instead of starving its node."
+        ),
+    }
+
+
+def prefill_throughput(model_config: dict[str, Any], cfg: dict[str, Any], npu: str | None) -> dict[str, Any]:
+    """Peak prefill tokens/s of one replica from ``qvl tune``'s cost model (``tuning.roofline``): the first
+    prefill chunk, where the fewest tokens are attended to. A roofline bound, not a measurement."""
+    from qwenvl_rbln.memory.calibration import model_key
+    from qwenvl_rbln.planning.catalogue.devices import compute_spec
+    from qwenvl_rbln.planning.catalogue.modelinfo import geometry_from_config
+    from qwenvl_rbln.tuning.measured import load_timings
+    from qwenvl_rbln.tuning.roofline import Roofline
+
+    try:
+        compute = compute_spec(npu or "")
+        geometry = geometry_from_config(model_config, "artifact", "config.json")
+    except InputError as exc:
+        return {"tokens_per_s": None, "label": None, "reason": exc.message}
+    chunk = cfg.get("prefill_chunk_size") if type(cfg.get("prefill_chunk_size")) is int else 128
+    block = cfg.get("kvcache_block_size") if type(cfg.get("kvcache_block_size")) is int else cfg.get("max_seq_len", 0)
+    roof = Roofline(geometry, compute, chunk=chunk, timings=load_timings(model_key(geometry), compute.sku))
+    seconds = roof.prefill_chunk(0, block)
+    return {"tokens_per_s": int(chunk / seconds), "label": roof.label(), "chunk": chunk, "reason": None}

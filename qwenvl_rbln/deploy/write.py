@@ -1,0 +1,93 @@
+"""Write the kustomize folder atomically: every file into a staging sibling, then one rename into place.
+
+``--force`` replaces a folder only when ``qvl deploy`` wrote it: its marker (``.qvl-deploy.json``) lists every file in
+it. Anything else there (someone's edits, a different folder named by mistake) is refused and left untouched, as
+``artifacts.staging`` refuses to replace a folder that is not an artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+
+from qwenvl_rbln import __version__
+from qwenvl_rbln.artifacts.staging import clean_stale_temp, non_empty_dir, rmtree
+from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.paths import user_path
+
+MARKER = ".qvl-deploy.json"
+
+
+def _listed(target: Path) -> str | None:
+    """None when ``target`` is a folder qvl deploy wrote (its marker lists every file), else why not."""
+    try:
+        marker = json.loads((target / MARKER).read_text(encoding="utf-8"))
+        listed = set(marker["files"]) if marker.get("format") == 1 else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        listed = None
+    if listed is None:
+        return f"it has no {MARKER} (it was not written by qvl deploy)"
+    present = sorted(
+        (Path(d) / f).relative_to(target).as_posix() for d, _, files in os.walk(target) for f in files if f != MARKER
+    )
+    foreign = [p for p in present if p not in listed]
+    if foreign:
+        return f"it holds files qvl deploy did not write ({', '.join(foreign[:3])})"
+    return None
+
+
+def check_out(target: Path, force: bool) -> Path:
+    """The checks made before anything is built or written."""
+    target = user_path(target, "-o").absolute()
+    if target.exists() and not target.is_dir():
+        raise InputError(f"-o {target} exists and is not a folder", "pass -o with a new folder")
+    if non_empty_dir(target):
+        if not force:
+            raise InputError(
+                f"-o {target} already exists and is not empty; it was left untouched",
+                "pass --force to replace a folder qvl deploy wrote, or a new -o",
+            )
+        why = _listed(target)
+        if why:
+            raise InputError(f"refusing to replace {target} with --force: {why}; nothing was touched", "pass a new -o")
+    return target
+
+
+def write_folder(target: Path, files: dict[str, str], force: bool) -> Path:
+    """Write ``files`` (relative path -> text) as the folder ``target``; the old one goes only once the new is in."""
+    target = check_out(target, force)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_temp(target)
+    tag = f"{os.getpid()}-{secrets.token_hex(4)}"
+    staging = target.parent / f".{target.name}.qvl-tmp-{tag}"
+    old = target.parent / f".{target.name}.qvl-old-{tag}"
+    staging.mkdir()
+    try:
+        for rel, text in files.items():
+            path = staging / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        marker = {"format": 1, "written_by": f"qvl deploy {__version__}", "files": sorted(files)}
+        (staging / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        check_out(target, force)  # something may have appeared meanwhile
+        moved = False
+        if target.is_dir():
+            if non_empty_dir(target):
+                os.rename(target, old)
+                moved = True
+            else:
+                target.rmdir()
+        try:
+            os.rename(staging, target)
+        except BaseException:
+            if moved and not target.exists():
+                os.rename(old, target)
+            raise
+        if moved:
+            rmtree(old)
+    finally:
+        if staging.exists():
+            rmtree(staging)
+    return target
