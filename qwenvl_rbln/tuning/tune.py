@@ -42,7 +42,7 @@ def _setup(needs: Needs, workload: Path, trace: Path | None, prompt_tokens: int,
 
     model = needs.model or load_preset(BASE_PRESET).data["model"]
     max_position = load_geometry(model, "--model")[0].text.max_position_embeddings
-    check_needs(needs, max_position)
+    check_needs(needs, max_position, has_trace=trace is not None)
     if needs.device_memory is not None:  # a bad --device-memory is the user's error, not a configuration's
         from qwenvl_rbln.memory.report import parse_device_memory
         from qwenvl_rbln.planning.catalogue.devices import npu_spec
@@ -155,6 +155,7 @@ def run_tune(
             "objective": needs.objective,
             "max_buckets": needs.max_buckets,
             "device_memory": needs.device_memory,
+            "concurrency": needs.concurrency,
         },
         "base_preset": BASE_PRESET,
         "workload": checker.work.to_dict(),
@@ -164,6 +165,7 @@ def run_tune(
             "measured_graphs": sorted(checker.roof.used_measured),
             "note": "peak figures: real calls are slower; record measured timings in $QVL_HOME/timings.json "
             "(docs/tuning.md) to replace the roofline graph by graph",
+            **checker.cost_notes(),
         },
         "frontier": frontier,
         "candidates": _table(found),
