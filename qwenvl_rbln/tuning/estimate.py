@@ -120,7 +120,8 @@ def estimate(
     high = _one_end(work, high_roof, batch, ordered, vit_s, block, shared, load) if high_roof is not roof else low
     for g_low, g_high in zip(low["decode_graphs"], high["decode_graphs"], strict=True):
         g_high["tokens_per_s"] = g_high["graph"] / g_high["step_s"]
-        g_high["step_s_range"] = _span(g_low["step_s"], g_high["step_s"]) if g_high is not g_low else None
+        differ = abs(g_low["step_s"] - g_high["step_s"]) > 1e-15  # not a dense model, nor a measured graph
+        g_high["step_s_range"] = _span(g_low["step_s"], g_high["step_s"]) if differ else None
     moe_range = _ranges(low, high) if high is not low else None
     lighter = high.get("lighter")
     return {
