@@ -114,6 +114,7 @@ def test_tune_prints_a_moe_range_and_ranks_by_its_high_end(workload):
     text = out.getvalue()
     assert f"{tpot['low'] * 1000:.2f}–{tpot['high'] * 1000:.2f}" in text  # the TPOT column
     assert "custom_moe_glu" in text and "ranked by the high end" in text
+    assert f"MoE range {tpot['low'] * 1000:.2f}-{tpot['high'] * 1000:.2f} ms" in doc["preset"]["description"]
 
 
 # --- without a batch trace: the full-batch assumption and a lighter load ------------------------------------------

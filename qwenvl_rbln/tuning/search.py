@@ -287,10 +287,10 @@ def partitions_for(needs: Needs, max_position: int) -> list[int]:
     return [p for p in PARTITIONS if need_len(needs.context, p) <= max_position]
 
 
-def batch_choices(min_batch: int, bmax: int, trace: dict[int, int] | None) -> list[int]:
+def batch_choices(min_batch: int, bmax: int, trace: dict[int, int] | None, load: int | None = None) -> list[int]:
     """The batches offered between the need and the most that fits: both ends, the powers of two between, the
-    trace's largest running batch."""
-    out = {min_batch, bmax}
+    trace's largest running batch, the lighter load (the smallest batch that carries it: no climb down to it)."""
+    out = {min_batch, bmax, *([load] if load else [])}
     p = 1
     while p < bmax:
         if p >= min_batch:
