@@ -121,12 +121,17 @@ def test_one_device_offers_32768_at_batch_4(files):
 
 
 def test_one_device_full_context_gives_the_largest_batch(files):
-    doc, error = _tune(files, context=262144, devices=1)
+    # two requests in flight: the largest batch that fits at the full context, 2 (batch 3 does not fit)
+    doc, error = _tune(files, context=262144, devices=1, concurrency=2)
     assert error is None
     best = doc["best"]
     assert (best["batch_size"], best["max_seq_len"]) == (2, 262144)
     bigger = next(n for n in doc["neighbours"] if n["change"] == "batch_size 3")
     assert not bigger["counts"] and bigger["why"]
+    # no trace and no --concurrency: ranked at half the largest batch (1 request), which batch 1 carries as fast
+    doc, _ = _tune(files, context=262144, devices=1)
+    assert [f["largest_batch"] for f in doc["frontier"] if f["kvcache_partition_len"] == 8192] == [2]
+    assert doc["best"]["batch_size"] == 1 and doc["cost_model"]["load"]["lighter_load"] == 1
 
 
 def test_a_need_nothing_meets_exits_4_naming_the_nearest(files):

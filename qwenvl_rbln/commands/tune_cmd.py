@@ -31,6 +31,12 @@ def register(app: typer.Typer) -> None:
         min_batch: int = typer.Option(1, "--min-batch", help="Requests that must run at once, each at --context."),
         devices: int = typer.Option(1, "--devices", help="NPUs to use: 2 allows the ViT on its own NPU (device 1)."),
         objective: str = typer.Option("throughput", "--objective", help="throughput (output tokens/s) or latency."),
+        concurrency: int = typer.Option(
+            None,
+            "--concurrency",
+            help="Requests in flight at once (no --batch-trace): throughput is ranked at this load "
+            "(default: half the largest batch that fits).",
+        ),
         max_buckets: int = typer.Option(
             3, "--max-buckets", "-k", help="At most K ViT buckets, and K decoder graphs (each is a compiled graph)."
         ),
@@ -66,6 +72,7 @@ def register(app: typer.Typer) -> None:
             objective=objective,
             max_buckets=max_buckets,
             device_memory=device_memory,
+            concurrency=concurrency,
         )
         data, error = run_tune(
             needs,

@@ -22,7 +22,10 @@ TIE = (
 
 def _slower(best: dict[str, Any], other: dict[str, Any], objective: str, tie: str) -> str:
     pct = (other["score"] / best["score"] - 1) * 100 if best["score"] else 0.0
+    light = (best.get("estimate") or {}).get("lighter_load")
     what = "latency" if objective == "latency" else "throughput"
+    if light and objective != "latency":
+        what = f"throughput at {light['concurrency']} requests in flight"
     if pct > 0.05:
         return f"slower by {pct:.1f} % ({what}, roofline estimate)"
     if pct < -0.05:  # only an alternative the search is bound not to take (bucket-plan's ViT buckets, graphs)

@@ -8,15 +8,20 @@ time in ``$QVL_HOME/timings.json`` (``measured``) uses that instead and says so.
 
 - ViT call in bucket S: the executed FLOPs of S patches (``vision.buckets.vit_flops``, the cost ``--optimize``
   minimises) against the ViT weights and the S x S mask read once.
-- Prefill chunk: 2 x params x chunk rows + attention over the context so far, against weights + KV read.
+- Prefill chunk: 2 x (params - lm_head) x chunk rows + 2 x lm_head (optimum-rbln 0.12 computes the logits of one
+  row per chunk: ``logits_to_keep`` 1) + attention over the context so far, against weights + KV read.
 - Decode step on graph G with b real rows at context c: 2 x params x G + attention 4 x layers x heads x head_dim
   x b x c, against weights (MoE: the experts the rows route to) + b x c x KV bytes per token.
+
+A MoE model has two ends (``dense_experts``): the low one assumes ``custom_moe_glu`` computes and reads only the
+routed experts; the high one that it computes every expert densely (it takes every expert's buffers and a dense
+[E, T] mask, so nothing in its interface says it skips any). Which is true is the compiler's secret until measured.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from qwenvl_rbln.memory.calibration import decoder_key, prefill_key
@@ -38,19 +43,35 @@ class Roofline:
     chunk: int = 512
     timings: dict[str, float] = field(default_factory=dict)  # graph key -> measured seconds
     used_measured: set[str] = field(default_factory=set)
+    dense_experts: bool = False  # a MoE's high end: custom_moe_glu computes and reads every expert
 
     def __post_init__(self) -> None:
         t = self.geometry.text
         self._lm_params = lm_params(t)["device"]
+        self._lm_head = t.vocab_size * t.hidden_size
         self._vit_bytes = vision_params(self.geometry.vision)["device"] * self.dtype_bytes
         self._kv_per_token = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * self.dtype_bytes
         self._attn = t.num_hidden_layers * t.num_attention_heads * t.head_dim
         self._cache: dict[Any, float] = {}
+        self._high: Roofline | None = None
 
     # --- figures ---------------------------------------------------------------------------------
     @property
     def kv_bytes_per_token(self) -> int:
         return self._kv_per_token
+
+    @property
+    def is_moe(self) -> bool:
+        return self._experts()[0] > 0
+
+    def high_end(self) -> Roofline:
+        """The same cost model with every expert computed densely (a dense model's is itself); measured timings and
+        the record of which were used are shared, so a measured graph is the same figure at both ends."""
+        if not self.is_moe or self.dense_experts:
+            return self
+        if self._high is None:
+            self._high = replace(self, dense_experts=True)
+        return self._high
 
     def _time(self, flops: float, nbytes: float) -> float:
         return max(flops / self.compute.fp16_flops, nbytes / self.compute.hbm_bytes_per_s)
@@ -72,9 +93,10 @@ class Roofline:
 
     def lm_params_read(self, rows: int) -> tuple[float, float]:
         """(params per token, params read per call) for ``rows`` rows: all of them for a dense model; a MoE model
-        computes its top-k experts per token and reads the experts its rows route to (expected distinct ones)."""
+        computes its top-k experts per token and reads the experts its rows route to (expected distinct ones); at
+        its high end (``dense_experts``) it computes and reads every expert for every row."""
         sparse, expert, k, experts = self._experts()
-        if not sparse:
+        if not sparse or self.dense_experts:
             return float(self._lm_params), float(self._lm_params)
         shared = max(self._lm_params - sparse * experts * expert, 0.0)
         distinct = experts * (1 - (1 - k / experts) ** rows)
@@ -90,13 +112,16 @@ class Roofline:
         return self._cache[key]
 
     def prefill_chunk(self, before: int, block: int) -> float:
-        """One prefill chunk (a full ``chunk`` of rows: the graph is compiled at that size) after ``before`` tokens."""
+        """One prefill chunk (a full ``chunk`` of rows: the graph is compiled at that size) after ``before`` tokens.
+        lm_head runs on one row: optimum-rbln 0.12's ``logits_to_keep`` is 1, so the graph takes ``query_position``
+        and computes the logits of that row only (its weights are still read once)."""
         measured = self._measured(prefill_key(self.chunk, block))
         if measured:
             return measured
         per_token, read = self.lm_params_read(self.chunk)
         ctx = before + self.chunk
-        flops = 2 * per_token * self.chunk + 4 * self._attn * self.chunk * (before + self.chunk / 2)
+        body = 2 * (per_token - self._lm_head) * self.chunk + 2 * self._lm_head
+        flops = body + 4 * self._attn * self.chunk * (before + self.chunk / 2)
         return self._time(flops, read * self.dtype_bytes + ctx * self._kv_per_token)
 
     def prefill(self, tokens: int, block: int) -> float:

@@ -19,7 +19,7 @@ from typing import Any
 from qwenvl_rbln.errors import InputError, QvlError
 from qwenvl_rbln.memory.moe import WEIGHTS_ALONE
 from qwenvl_rbln.memory.report import FITS
-from qwenvl_rbln.tuning.estimate import estimate, score
+from qwenvl_rbln.tuning.estimate import FULL_BATCH, estimate, score
 from qwenvl_rbln.tuning.roofline import Roofline
 from qwenvl_rbln.tuning.workload import Work, decoder_graphs
 
@@ -27,6 +27,10 @@ BASE_PRESET = "rebel100-1npu"  # the Model Zoo baseline every configuration is a
 PARTITIONS = (8192, 4096, 16384)  # optimum-rbln's REBEL default first (the documented one), then its neighbours
 BATCH_CAP = 256
 TABLE_ROWS = 8
+MOE_RANGE = (
+    "times are a range: low = custom_moe_glu computes and reads only the routed experts, high = it computes "
+    "every expert densely (its interface takes every expert and a dense mask); ranked by the high end unless measured"
+)
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class Needs:
     objective: str = "throughput"
     max_buckets: int = 3
     device_memory: str | None = None
+    concurrency: int | None = None  # requests in flight at once, when known (else half the largest batch)
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,45 @@ class Checker:
         self.max_position: int = base.geometry.text.max_position_embeddings
         self._checks: dict[Config, dict[str, Any]] = {}
         self._graphs: dict[int, tuple[list[int], str]] = {}
+        self._load: int | None = None
         self.calls = 0
+
+    def light_load(self) -> int | None:
+        """The lighter load every candidate is also costed (and, for throughput, ranked) at when there is no batch
+        trace: --concurrency, else half the largest batch that fits at the needed context (at least --min-batch).
+        One figure for every candidate, so a batch above it buys no throughput and the smaller batch wins."""
+        if self.work.trace:
+            return None
+        if self.needs.concurrency:
+            return self.needs.concurrency
+        if self._load is None:
+            top = max((c.batch for c in largest_batches(self)), default=0)
+            self._load = max(self.needs.min_batch, -(-top // 2), 1)
+        return self._load
+
+    def cost_notes(self) -> dict[str, Any]:
+        """What the figures assume about the load and, for a MoE, the experts: printed by tune, in its --json."""
+        load = self.light_load()
+        if self.work.trace:
+            source, rule = "batch trace", "ranked at the batch trace's running batches"
+        else:
+            source = "--concurrency" if self.needs.concurrency else "half the largest batch that fits, no --concurrency"
+            rank = "throughput" if self.needs.objective == "throughput" else None
+            rule = (
+                f"{FULL_BATCH}; ranked by throughput at a lighter load of {load} running requests ({source}), so a "
+                "batch above it is no faster and the smaller batch wins"
+                if rank
+                else f"{FULL_BATCH}; latency is ranked there (the slowest TPOT the batch can see)"
+            )
+        return {
+            "load": {
+                "assumption": None if self.work.trace else FULL_BATCH,
+                "lighter_load": load,
+                "lighter_from": source,
+                "rule": rule,
+            },  # fmt: skip
+            "moe_range": MOE_RANGE if self.roof.is_moe else None,
+        }
 
     def graphs(self, cfg: Config) -> list[int]:
         if cfg.graphs is not None:
@@ -182,6 +225,7 @@ class Checker:
             vit_buckets=self.vit(cfg),
             block=cfg.partition,
             shared=not cfg.split,
+            load=self.light_load(),
         )
 
     def describe(self, cfg: Config, **extra: Any) -> dict[str, Any]:
@@ -243,10 +287,10 @@ def partitions_for(needs: Needs, max_position: int) -> list[int]:
     return [p for p in PARTITIONS if need_len(needs.context, p) <= max_position]
 
 
-def batch_choices(min_batch: int, bmax: int, trace: dict[int, int] | None) -> list[int]:
+def batch_choices(min_batch: int, bmax: int, trace: dict[int, int] | None, load: int | None = None) -> list[int]:
     """The batches offered between the need and the most that fits: both ends, the powers of two between, the
-    trace's largest running batch."""
-    out = {min_batch, bmax}
+    trace's largest running batch, the lighter load (the smallest batch that carries it: no climb down to it)."""
+    out = {min_batch, bmax, *([load] if load else [])}
     p = 1
     while p < bmax:
         if p >= min_batch:
@@ -257,7 +301,7 @@ def batch_choices(min_batch: int, bmax: int, trace: dict[int, int] | None) -> li
     return sorted(b for b in out if min_batch <= b <= bmax)
 
 
-def check_needs(needs: Needs, max_position: int) -> None:
+def check_needs(needs: Needs, max_position: int, has_trace: bool = False) -> None:
     if needs.context < 1:
         raise InputError(f"--context {needs.context} is not a length", "give the longest request in tokens, e.g. 32768")
     if needs.context > max_position or not partitions_for(needs, max_position):
@@ -273,6 +317,13 @@ def check_needs(needs: Needs, max_position: int) -> None:
         raise InputError(f"--objective {needs.objective!r} is not throughput or latency", "use one of them")
     if needs.max_buckets < 1:
         raise InputError(f"--max-buckets {needs.max_buckets} must be at least 1", "e.g. --max-buckets 3")
+    if needs.concurrency is not None and not 1 <= needs.concurrency <= BATCH_CAP:
+        raise InputError(f"--concurrency {needs.concurrency} is outside 1..{BATCH_CAP}", "e.g. --concurrency 8")
+    if needs.concurrency is not None and has_trace:
+        raise InputError(
+            "--concurrency and --batch-trace both describe the load",
+            "give one: the trace when you have one (it is the measured load), else --concurrency",
+        )
 
 
 def largest_batches(checker: Checker) -> list[Config]:

@@ -42,7 +42,7 @@ def _setup(needs: Needs, workload: Path, trace: Path | None, prompt_tokens: int,
 
     model = needs.model or load_preset(BASE_PRESET).data["model"]
     max_position = load_geometry(model, "--model")[0].text.max_position_embeddings
-    check_needs(needs, max_position)
+    check_needs(needs, max_position, has_trace=trace is not None)
     if needs.device_memory is not None:  # a bad --device-memory is the user's error, not a configuration's
         from qwenvl_rbln.memory.report import parse_device_memory
         from qwenvl_rbln.planning.catalogue.devices import npu_spec
@@ -78,7 +78,7 @@ def _search(checker: Checker) -> tuple[list[tuple[Config, dict[str, Any]]], list
                 "batch_cap_reached": bmax == BATCH_CAP,  # the search stops at BATCH_CAP: at least this many
             }
         )
-        for b in batch_choices(checker.needs.min_batch, bmax, checker.work.trace):
+        for b in batch_choices(checker.needs.min_batch, bmax, checker.work.trace, checker.light_load()):
             cfg = Config(split, p, length, b)
             row = checker.describe(cfg, longest_max_seq_len_that_fits=checker.longest(cfg, length))
             found.append((cfg, row))
@@ -155,6 +155,7 @@ def run_tune(
             "objective": needs.objective,
             "max_buckets": needs.max_buckets,
             "device_memory": needs.device_memory,
+            "concurrency": needs.concurrency,
         },
         "base_preset": BASE_PRESET,
         "workload": checker.work.to_dict(),
@@ -164,6 +165,7 @@ def run_tune(
             "measured_graphs": sorted(checker.roof.used_measured),
             "note": "peak figures: real calls are slower; record measured timings in $QVL_HOME/timings.json "
             "(docs/tuning.md) to replace the roofline graph by graph",
+            **checker.cost_notes(),
         },
         "frontier": frontier,
         "candidates": _table(found),
@@ -192,8 +194,14 @@ def _description(checker: Checker, best: dict[str, Any]) -> str:
         f"qvl tune: {checker.base.model_id} for {work.path} ({work.requests:,} requests{trace}); "
         f"needs context {needs.context}, batch >= {needs.min_batch}, {needs.devices} NPU(s), objective "
         f"{needs.objective}; estimate ({LABEL}): {est['output_tokens_per_s']:.0f} output tokens/s, TTFT "
-        f"{est['ttft_s'] * 1000:.1f} ms, TPOT {est['tpot_s'] * 1000:.2f} ms"
+        f"{est['ttft_s'] * 1000:.1f} ms, TPOT {est['tpot_s'] * 1000:.2f} ms{_moe_span(est)}"
     )
+
+
+def _moe_span(est: dict[str, Any]) -> str:
+    """A MoE's TPOT as its range (routed experts to every expert): the headline above is the high end."""
+    span = (est.get("moe_range") or {}).get("tpot_s")
+    return f" (MoE range {span['low'] * 1000:.2f}-{span['high'] * 1000:.2f} ms, ranked by the high end)" if span else ""
 
 
 def _hand_over(checker: Checker, cfg: Config, best: dict[str, Any], output: Path | None) -> dict[str, Any]:

@@ -51,11 +51,57 @@ def _config_row(i: int, row: dict[str, Any]) -> list[str]:
         _where(row),
         row["verdict"],
         "-" if margin is None else f"{margin / GiB:+.2f} {row['margin_binds']}",
-        f"{est['output_tokens_per_s']:.0f}" if est else "-",
-        _ms(est.get("ttft_s")),
-        _ms(est.get("tpot_s")),
-        _ms(est.get("latency_s")),
+        _fig(est, "output_tokens_per_s", 1, ".0f"),
+        _fig(est, "ttft_s"),
+        _fig(est, "tpot_s"),
+        _fig(est, "latency_s"),
     ]
+
+
+# --- the corrected cost model: MoE ranges and the lighter load --------------------------------------------------
+
+
+def _fig(est: dict[str, Any] | None, key: str, scale: float = 1000, fmt: str = ".2f") -> str:
+    """One figure, or a MoE's range "low–high" (routed experts only to every expert) when the two ends differ."""
+    if not est or est.get(key) is None:
+        return "-"
+    span = (est.get("moe_range") or {}).get(key)
+    if span:
+        return f"{span['low'] * scale:{fmt}}–{span['high'] * scale:{fmt}}"
+    return f"{est[key] * scale:{fmt}}"
+
+
+def _load_cols(data: dict[str, Any]) -> list[Col]:
+    """The lighter-load throughput column (no batch trace only): what throughput is ranked by."""
+    load = (data["cost_model"].get("load") or {}).get("lighter_load")
+    return [Col(f"tok/s at {load}")] if load else []
+
+
+def _load_cells(row: dict[str, Any], data: dict[str, Any]) -> list[str]:
+    if not _load_cols(data):
+        return []
+    est = row.get("estimate") or {}
+    light = est.get("lighter_load")
+    if not light:
+        return ["-"]
+    return [_fig({**light, "moe_range": (est.get("moe_range") or {}).get("lighter")}, "output_tokens_per_s", 1, ".0f")]
+
+
+def _cost_notes(console: Any, data: dict[str, Any]) -> None:
+    """What the figures assume: the load (full batch without a trace, and the rule tune ranks by), a MoE's range."""
+    cm = data["cost_model"]
+    load = cm.get("load") or {}
+    if load.get("rule"):
+        console.print(markup("[bold]load[/bold] {}", load["rule"]))
+    if cm.get("moe_range"):
+        console.print(markup("[bold]MoE[/bold] {}", cm["moe_range"]))
+
+
+def _step(graph: dict[str, Any]) -> str:
+    span = graph.get("step_s_range")
+    if span:
+        return f"{graph['graph']}: {span['low'] * 1000:.2f}–{span['high'] * 1000:.2f} ms"
+    return f"{graph['graph']}: {graph['step_s'] * 1000:.2f} ms"
 
 
 def _needs(console: Any, data: dict[str, Any]) -> None:
@@ -95,6 +141,7 @@ def _needs(console: Any, data: dict[str, Any]) -> None:
     console.print(
         markup("[bold]estimates[/bold] [yellow]{}[/yellow]: {}", cm["label"], _figures(cm["npu"])), highlight=False
     )
+    _cost_notes(console, data)
 
 
 def _figures(npu: dict[str, Any]) -> str:
@@ -107,8 +154,8 @@ def _figures(npu: dict[str, Any]) -> str:
 def print_human(console: Any, data: dict[str, Any]) -> None:
     _needs(console, data)
     if data.get("best"):
-        rows = [_config_row(i + 1, r) for i, r in enumerate(data["candidates"])]
-        cols = _config_cols(data["needs"])
+        rows = [_config_row(i + 1, r) + _load_cells(r, data) for i, r in enumerate(data["candidates"])]
+        cols = _config_cols(data["needs"]) + _load_cols(data)
         print_left_out(console, print_table(console, cols, rows, title="best configurations (every one fits)"))
         console.print(markup("decoder graphs: {}", data.get("decoder_graphs_from") or ""))
         capped = [f["largest_batch"] for f in data["frontier"] if f["batch_cap_reached"]]
@@ -145,15 +192,15 @@ def _searched(console: Any, data: dict[str, Any]) -> None:
 def _breakdown(console: Any, best: dict[str, Any]) -> None:
     """Where #1's time goes, per request and per graph (all roofline bounds)."""
     est = best["estimate"]
-    graphs = ", ".join(f"{g['graph']}: {g['step_s'] * 1000:.2f} ms" for g in est["decode_graphs"])
+    graphs = ", ".join(_step(g) for g in est["decode_graphs"])
     console.print(
         markup(
             "#1 per request: ViT {} ms (packed), prefill {} ms ({} chunks of {} ms), decode step by graph {}; "
             "mean running batch {}, bottleneck: {}",
             f"{est['vit_s_per_request'] * 1000:.2f}",
-            f"{est['prefill_s_per_request'] * 1000:.2f}",
+            _fig(est, "prefill_s_per_request"),
             f"{est['prefill_chunks_per_request']:.1f}",
-            f"{est['prefill_s_per_chunk'] * 1000:.2f}",
+            _fig(est, "prefill_s_per_chunk"),
             graphs,
             f"{est['mean_running_batch']:.2f}",
             est["bottleneck"],

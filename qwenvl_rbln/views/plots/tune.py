@@ -94,7 +94,7 @@ def from_tune_report(doc: dict[str, Any]) -> dict[str, Any]:
     cands = [
         {
             "label": label,
-            "throughput": r["estimate"]["output_tokens_per_s"],
+            "throughput": (r["estimate"].get("lighter_load") or r["estimate"])["output_tokens_per_s"],  # what ranks
             "ttft_s": r["estimate"]["ttft_s"],
             "latency_s": r["estimate"]["latency_s"],
             "verdict": r["verdict"],
@@ -108,6 +108,8 @@ def from_tune_report(doc: dict[str, Any]) -> dict[str, Any]:
     ]
     cost = doc["cost_model"]
     label = cost["label"] + (", some graphs measured" if cost.get("measured_graphs") else "")
+    light = (cost.get("load") or {}).get("lighter_load")
+    label += f", at {light} requests in flight" if light else ""
     return {"throughput_unit": f"output tokens/s, {label}", "objective": doc["needs"]["objective"], "candidates": cands}
 
 
