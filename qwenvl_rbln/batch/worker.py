@@ -41,12 +41,16 @@ class WorkerSpec:
     name: str = "worker-0"
     npu: Any = None  # the NPU(s) as the host numbers them, for the records (None: the placement's device)
     batch_file: str | None = None  # relative media paths resolve against its folder; error lines name it
+    device: Any = None  # one-NPU job: --device / --visual-device as given (used when ``devices`` is empty)
+    visual_device: Any = None
 
     def infer_options(self) -> Any:
         from qwenvl_rbln.inference.runner import InferOptions
 
-        device = self.devices[0] if self.devices else None
-        visual = self.devices[1] if len(self.devices) > 1 else device
+        device, visual = self.device, self.visual_device
+        if self.devices:  # a pool's worker: its NPUs as it sees them; the second (if any) runs the ViT
+            device = self.devices[0]
+            visual = self.devices[1] if len(self.devices) > 1 else device
         return InferOptions(
             directory=Path(self.directory) if self.directory else None,
             preset=self.preset,
