@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 
+from qwenvl_rbln.commands import infer_batch
 from qwenvl_rbln.commands.common import JsonOpt, SetOpt
 from qwenvl_rbln.commands.infer_batch import DevicesOpt, OutputOpt, RayAddressOpt, ResumeOpt, WorkersOpt
 
@@ -224,11 +225,9 @@ def register(app: typer.Typer) -> None:
             emulate=emulate,
             vit_packing=not no_vit_packing,
         )
-        if output is not None or resume or workers is not None or devices is not None or ray_address is not None:
-            from qwenvl_rbln.commands import infer_batch
-
-            job = {"resume": resume, "workers": workers, "devices": devices, "ray_address": ray_address}
-            return infer_batch.run_job(opts, output=output, as_json=as_json, **job)
+        job = {"output": output, "resume": resume, "workers": workers, "devices": devices, "ray_address": ray_address}
+        if any(value not in (None, False) for value in job.values()):  # --output: the streamed job
+            return infer_batch.run_job(opts, as_json=as_json, **job)
         shown: set[str] = set()
 
         def notify(line: str) -> None:
