@@ -105,6 +105,16 @@ def test_a_hash_shared_by_two_ids_is_no_duplicate_and_resume_tells_them_apart(tm
     assert "ab" in done and "cd" not in done and "e" not in done
 
 
+def test_resume_of_two_ids_sharing_a_hash_runs_the_unfinished_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(source, "id_hash", lambda rid: len(rid))
+    monkeypatch.setattr(results, "id_hash", lambda rid: len(rid))
+    batch = _write(tmp_path / "b.jsonl", [{"id": "ab"}, {"id": "cd"}, {"id": "e"}])
+    out = _write(tmp_path / "r.jsonl", [_ok(source.WorkItem("ab", 1, {}))])
+    summary = run_batch(_job(batch, out, resume=True), executor=Echo())
+    assert sorted(r["id"] for r in _lines(out)) == ["ab", "cd", "e"]
+    assert summary["counts"]["skipped_by_resume"] == 1 and summary["counts"]["done"] == 2
+
+
 # ------------------------------------------------------------------------------------------------ results
 
 

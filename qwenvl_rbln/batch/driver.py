@@ -1,8 +1,8 @@
 """``qvl infer --batch-file F --output results.jsonl``: the streamed, resumable batch job.
 
 Order (nothing done twice, nothing lost): the output is checked (an existing non-empty file is never overwritten:
-``--resume`` continues it), the batch file's ids are checked (duplicates refused before any work, naming the
-lines), ``--resume`` reads the ids already finished (a torn last line is cut and redone), the artifact is resolved
+``--resume`` continues it), ``--resume`` reads the ids already finished (a torn last line is cut and redone), the
+batch file's ids are checked (duplicates refused before any work, naming the lines), the artifact is resolved
 (a wrong directory fails before a worker starts), then the executor runs: in this process for one NPU (Ray is never
 imported), or ``batch/ray_pool.py``'s pool for ``--workers``/``--devices``/``--ray-address``. Each finished
 request is one line, written as it completes. Ctrl-C or SIGTERM stops the workers and leaves only complete lines.
@@ -142,14 +142,16 @@ def run_batch(opts: BatchOptions, *, watch: Watch | None = None, executor: Any =
     chosen one (tests, benchmarks)."""
     output, batch_file = Path(opts.output), Path(opts.batch_file)
     check_output(output, opts.resume)
-    ids = check_unique_ids(batch_file)
+    done = completed_ids(output) if opts.resume else CompletedIds.empty()  # a torn last line is cut here
+    torn = done.torn
+    ids = check_unique_ids(batch_file, done)
+    skipped = ids.already
+    if ids.shared_hashes and len(done):  # two input ids share a hash (rare): tell them apart exactly
+        done = completed_ids(output, ids.shared_hashes)
+        skipped = _count_done(batch_file, done)
     devices_per_worker = _target_check(opts.spec) if executor is None else 1
-    done = completed_ids(output, ids.shared_hashes) if opts.resume else CompletedIds.empty()
-    skipped = _count_done(batch_file, done) if len(done) else 0
     tally = Tally(ids.count, skipped)
-    tally.notes = (
-        [f"{output}: a torn last line ({done.torn} bytes) was cut; its request runs again"] if done.torn else []
-    )
+    tally.notes = [f"{output}: a torn last line ({torn} bytes) was cut; its request runs again"] if torn else []
     ex = executor if executor is not None else make_executor(opts, devices_per_worker)
     notify = watch or (lambda t, what: None)
 
@@ -169,6 +171,10 @@ def run_batch(opts: BatchOptions, *, watch: Watch | None = None, executor: Any =
             ex.run(_pending(iter_items(batch_file, opts.system), done), emit, event)
         except KeyboardInterrupt:
             interrupted = True
+        except QvlError as exc:  # a worker that cannot go on: what finished is kept, and says how to continue
+            done_note = f"the {tally.skipped + tally.done} finished requests are in {output}; rerun with --resume"
+            exc.hint = f"{exc.hint}; then {done_note}" if exc.hint else done_note
+            raise
         finally:
             with contextlib.suppress(Exception):
                 ex.close()

@@ -14,12 +14,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from array import array
-from bisect import bisect_left
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from qwenvl_rbln.batch.hashes import HashBuckets
 from qwenvl_rbln.batch.records import is_complete
 from qwenvl_rbln.batch.source import id_hash
 from qwenvl_rbln.errors import InputError
@@ -28,18 +27,18 @@ FSYNC_EVERY_S = 2.0
 
 
 class CompletedIds:
-    """The ids already in a results file: sorted 8-byte hashes, plus the exact ids behind ``shared`` hashes (two
-    ids of the batch file that hash alike, from ``source.check_unique_ids``), so membership is exact for them."""
+    """The ids already in a results file: 8-byte hashes (``HashBuckets``), plus the exact ids behind ``shared``
+    hashes (two ids of the batch file that hash alike: ``source.check_unique_ids``), so membership is exact for them."""
 
-    def __init__(self, hashes: array, exact: set[str], shared: frozenset[int]):
-        self._hashes = array("Q", sorted(hashes))
+    def __init__(self, done: HashBuckets, exact: set[str], shared: frozenset[int]):
+        self._hashes = done.freeze()
         self._exact = exact
         self._shared = shared
         self.torn = 0  # bytes of a torn last line cut off the file
 
     @classmethod
     def empty(cls) -> CompletedIds:
-        return cls(array("Q"), set(), frozenset())
+        return cls(HashBuckets(), set(), frozenset())
 
     def __len__(self) -> int:
         return len(self._hashes)
@@ -50,8 +49,7 @@ class CompletedIds:
         h = id_hash(rid)
         if h in self._shared:
             return rid in self._exact
-        i = bisect_left(self._hashes, h)
-        return i < len(self._hashes) and self._hashes[i] == h
+        return h in self._hashes
 
 
 _OURS = b'{"id":'  # how every line ResultsWriter writes begins (the record's first key, compact JSON)
@@ -79,7 +77,7 @@ def completed_ids(path: str | Path, shared: frozenset[int] = frozenset()) -> Com
     refused naming it, and the file is left as it was. Then a torn last line (no newline: a kill mid-write) is
     cut off the file, so its request is redone and never counted (``CompletedIds.torn``: the bytes cut)."""
     path = Path(path)
-    hashes = array("Q")
+    done = HashBuckets()
     exact: set[str] = set()
     keep = torn = 0
     if path.exists():
@@ -98,16 +96,16 @@ def completed_ids(path: str | Path, shared: frozenset[int] = frozenset()) -> Com
                 if record is None:
                     raise _not_ours(path, lineno)
                 h = id_hash(record["id"])
-                hashes.append(h)
+                done.add(h)
                 if h in shared:
                     exact.add(record["id"])
         if torn:
             with path.open("rb+") as fh:
                 fh.truncate(keep)
                 os.fsync(fh.fileno())
-    done = CompletedIds(hashes, exact, shared)
-    done.torn = torn
-    return done
+    ids = CompletedIds(done, exact, shared)
+    ids.torn = torn
+    return ids
 
 
 class ResultsWriter:
