@@ -67,11 +67,18 @@ class BatchBoard:
 class PlainLines:
     """The watch off a terminal: a start line, a line every N requests or S seconds, an end line (stderr)."""
 
-    def __init__(self, emit: Callable[[str], None], *, every_n: int = LINE_EVERY_N, every_s: float = LINE_EVERY_S):
+    def __init__(
+        self,
+        emit: Callable[[str], None],
+        *,
+        every_n: int = LINE_EVERY_N,
+        every_s: float = LINE_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.emit = emit
-        self.every_n, self.every_s = every_n, every_s
+        self.every_n, self.every_s, self.clock = every_n, every_s, clock
         self._last_done = 0
-        self._last_t = time.monotonic()
+        self._last_t = clock()
 
     def __call__(self, tally: Any, what: str) -> None:
         if what == "start":
@@ -82,7 +89,7 @@ class PlainLines:
             self.emit(f"qvl infer: {left} of {tally.total} requests to run{skipped}")
             return
         if what == "record":
-            now = time.monotonic()
+            now = self.clock()
             if tally.done - self._last_done < self.every_n and now - self._last_t < self.every_s:
                 return
             self._last_done, self._last_t = tally.done, now
