@@ -100,6 +100,12 @@ class BatchWorker:
         self.processor = load_processor(self.target.directory, caps)  # counts prompts (no weights)
         self.backend = runner.load_backend(self.opts, self.target, caps, self.placement, torch_dev, model_cls)
         self.max_batch = int(self.target.resolved.batch_size)
+        if self.target.tiny:
+            self.warnings.insert(0, runner.TINY_NOTICE)
+        if self.emulated:
+            self.warnings.append(
+                "emulated: qvl's CPU emulator of rebel ran these requests, no NPU; timings say nothing about one"
+            )
         self.npu = spec.npu if spec.npu is not None else self._placed_npu()
         base = Path(spec.batch_file).parent if spec.batch_file else Path.cwd()
         self.base = base.absolute()
