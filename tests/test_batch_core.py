@@ -190,9 +190,18 @@ def test_ctrl_c_leaves_complete_lines_and_resume_finishes_each_id_exactly_once(t
     with pytest.raises(BatchInterrupted):
         run_batch(_job(batch, out, resume=True), executor=Echo(stop_after=2))
     summary = run_batch(_job(batch, out, resume=True), executor=Echo())
+    assert summary["notes"] == []  # the torn line was cut by the run before
     ids = [r["id"] for r in _lines(out)]
     assert sorted(ids, key=int) == [str(n) for n in range(9)]  # every id exactly once
     assert summary["counts"]["skipped_by_resume"] == 6 and summary["counts"]["done"] == 3
+
+
+def test_resume_into_results_of_another_batch_file_says_so(tmp_path):
+    batch = _write(tmp_path / "b.jsonl", [{"id": "a"}, {"id": "b"}])
+    out = _write(tmp_path / "r.jsonl", [_ok(source.WorkItem(x, 1, {})) for x in ("a", "zz")])
+    summary = run_batch(_job(batch, out, resume=True), executor=Echo())
+    assert summary["counts"]["skipped_by_resume"] == 1 and summary["counts"]["done"] == 1
+    assert any("1 results whose ids are not in" in n for n in summary["notes"]), summary["notes"]
 
 
 def test_an_existing_output_is_never_overwritten_without_resume(tmp_path):

@@ -151,7 +151,13 @@ def run_batch(opts: BatchOptions, *, watch: Watch | None = None, executor: Any =
         skipped = _count_done(batch_file, done)
     devices_per_worker = _target_check(opts.spec) if executor is None else 1
     tally = Tally(ids.count, skipped)
-    tally.notes = [f"{output}: a torn last line ({torn} bytes) was cut; its request runs again"] if torn else []
+    if torn:
+        tally.notes.append(f"{output}: a torn last line ({torn} bytes) was cut; its request runs again")
+    if len(done) > skipped:
+        tally.notes.append(
+            f"{output} holds {len(done) - skipped} results whose ids are not in {batch_file} (another batch file?); "
+            "they are kept, and the lines of this run are appended after them"
+        )
     ex = executor if executor is not None else make_executor(opts, devices_per_worker)
     notify = watch or (lambda t, what: None)
 
