@@ -41,6 +41,7 @@ class WorkerSpec:
     name: str = "worker-0"
     npu: Any = None  # the NPU(s) as the host numbers them, for the records (None: the placement's device)
     batch_file: str | None = None  # relative media paths resolve against its folder; error lines name it
+    media_base: str | None = None  # absolute folder for relative media paths (default: batch_file's folder)
     device: Any = None  # one-NPU job: --device / --visual-device as given (used when ``devices`` is empty)
     visual_device: Any = None
 
@@ -107,8 +108,8 @@ class BatchWorker:
                 "emulated: qvl's CPU emulator of rebel ran these requests, no NPU; timings say nothing about one"
             )
         self.npu = spec.npu if spec.npu is not None else self._placed_npu()
-        base = Path(spec.batch_file).parent if spec.batch_file else Path.cwd()
-        self.base = base.absolute()
+        base = spec.media_base or (Path(spec.batch_file).parent if spec.batch_file else Path.cwd())
+        self.base = Path(base).absolute()
 
     def _placed_npu(self) -> Any:
         if self.placement is None:
