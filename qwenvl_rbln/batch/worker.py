@@ -186,7 +186,8 @@ class BatchWorker:
         except InputError as exc:
             if len(ready) > 1:
                 return [rec for r in ready for rec in self._generate([r])]
-            return [self._error(ready[0].item, records.CORRUPT_MEDIA, exc)]
+            cause = records.TOO_LONG if "max_seq_len" in exc.message else records.CORRUPT_MEDIA
+            return [self._error(ready[0].item, cause, exc)]
         from qwenvl_rbln.inference.runner import decoder_info
 
         dec = decoder_info(len(ready), self.target.resolved)
