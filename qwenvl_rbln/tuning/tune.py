@@ -196,7 +196,13 @@ def _timing_sources(checker: Checker, doc: dict[str, Any]) -> dict[str, Any]:
         if isinstance(row, dict) and row.get("estimate") and "kvcache_partition_len" in row:
             row["timing"] = row_timing(row, roof)
     on_estimates = sum(1 for r in doc["candidates"] if (r.get("timing") or {}).get("rests_on_estimates", True))
+    label = (
+        LABEL
+        if not roof.used_measured
+        else f"roofline bound except {len(roof.used_measured)} measured graphs (see figures)"
+    )
     return {
+        "label": label,
         "measured_graphs": sorted(roof.used_measured),
         "sources": dict(sorted(roof.sources.items())),
         "rows_on_estimates": on_estimates,
