@@ -106,3 +106,12 @@ def test_an_emulated_timing_never_changes_tune(workload, baseline, tmp_path, mon
     doc = _tune(workload)
     assert json.dumps(doc["candidates"]) == json.dumps(baseline["candidates"])
     assert doc["best"]["timing"]["label"] == "roofline bound"
+
+
+def test_the_nearest_configurations_say_where_their_figures_came_from(workload, tmp_path, monkeypatch):
+    monkeypatch.setenv("QVL_HOME", str(tmp_path))
+    write_entry("k", _slow_batch(), emulated=False)
+    doc, error = run_tune(Needs(model=None, context=262144, min_batch=64, devices=1), workload)
+    assert error is not None and doc["nearest"]
+    costed = [r for r in doc["nearest"] if r.get("estimate")]
+    assert costed and all(r["timing"]["label"].startswith(("mixed", "measured", "roofline")) for r in costed)

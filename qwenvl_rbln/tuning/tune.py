@@ -191,7 +191,8 @@ def _timing_sources(checker: Checker, doc: dict[str, Any]) -> dict[str, Any]:
     """Label every row with where its figures came from (measured, fitted, roofline bound), and say which rows
     rest on estimates: a measured row is slower than a bound, so a bound row ranked above it may not be faster."""
     roof = checker.roof
-    rows = [*doc["candidates"], *([doc["best"]] if "best" in doc else []), *doc.get("neighbours", [])]
+    rows = [*doc["candidates"], *([doc["best"]] if "best" in doc else []), *doc.get("neighbours", []),
+            *doc.get("nearest", [])]  # fmt: skip
     for row in rows:
         if isinstance(row, dict) and row.get("estimate") and "kvcache_partition_len" in row:
             row["timing"] = row_timing(row, roof)
