@@ -179,3 +179,19 @@ def test_profile_check_exits_7_when_a_graph_is_off_and_says_emulated(tiny_rbln, 
     assert "emulated times of visual/call256 differ from the roofline bound" in res.stderr
     assert "emulated (CPU, not an NPU) against the roofline bound" in res.stdout and "OFF" in res.stdout
     assert (home / "timings.json").read_bytes() == before  # --no-save
+
+
+def test_a_graph_that_cannot_load_is_one_backend_error_naming_it(tiny_rbln, tmp_path, monkeypatch):
+    import shutil
+
+    from qwenvl_rbln.errors import BackendError
+    from qwenvl_rbln.profiling.run import ProfileOptions, run_profile
+    from tests.emulated_rbln import emulator_on
+
+    art = tmp_path / "art"
+    shutil.copytree(tiny_rbln, art)
+    (art / "decoder_batch_1.rbln").write_bytes(b"not a graph")
+    monkeypatch.setenv("QVL_HOME", str(tmp_path))
+    with emulator_on(), pytest.raises(BackendError, match="decoder_batch_1.rbln .decoder_batch_1/block1024. cannot"):
+        run_profile(ProfileOptions(art, emulate=True, only=("decoder_batch_1/block1024",)))
+    assert not (tmp_path / "timings.json").exists()  # nothing half-recorded

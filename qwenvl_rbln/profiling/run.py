@@ -59,8 +59,18 @@ def _roofline(directory: Path, npu: str, shapes: Shapes) -> tuple[Any, str]:
 
 def _time_graph(rebel: Any, art: Path, graph: Graph, shapes: Shapes, opts: ProfileOptions) -> dict[str, Any]:
     """One runtime for the graph (dropped afterwards: the KV pool of one graph at a time on the device)."""
-    compiled = rebel.RBLNCompiledModel(str(art / graph.file))
-    runtime = rebel.Runtime(compiled, tensor_type="pt", device=graph.device)
+    from qwenvl_rbln.backends.rbln.optimum import first_line
+    from qwenvl_rbln.errors import BackendError
+
+    try:
+        compiled = rebel.RBLNCompiledModel(str(art / graph.file))
+        runtime = rebel.Runtime(compiled, tensor_type="pt", device=graph.device)
+    except (RuntimeError, OSError, ValueError, TypeError) as exc:
+        raise BackendError(
+            f"{graph.file} ({graph.key}) cannot be loaded on device {graph.device}: {first_line(exc)}",
+            "`qvl load-check DIR` diagnoses the artifact and its placement; an artifact from `qvl compile "
+            "--emulate` needs --emulate, any other one an NPU host",
+        ) from None
     points, clock = [], ""
     for n in contexts(graph, shapes, opts.points):
         inputs = synthetic_inputs(graph, shapes, n)
