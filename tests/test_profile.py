@@ -164,6 +164,7 @@ def test_profile_emulated_times_every_decoder_graph_at_each_context_beside_the_r
         for p in g["points"]:
             assert p["p10_s"] <= p["median_s"] <= p["p90_s"] and p["roofline_s"] > 0
             assert p["ratio"] == pytest.approx(p["median_s"] / p["roofline_s"])
+            assert p["tokens_per_s"] == pytest.approx(g["size"] / p["median_s"])
     data = read_file(home / "timings.json")
     assert data["entries"] == {} and list(data["emulated"]) == [doc["entry_key"]]  # apart, never an NPU figure
     entry = data["emulated"][doc["entry_key"]]

@@ -121,6 +121,8 @@ def run_profile(opts: ProfileOptions) -> dict[str, Any]:
     for g, rec in zip(graphs, timed, strict=True):
         for p in rec["points"]:
             p["roofline_s"] = roofline_seconds(roof, g, shapes, p["context"] if g.kind != "vit" else None)
+            if g.kind != "vit":  # prefill: chunk tokens per second (llm-d's peakPrefillThroughput); decode: rows
+                p["tokens_per_s"] = g.size / p["median_s"] if p["median_s"] > 0 else None
         if g.kind != "vit":
             fit = fit_quadratic([(p["context"], p["median_s"]) for p in rec["points"]])
             rec["fit"] = fit.to_dict() if fit else None

@@ -40,6 +40,19 @@ def _rows(data: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _throughput(console: Any, data: dict[str, Any]) -> None:
+    """Tokens per second of each LM graph at its shortest and longest context (prefill: the chunk's tokens)."""
+    tag = " (emulated)" if data["emulated"] else ""
+    for g in data["graphs"]:
+        pts = [p for p in g["points"] if p.get("tokens_per_s")]
+        if g["kind"] == "vit" or not pts:
+            continue
+        lo, hi = pts[0], pts[-1]
+        console.print(markup("  [dim]{}: {} tokens/s at context {} .. {} at {}{}[/dim]", g["key"],
+                             f"{lo['tokens_per_s']:,.0f}", lo["context"], f"{hi['tokens_per_s']:,.0f}", hi["context"],
+                             tag), highlight=False)  # fmt: skip
+
+
 def print_human(console: Any, data: dict[str, Any]) -> None:
     origin = data["label"]
     clocks = sorted({g["time_source"] for g in data["graphs"]})
@@ -69,6 +82,7 @@ def print_human(console: Any, data: dict[str, Any]) -> None:
     ]
     title = f"{'emulated (CPU, not an NPU)' if data['emulated'] else 'measured'} against the roofline bound"
     print_left_out(console, print_table(console, cols, _rows(data), title=title))
+    _throughput(console, data)
     check = data["check"]
     if check["tolerance"] is not None:
         what = "emulated figures" if data["emulated"] else "measured figures"
