@@ -272,14 +272,18 @@ def test_measured_timings_replace_the_roofline(tmp_path):
     from qwenvl_rbln.tuning.measured import load_timings
 
     path = tmp_path / "timings.json"
-    entry = {"decoder_batch_1/block8192": {"seconds": 0.005}}
-    path.write_text(json.dumps({"format": "qvl-timings", "version": 1,
-                                "entries": {model_key(QWEN3_VL_2B): {"RBLN-CR13": entry}}}))  # fmt: skip
+    point = {"context": 1000, "median_s": 0.005, "p10_s": 0.005, "p90_s": 0.005, "min_s": 0.005, "max_s": 0.005}
+    entry = {"model_key": model_key(QWEN3_VL_2B), "npu": "RBLN-CR13", "profiled_at": "2026-12-03T00:00:00+00:00",
+             "graphs": {"decoder_batch_1/block8192": {"points": [point], "fit": None}}}  # fmt: skip
+    path.write_text(json.dumps({"format": "qvl-timings", "version": 2, "entries": {"k": entry}, "emulated": {}}))
     roof = Roofline(QWEN3_VL_2B, REBEL100_COMPUTE, timings=load_timings(model_key(QWEN3_VL_2B), "RBLN-CR13", path))
     assert roof.decode_step(1, 1, 1000, 8192) == 0.005
     assert "measured" in roof.label() and "decoder_batch_1/block8192" in roof.label()
     path.write_text("{}")
     with pytest.raises(InputError):
+        load_timings(model_key(QWEN3_VL_2B), "RBLN-CR13", path)
+    path.write_text(json.dumps({"format": "qvl-timings", "version": 1, "entries": {}}))  # the hand-written format
+    with pytest.raises(InputError, match="version 1"):
         load_timings(model_key(QWEN3_VL_2B), "RBLN-CR13", path)
 
 

@@ -14,6 +14,7 @@ COMMAND_MODULES = [
     "infer_cmd",
     "bucket_plan_cmd",
     "tune_cmd",
+    "profile_cmd",
     "compare_cmd",
     "serve_cmd",
     "deploy_cmd",

@@ -95,7 +95,7 @@ def human(console: Any, d: dict[str, Any]) -> None:
             f"{b['padded_rows']} padded row{'s' if b['padded_rows'] != 1 else ''} of {b['graph_batch']}; "
             f"prompt tokens {prompt}; preprocess {_fmt_s(tm['preprocess_s'])}, vision {_fmt_s(tm['vision_s'])}, "
             f"prefill {_fmt_s(tm['prefill_s'])}, TTFT {_fmt_s(tm['ttft_s'])}, decode {rate} "
-            f"({tm['decode_steps']} steps)",
+            f"({tm['decode_steps']} steps; {_clock(d)})",
             sep="",
         )
         if b.get("vit"):
@@ -114,6 +114,15 @@ def human(console: Any, d: dict[str, Any]) -> None:
         console.print(f"memory ({mem.get('source')}): " + "; ".join(parts))
     tot = d["timings"]
     console.print(f"[dim]model load {_fmt_s(tot['load_s'])}, total {_fmt_s(tot['total_s'])}[/dim]")
+
+
+def _clock(d: dict[str, Any]) -> str:
+    """Where infer's times come from: this run's host clock (on the CPU emulator: no NPU figure)."""
+    return (
+        "measured: wall clock of this run, on the CPU emulator"
+        if d.get("emulated")
+        else "measured: wall clock of this run"
+    )
 
 
 def vit_line(vit: dict[str, Any]) -> str:

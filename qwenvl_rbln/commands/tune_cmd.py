@@ -53,7 +53,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JsonOpt,
     ) -> None:
         """Search batch, context, KV partition, ViT buckets, decoder graphs and placement for a workload; every
-        configuration checked by the memory planner, ranked by a roofline estimate (a bound, not measured)."""
+        configuration checked by the memory planner, ranked by a roofline estimate (a bound) except where `qvl
+        profile` measured a graph; every row says which."""
         from qwenvl_rbln.commands.common import check_plot
         from qwenvl_rbln.tuning.result import check_output, write_preset
         from qwenvl_rbln.tuning.search import Needs

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import DoesNotFit
+from qwenvl_rbln.tuning.measured_roofline import MeasuredRoofline, row_timing
 from qwenvl_rbln.tuning.neighbours import nearest, neighbours
 from qwenvl_rbln.tuning.result import HEADER, commands, output_dir_for, preset_data, preset_yaml
-from qwenvl_rbln.tuning.roofline import LABEL, Roofline
+from qwenvl_rbln.tuning.roofline import LABEL
 from qwenvl_rbln.tuning.search import (
     BASE_PRESET,
     BATCH_CAP,
@@ -38,7 +39,7 @@ def _setup(needs: Needs, workload: Path, trace: Path | None, prompt_tokens: int,
     from qwenvl_rbln.planning.catalogue.modelinfo import load_geometry
     from qwenvl_rbln.planning.plan import build_plan
     from qwenvl_rbln.planning.presets import load_preset
-    from qwenvl_rbln.tuning.measured import load_timings
+    from qwenvl_rbln.tuning.measured import load_measured
 
     model = needs.model or load_preset(BASE_PRESET).data["model"]
     max_position = load_geometry(model, "--model")[0].text.max_position_embeddings
@@ -54,11 +55,11 @@ def _setup(needs: Needs, workload: Path, trace: Path | None, prompt_tokens: int,
                       model=needs.model)  # fmt: skip
     work = read_work(base, workload, needs.max_buckets, trace, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
     check_context(work, needs.context, max_position)
-    roof = Roofline(
+    roof = MeasuredRoofline(
         base.geometry,
         compute_spec(base.npu),
         chunk=base.resolved.prefill_chunk_size,
-        timings=load_timings(model_key(base.geometry), base.npu),
+        measured=load_measured(model_key(base.geometry), base.npu),  # real NPU entries only, never emulated
     )
     return Checker(needs, work, roof, base)
 
@@ -163,8 +164,8 @@ def run_tune(
             "label": LABEL,
             "npu": checker.roof.compute.to_dict(),
             "measured_graphs": sorted(checker.roof.used_measured),
-            "note": "peak figures: real calls are slower; record measured timings in $QVL_HOME/timings.json "
-            "(docs/tuning.md) to replace the roofline graph by graph",
+            "note": "peak figures: real calls are slower; `qvl profile DIR` on the NPU host records measured timings "
+            "in $QVL_HOME/timings.json (docs/profiling.md), which replace the roofline graph by graph",
             **checker.cost_notes(),
         },
         "frontier": frontier,
@@ -175,25 +176,54 @@ def run_tune(
     if found:
         best_cfg, best = found[0]
         doc["best"] = best
+        best["timing"] = row_timing(best, checker.roof)
         doc["decoder_graphs_from"] = checker.graphs_note(best_cfg.batch)
         doc["neighbours"] = neighbours(checker, best_cfg, best)
         doc.update(_hand_over(checker, best_cfg, best, output))
     else:
         doc["nearest"] = nearest(checker)
         error = _unmet(checker, doc["nearest"])
-    doc["cost_model"]["measured_graphs"] = sorted(checker.roof.used_measured)
+    doc["cost_model"].update(_timing_sources(checker, doc))
     doc["searched"] = checker.calls
     doc["search_s"] = round(time.perf_counter() - start, 3)
     return doc, error
 
 
+def _timing_sources(checker: Checker, doc: dict[str, Any]) -> dict[str, Any]:
+    """Label every row with where its figures came from (measured, fitted, roofline bound), and say which rows
+    rest on estimates: a measured row is slower than a bound, so a bound row ranked above it may not be faster."""
+    roof = checker.roof
+    rows = [*doc["candidates"], *([doc["best"]] if "best" in doc else []), *doc.get("neighbours", []),
+            *doc.get("nearest", [])]  # fmt: skip
+    for row in rows:
+        if isinstance(row, dict) and row.get("estimate") and "kvcache_partition_len" in row:
+            row["timing"] = row_timing(row, roof)
+    on_estimates = sum(1 for r in doc["candidates"] if (r.get("timing") or {}).get("rests_on_estimates", True))
+    label = (
+        LABEL
+        if not roof.used_measured
+        else f"roofline bound except {len(roof.used_measured)} measured graphs (see figures)"
+    )
+    return {
+        "label": label,
+        "measured_graphs": sorted(roof.used_measured),
+        "sources": dict(sorted(roof.sources.items())),
+        "rows_on_estimates": on_estimates,
+        "ranked_by": "measured figures where timings.json has them, the roofline bound elsewhere"
+        if roof.used_measured
+        else "the roofline bound (no measured timings for this model and NPU)",
+    }
+
+
 def _description(checker: Checker, best: dict[str, Any]) -> str:
     needs, work, est = checker.needs, checker.work, best["estimate"]
     trace = f", batch trace {work.trace_path}" if work.trace_path else ""
+    origin = (best.get("timing") or {}).get("label", LABEL)
+    origin = LABEL if origin == "roofline bound" else origin
     return (
         f"qvl tune: {checker.base.model_id} for {work.path} ({work.requests:,} requests{trace}); "
         f"needs context {needs.context}, batch >= {needs.min_batch}, {needs.devices} NPU(s), objective "
-        f"{needs.objective}; estimate ({LABEL}): {est['output_tokens_per_s']:.0f} output tokens/s, TTFT "
+        f"{needs.objective}; estimate ({origin}): {est['output_tokens_per_s']:.0f} output tokens/s, TTFT "
         f"{est['ttft_s'] * 1000:.1f} ms, TPOT {est['tpot_s'] * 1000:.2f} ms{_moe_span(est)}"
     )
 
@@ -215,10 +245,14 @@ def _hand_over(checker: Checker, cfg: Config, best: dict[str, Any], output: Path
     loaded = LoadedPreset(name="tuned", path=output or Path("tuned.yaml"), data=data)
     plan = plan_from_loaded(loaded, model=checker.needs.model)
     verdict = estimate_plan(plan, checker.needs.device_memory, suggest=False).verdict
+    label = (best.get("timing") or {}).get("label", "roofline bound")
     header = [
         f"{HEADER} Every figure in the description is a roofline bound from published peak figures,",
         "not a measurement. Check it: qvl compile --preset THIS_FILE --dry-run",
     ]
+    if label != "roofline bound":
+        header[0] = f"{HEADER} The figures in the description are {label} (qvl profile, docs/profiling.md)."
+        header[1] = "Check it: qvl compile --preset THIS_FILE --dry-run"
     ref = str(output) if output is not None else "tuned.yaml"
     return {
         "preset": data,

@@ -157,6 +157,7 @@ def print_human(console: Any, data: dict[str, Any]) -> None:
         rows = [_config_row(i + 1, r) + _load_cells(r, data) for i, r in enumerate(data["candidates"])]
         cols = _config_cols(data["needs"]) + _load_cols(data)
         print_left_out(console, print_table(console, cols, rows, title="best configurations (every one fits)"))
+        _timing_sources(console, data)
         console.print(markup("decoder graphs: {}", data.get("decoder_graphs_from") or ""))
         capped = [f["largest_batch"] for f in data["frontier"] if f["batch_cap_reached"]]
         if capped:  # the binary search stops there: the largest batch shown is a floor, not the most that fits
@@ -179,6 +180,29 @@ def print_human(console: Any, data: dict[str, Any]) -> None:
     _searched(console, data)
 
 
+def _timing_sources(console: Any, data: dict[str, Any]) -> None:
+    """Where each row's figures come from (measured, fitted, roofline bound), and which rows rest on estimates."""
+    cm = data["cost_model"]
+    parts = []
+    for i, row in enumerate(data["candidates"], 1):
+        label = (row.get("timing") or {}).get("label", "roofline bound")
+        parts.append(f"#{i} {label}")
+    console.print(markup("[bold]figures[/bold] {}", "; ".join(parts)), highlight=False)
+    if cm.get("measured_graphs"):
+        for key, label in (cm.get("sources") or {}).items():
+            if label != "roofline bound":
+                console.print(markup("  [dim]{}: {}[/dim]", key, label), highlight=False)
+        if cm.get("rows_on_estimates"):
+            console.print(
+                markup(
+                    "  [yellow]{} row(s) rest on roofline bounds[/yellow] (faster than any real call): a bound ranked "
+                    "above a measured row may not be faster; profile their graphs (qvl profile) to compare like "
+                    "with like",
+                    cm["rows_on_estimates"],
+                )
+            )
+
+
 def _searched(console: Any, data: dict[str, Any]) -> None:
     console.print(
         markup(
@@ -190,8 +214,9 @@ def _searched(console: Any, data: dict[str, Any]) -> None:
 
 
 def _breakdown(console: Any, best: dict[str, Any]) -> None:
-    """Where #1's time goes, per request and per graph (all roofline bounds)."""
+    """Where #1's time goes, per request and per graph, and where the figures came from."""
     est = best["estimate"]
+    console.print(markup("#1 figures: {}", (best.get("timing") or {}).get("label", "roofline bound")))
     graphs = ", ".join(_step(g) for g in est["decode_graphs"])
     console.print(
         markup(

@@ -93,7 +93,7 @@ def from_tune_report(doc: dict[str, Any]) -> dict[str, Any]:
         rows += [(f"nearest {i + 1}", r, "gives up " + "; ".join(r["gives_up"])) for i, r in enumerate(doc["nearest"])]
     cands = [
         {
-            "label": label,
+            "label": label + _source_tag(r),
             "throughput": (r["estimate"].get("lighter_load") or r["estimate"])["output_tokens_per_s"],  # what ranks
             "ttft_s": r["estimate"]["ttft_s"],
             "latency_s": r["estimate"]["latency_s"],
@@ -107,10 +107,21 @@ def from_tune_report(doc: dict[str, Any]) -> dict[str, Any]:
         if r.get("estimate")
     ]
     cost = doc["cost_model"]
-    label = cost["label"] + (", some graphs measured" if cost.get("measured_graphs") else "")
+    label = cost["label"] + (", some graphs measured (qvl profile)" if cost.get("measured_graphs") else "")
+    if cost.get("measured_graphs") and cost.get("rows_on_estimates"):
+        label += f"; {cost['rows_on_estimates']} row(s) on roofline bounds"
     light = (cost.get("load") or {}).get("lighter_load")
     label += f", at {light} requests in flight" if light else ""
     return {"throughput_unit": f"output tokens/s, {label}", "objective": doc["needs"]["objective"], "candidates": cands}
+
+
+def _source_tag(row: dict[str, Any]) -> str:
+    """ " [measured]" / " [measured/fitted]" / " [mixed]" after a point's label; nothing for a roofline bound (the axis
+    says so for every point)."""
+    label = (row.get("timing") or {}).get("label", "roofline bound")
+    if label == "roofline bound":
+        return ""
+    return f" [{label.split(':')[0]}]"
 
 
 def _short(why: str) -> str:
