@@ -288,3 +288,14 @@ def _image_as_video(prefix: str, path: Path, flags: bool) -> InputError:
         f"{prefix}{path} looks like an image but was given as a video",
         "pass it with --image" if flags else 'list it under "images" (or "image")',
     )
+
+
+def from_object(where: str, obj: dict[str, Any], base: Path, request_id: str) -> Request:
+    """The request of one batch-file line's object whose id the caller decided (the streamed batch job: its
+    ``batch/source.py`` reads the lines); InputError naming ``where`` for a bad key or value."""
+    return _one(where, {**obj, "id": request_id}, base, 0, None)
+
+
+def validate_request(req: Request) -> None:
+    """One request's prompt and media probed (header only); InputError naming its source and file."""
+    _validate(req)

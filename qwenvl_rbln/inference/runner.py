@@ -63,7 +63,7 @@ class InferOptions:
     vit_packing: bool = True  # --no-vit-packing; the preset's runtime.vit_packing: false also turns it off
 
 
-def _decoder_info(real: int, resolved: Any) -> dict[str, Any]:
+def decoder_info(real: int, resolved: Any) -> dict[str, Any]:
     from qwenvl_rbln.vision.buckets import select_decoder_graph
 
     bs = resolved.batch_size
@@ -157,18 +157,13 @@ def check_prompt_room(requests: list[Any], vplan: Any, max_new_tokens: int, max_
     raise_all(problems, "requests do not fit max_seq_len", "correct each one listed; nothing ran")
 
 
-def _prepare(opts: InferOptions, target: Target, requests: list[Any], gen: Any) -> tuple[Any, list[str]]:
-    """Everything decided before a model loads: the vision plan, per-request caps, decodable media, lengths.
-
-    The prompt lengths are counted with the directory's processor (tokenizer and chat template, no weights),
-    so a --max-new-tokens that does not fit is refused with the exact limit before a model loads.
-    """
-    from qwenvl_rbln.inference.inputs import check_media, load_processor
+def vision_plan(opts: InferOptions, target: Target, requests: list[Any]) -> Any:
+    """The ViT buckets of every image/video of ``requests`` (probed), each request's caps, oversize handling."""
     from qwenvl_rbln.inference.vision_report import bucket_memory_check, plan_vision
     from qwenvl_rbln.planning.catalogue.modelinfo import processor_defaults
 
     vis = target.plan.geometry.vision
-    vplan = plan_vision(
+    return plan_vision(
         requests,
         target.plan.processor,
         target.resolved.vit_buckets,
@@ -180,6 +175,17 @@ def _prepare(opts: InferOptions, target: Target, requests: list[Any], gen: Any) 
         stock=processor_defaults(target.plan.model_id),
         bucket_memory=bucket_memory_check(target.plan),
     )
+
+
+def _prepare(opts: InferOptions, target: Target, requests: list[Any], gen: Any) -> tuple[Any, list[str]]:
+    """Everything decided before a model loads: the vision plan, per-request caps, decodable media, lengths.
+
+    The prompt lengths are counted with the directory's processor (tokenizer and chat template, no weights),
+    so a --max-new-tokens that does not fit is refused with the exact limit before a model loads.
+    """
+    from qwenvl_rbln.inference.inputs import check_media, load_processor
+
+    vplan = vision_plan(opts, target, requests)
     for req in requests:
         req.caps = vplan.request_caps[req.id]
     check_media(requests, vplan.caps)
@@ -200,7 +206,7 @@ def _torch_device(opts: InferOptions, target: Target, warnings: list[str]) -> st
     return torch_device(opts.torch_device)
 
 
-def _emulation(opts: InferOptions, target: Target) -> bool:
+def emulation(opts: InferOptions, target: Target) -> bool:
     """Activate qvl's CPU emulator for an rbln artifact when asked; refuse what it cannot or must not run."""
     from qwenvl_rbln.backends.rbln import optimum as rbln_backend
 
@@ -250,15 +256,20 @@ def _plan_run(opts: InferOptions) -> _Run:
     device_spelling(opts.torch_device)
     requests = collect_requests(opts)
     target = resolve_target(opts.directory, opts.preset, opts.sets)
-    emulated = _emulation(opts, target)
+    emulated = emulation(opts, target)
     vplan, warnings = _prepare(opts, target, requests, gen)
+    placement, torch_dev = place(opts, target, warnings)
+    return _Run(gen, requests, target, emulated, vplan, warnings, placement, torch_dev)
+
+
+def place(opts: InferOptions, target: Target, warnings: list[str]) -> tuple[dict[str, Any] | None, str | None]:
+    """(the NPU placement on rbln, the checked torch device on torch); a flag the backend ignores is a warning."""
     placement = None
     if target.backend == "rbln":
         placement = resolve_placement(target, opts.device, opts.visual_device)
     elif opts.device is not None or opts.visual_device is not None:
         warnings.append("--device/--visual-device place NPU graphs; the torch reference backend ignores them")
-    torch_dev = _torch_device(opts, target, warnings)
-    return _Run(gen, requests, target, emulated, vplan, warnings, placement, torch_dev)
+    return placement, _torch_device(opts, target, warnings)
 
 
 def _announce(run: _Run, notify: Any) -> None:
@@ -270,18 +281,28 @@ def _announce(run: _Run, notify: Any) -> None:
 
 
 def _load_backend(opts: InferOptions, run: _Run, model_cls: Any) -> Any:
-    """The torch reference model, or the compiled rbln artifact on its placement."""
-    target = run.target
+    return load_backend(opts, run.target, run.vplan.caps, run.placement, run.torch_dev, model_cls)
+
+
+def load_backend(
+    opts: InferOptions,
+    target: Target,
+    caps: Any,
+    placement: dict[str, Any] | None,
+    torch_dev: str | None,
+    model_cls: Any = None,
+) -> Any:
+    """The torch reference model, or the compiled rbln artifact on its placement (loaded once; reused per batch)."""
     if target.backend == "torch":
         from qwenvl_rbln.inference.reference import ReferenceBackend
 
-        return ReferenceBackend(target.directory, run.vplan.caps, device=run.torch_dev)
+        return ReferenceBackend(target.directory, caps, device=torch_dev)
     from qwenvl_rbln.inference.rbln_generate import RblnBackend
 
-    req = run.placement["requested"]
+    req = placement["requested"]
     return RblnBackend(
         target.directory,
-        run.vplan.caps,
+        caps,
         batch_size=target.resolved.batch_size,
         device=req["device"],
         visual_device=req["visual_device"],
@@ -347,7 +368,7 @@ def _run_batches(backend: Any, run: _Run, stream: Any, on_batch: Any) -> tuple[l
         result = backend.run_batch(batch, run.gen, sink=stream, max_seq_len=resolved.max_seq_len, stream_prefix=prefix)
         run.warnings.extend(result.warnings)
         run.warnings.extend(_grid_warnings(run, batch, result))
-        dec = _decoder_info(len(batch), resolved)
+        dec = decoder_info(len(batch), resolved)
         batches.append(
             {
                 "index": index,

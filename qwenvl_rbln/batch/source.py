@@ -1,0 +1,182 @@
+"""The batch file, streamed: one ``WorkItem`` per request line, never the whole file in memory.
+
+A million-line batch file is read line by line, twice at most: ``check_unique_ids`` (a pre-pass, before any
+work) and ``iter_items`` (the job). Ids follow ``qvl infer --batch-file``'s rule (``inference/requests.py``): the
+line's ``"id"`` (a string or an integer, as a string), else the request's 1-based position among the request lines
+(blank lines and ``#`` comments are not requests). So an id-less line keeps its id when the file is read again, and
+the same file gives the same ids with or without ``--output``.
+
+The duplicate check keeps 8 bytes per line (a sorted ``array('Q')`` of id hashes), not the ids: only a hash seen
+twice sends it back to the file, for the ids and lines behind that hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln.errors import InputError, InputErrors, QvlError
+
+_LINE_HINT = 'one JSON object per line, e.g. {"id": "cat-1", "prompt": "Describe.", "images": ["a.jpg"]}'
+MAX_PROBLEMS = 1000  # bad lines kept for the refusal (the count beyond is still reported)
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One request of the batch file: its id, its 1-based line, and the line's JSON object (picklable)."""
+
+    id: str
+    line: int
+    raw: dict[str, Any] = field(hash=False, compare=False)
+
+
+def id_hash(rid: str) -> int:
+    """The 8-byte hash the duplicate check and ``--resume`` keep instead of the id itself."""
+    return int.from_bytes(hashlib.blake2b(rid.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def _open(path: Path) -> Any:
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise InputError(f"batch file {path} {what}", "pass a JSONL file with one request per line")
+    try:
+        return path.open("r", encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror})", "check the file permissions") from None
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(1-based line number, stripped text) of every request line: blank lines and ``#`` comments skipped."""
+    with _open(path) as fh:
+        lineno = 0
+        while True:
+            try:
+                line = fh.readline()
+            except UnicodeDecodeError as exc:
+                raise InputError(
+                    f"{path}:{lineno + 1}: not UTF-8 text ({exc.reason})", "save the batch file as UTF-8 JSONL"
+                ) from None
+            if not line:
+                return
+            lineno += 1
+            stripped = line.strip()
+            if stripped and not stripped.startswith("#"):
+                yield lineno, stripped
+
+
+def _parse(path: Path, lineno: int, text: str, position: int) -> tuple[str, dict[str, Any]]:
+    """(id, object) of one request line; InputError naming ``file:line``."""
+    where = f"{path}:{lineno}"
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})", _LINE_HINT) from None
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: expected a JSON object, got {type(obj).__name__}", _LINE_HINT)
+    rid = obj.get("id", position)
+    if isinstance(rid, bool) or not isinstance(rid, str | int) or not str(rid).strip():
+        raise InputError(f"{where}: id={rid!r} must be a non-empty string or an integer", 'write "id": "cat-1"')
+    return str(rid).strip(), obj
+
+
+def iter_items(path: str | Path, default_system: str | None = None) -> Iterator[WorkItem]:
+    """Every request of the batch file, in file order, read as it is consumed.
+
+    ``default_system`` (``--system``) fills ``raw["system"]`` of a line without one. A line that is not a JSON
+    object with a valid id raises InputError (``check_unique_ids`` has refused such a file before any work)."""
+    path = Path(path)
+    for position, (lineno, text) in enumerate(_lines(path), start=1):
+        rid, obj = _parse(path, lineno, text, position)
+        if default_system is not None and "system" not in obj:
+            obj["system"] = default_system
+        yield WorkItem(rid, lineno, obj)
+
+
+@dataclass
+class IdCheck:
+    """What the pre-pass learnt: request lines, and the hashes shared by two different ids (almost always none)."""
+
+    count: int
+    shared_hashes: frozenset[int]
+
+
+def _scan(path: Path, problems: list[QvlError]) -> tuple[array, int]:
+    """The id hashes of every line (file order) and the number of bad lines; bad lines' errors kept (capped)."""
+    hashes = array("Q")
+    position = bad = 0
+    for lineno, text in _lines(path):
+        position += 1
+        try:
+            rid, _ = _parse(path, lineno, text, position)
+        except InputError as exc:
+            bad += 1
+            if len(problems) < MAX_PROBLEMS:
+                problems.append(exc)
+            continue
+        hashes.append(id_hash(rid))
+    return hashes, bad
+
+
+def _colliding(hashes: array) -> set[int]:
+    """Hashes that occur more than once (sorted in place: the file order is not needed any more)."""
+    ordered = array("Q", sorted(hashes))
+    return {ordered[i] for i in range(1, len(ordered)) if ordered[i] == ordered[i - 1]}
+
+
+def _duplicates(path: Path, colliding: set[int]) -> tuple[list[QvlError], frozenset[int]]:
+    """Second pass, only for colliding hashes: the duplicate ids with every line each is on."""
+    lines: dict[str, list[int]] = {}
+    for position, (lineno, text) in enumerate(_lines(path), start=1):
+        try:
+            rid, _ = _parse(path, lineno, text, position)
+        except InputError:
+            continue
+        if id_hash(rid) in colliding:
+            lines.setdefault(rid, []).append(lineno)
+    dups: list[QvlError] = [
+        InputError(
+            f"{path}:{at[0]}: id '{rid}' is used again on line{'s' if len(at) > 2 else ''} "
+            + ", ".join(map(str, at[1:])),
+            "give each request its own id (--resume finds finished requests by id)",
+        )
+        for rid, at in lines.items()
+        if len(at) > 1
+    ]
+    shared = frozenset(id_hash(rid) for rid, at in lines.items() if len(at) == 1)
+    return dups, shared
+
+
+def check_unique_ids(path: str | Path) -> IdCheck:
+    """Refuse, before any work, a batch file with duplicate ids or lines without a readable id, naming the lines.
+
+    Memory: 8 bytes per request line (sorted hashes), whatever the results hold; the file is read a second time
+    only when two lines' hashes collide."""
+    path = Path(path)
+    problems: list[QvlError] = []
+    hashes, bad = _scan(path, problems)
+    count = len(hashes)
+    colliding = _colliding(hashes)
+    del hashes
+    dups, shared = _duplicates(path, colliding) if colliding else ([], frozenset())
+    problems = sorted(problems + dups, key=_line_of)
+    if problems:
+        more = bad - min(bad, MAX_PROBLEMS)
+        what = f"bad lines in {path}" + (f" ({more} more bad lines not listed)" if more else "")
+        if len(problems) == 1 and not more:
+            raise problems[0]
+        raise InputErrors(problems, what, "correct each line listed; nothing ran")
+    if count == 0:
+        raise InputError(f"batch file {path} has no requests", "write one JSON object per line")
+    return IdCheck(count, shared)
+
+
+def _line_of(exc: QvlError) -> int:
+    import re
+
+    match = re.search(r":(\d+): ", exc.message)
+    return int(match.group(1)) if match else 0
