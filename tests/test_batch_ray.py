@@ -1,0 +1,257 @@
+"""The Ray pool (qwenvl_rbln/batch/ray_pool.py, ray_cluster.py) with stand-in workers (tests/ray_standin.py): one
+local emulated Ray for the module (4 emulated NPUs), HOME pointed at a temporary folder (Ray 2.60 writes its auth
+token to ~/.ray). Fault tests wait for conditions (a marker file, a process gone), never for time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+
+from qwenvl_rbln.batch import records  # noqa: E402
+from qwenvl_rbln.batch.ray_cluster import plan_workers  # noqa: E402
+from qwenvl_rbln.batch.ray_pool import RayExecutor, worker_devices  # noqa: E402
+from qwenvl_rbln.batch.source import WorkItem  # noqa: E402
+from qwenvl_rbln.batch.worker import WorkerSpec  # noqa: E402
+from qwenvl_rbln.errors import BackendError, DependencyMissing, InputError  # noqa: E402
+from tests.ray_standin import EchoWorker  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def ray_test_env(tmp: Path) -> dict[str, str]:
+    """What a test Ray needs: a private HOME (auth token), no usage stats, the repo importable by workers."""
+    home = tmp / "home"
+    home.mkdir(exist_ok=True)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {"HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": path, "QVL_EMULATOR_DEVICES": "4"}
+
+
+@pytest.fixture(scope="module")
+def ray_local(tmp_path_factory):
+    from qwenvl_rbln.backends import emulator
+    from qwenvl_rbln.batch.ray_cluster import start_or_connect
+
+    tmp = tmp_path_factory.mktemp("ray")
+    marks = tmp / "marks"
+    marks.mkdir()
+    env = {**ray_test_env(tmp), "QVL_STANDIN_DIR": str(marks)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    was_active = emulator.is_active()
+    import ray
+
+    try:
+        assert start_or_connect(None, emulate=True) is True
+        yield ray, marks
+    finally:
+        ray.shutdown()
+        if not was_active:
+            emulator.deactivate()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def items(*raws: dict) -> list[WorkItem]:
+    return [WorkItem(id=str(r.get("id", f"r{i}")), line=i + 1, raw=r) for i, r in enumerate(raws)]
+
+
+def run_pool(workers: int, work: list[WorkItem], **kw):
+    out: list[dict] = []
+    events: list[tuple[str, dict]] = []
+    pool = RayExecutor(WorkerSpec(name="w", emulate=True), workers=workers, worker_cls=EchoWorker, **kw)
+    pool.run(iter(work), out.append, lambda name, fields: events.append((name, fields)))
+    return out, events
+
+
+def wait_until(predicate, timeout: float = 30.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
+
+
+def test_local_ray_sees_the_emulated_npus_and_sends_nothing_out(ray_local):
+    ray, _ = ray_local
+    assert ray.cluster_resources().get("RBLN") == 4.0  # QVL_EMULATOR_DEVICES
+    assert "accelerator_type:RBLN-CR13" in ray.cluster_resources()
+    assert os.environ["RAY_USAGE_STATS_ENABLED"] == "0"
+
+
+def test_every_request_once_on_free_workers_with_their_own_npu(ray_local, tmp_path):
+    """r0 blocks its worker until 8 other requests are written: only a pool that feeds whichever worker is free
+    (not fixed shards, not one worker) gets there; a watchdog opens the gate after 60 s so a broken pool fails."""
+    gate = tmp_path / "gate"
+    out: list[dict] = []
+    events: list[tuple[str, dict]] = []
+
+    def emit(record):
+        out.append(record)
+        if len(out) == 8:
+            gate.touch()
+
+    watchdog = threading.Timer(60, gate.touch)
+    watchdog.start()
+    work = items({"id": "r0", "hold": str(gate)}, *({"id": f"r{i}"} for i in range(1, 12)))
+    pool = RayExecutor(WorkerSpec(emulate=True), workers=2, worker_cls=EchoWorker)
+    try:
+        pool.run(iter(work), emit, lambda name, fields: events.append((name, fields)))
+    finally:
+        watchdog.cancel()
+    assert sorted(r["id"] for r in out) == sorted(f"r{i}" for i in range(12))
+    held_by = next(r["worker"] for r in out if r["id"] == "r0")
+    assert {r["worker"] for r in out[:8]} == {"worker-0", "worker-1"} - {held_by}
+    seen = {r["text"].split("@")[1] for r in out}
+    assert len(seen) == 2 and seen <= {"0", "1", "2", "3"}  # RBLN_DEVICES: one host NPU per worker
+    assert all(r["npu"] == int(r["text"].split("@")[1]) for r in out)  # records name the host's NPU id
+    states = {(f["worker"], f["state"]) for name, f in events if name == "worker.state"}
+    assert {("worker-0", "loading"), ("worker-0", "busy"), ("worker-1", "loading"), ("worker-1", "busy")} <= states
+    done = [f for name, f in events if name == "worker.done"]
+    assert sum(max(f["requests"] for f in done if f["worker"] == w) for w in ("worker-0", "worker-1")) == 12
+    assert sum(max(f["tokens"] for f in done if f["worker"] == w) for w in ("worker-0", "worker-1")) == 36
+
+
+def test_dead_worker_requests_are_requeued_on_the_others(ray_local, tmp_path):
+    work = items({"id": "a"}, {"id": "b", "die_once": str(tmp_path / "b.died")}, *({"id": f"c{i}"} for i in range(6)))
+    out, events = run_pool(2, work)
+    assert sorted(r["id"] for r in out) == sorted(w.id for w in work)
+    assert all(r["ok"] for r in out)
+    assert (tmp_path / "b.died").exists()
+    dead = [f["worker"] for name, f in events if name == "worker.state" and f["state"] == "dead"]
+    assert len(dead) == 1 and {r["worker"] for r in out if r["id"] == "b"} != set(dead)
+
+
+def test_a_worker_that_raises_is_dropped_and_its_requests_go_elsewhere(ray_local, tmp_path):
+    out, events = run_pool(3, items({"id": "x", "raise": "NPU error 42"}, {"id": "y"}))
+    by_id = {r["id"]: r for r in out}
+    assert set(by_id) == {"x", "y"} and by_id["y"]["ok"]
+    err = by_id["x"]["error"]  # raised on both workers: failed, both errors kept
+    assert err["cause"] == records.WORKER_FAILED and len(err["attempts"]) == 2
+    assert all("NPU error 42" in a["message"] for a in err["attempts"])
+
+
+def test_failed_on_two_workers_is_written_with_both_errors(ray_local):
+    out, _ = run_pool(3, items({"id": "bad", "die": "always"}, *({"id": f"ok{i}"} for i in range(4))))
+    by_id = {r["id"]: r for r in out}
+    assert len(out) == 5 and all(by_id[f"ok{i}"]["ok"] for i in range(4))
+    err = by_id["bad"]["error"]
+    assert not by_id["bad"]["ok"] and err["cause"] == records.WORKER_FAILED
+    assert len({a["worker"] for a in err["attempts"]}) == 2
+    assert all(a["message"] and a["npu"] is not None for a in err["attempts"])
+
+
+def test_no_live_worker_left_fails_fast_and_writes_nothing_undone(ray_local):
+    out: list[dict] = []
+    pool = RayExecutor(WorkerSpec(emulate=True), workers=2, worker_cls=EchoWorker)
+    work = items({"id": "k1", "die": "always"}, {"id": "k2", "die": "always"}, *({"id": f"n{i}"} for i in range(5)))
+    with pytest.raises(BackendError, match="every worker has died"):
+        pool.run(iter(work), out.append, lambda *a: None)
+    assert len(out) < 7 and all(r["ok"] for r in out if r["id"].startswith("n"))  # the rest left for --resume
+
+
+def test_ctrl_c_kills_the_actors_and_returns_promptly(ray_local, tmp_path):
+    ray, marks = ray_local
+    gate = tmp_path / "never"
+    pool = RayExecutor(WorkerSpec(emulate=True), workers=2, worker_cls=EchoWorker)
+    work = items(*({"id": f"h{i}", "hold": str(gate)} for i in range(8)))
+    running = lambda: [p for p in marks.glob("h*.*")]  # noqa: E731
+
+    def interrupt():
+        if wait_until(lambda: len({p.suffix for p in running()}) == 2):  # both workers hold a request
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        pool.run(iter(work), lambda r: None, lambda *a: None)
+    pids = {int(p.suffix[1:]) for p in running()}
+    assert len(pids) == 2 and pool.slots == []
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    assert wait_until(lambda: all(gone(p) for p in pids), timeout=10)
+
+
+def test_more_workers_than_npus_is_refused_naming_the_count(ray_local):
+    with pytest.raises(InputError, match=r"holds 4 \(RBLN per node: .*=4\)"):
+        run_pool(5, items({"id": "a"}))
+
+
+def test_artifact_unreadable_on_a_node_fails_naming_the_node(ray_local, tmp_path):
+    import socket
+
+    pool = RayExecutor(WorkerSpec(directory=str(tmp_path / "nowhere"), emulate=True), workers=1, worker_cls=EchoWorker)
+    with pytest.raises(BackendError, match=f"node {socket.gethostname()}: .*nowhere is not a folder"):
+        pool.run(iter(items({"id": "a"})), lambda r: None, lambda *a: None)
+
+
+def test_cluster_plan_names_what_is_missing():
+    nodes = [{"id": "n1", "name": "gpu-box", "rbln": 0}]
+    with pytest.raises(BackendError, match="no RBLN resource .*gpu-box") as exc:
+        plan_workers(nodes, 2, 1, 0.0)
+    assert "rebel.device_count()" in exc.value.hint
+    two = [{"id": "a", "name": "a", "rbln": 3}, {"id": "b", "name": "b", "rbln": 1}]
+    assert plan_workers(two, None, 1, 4.0) == 4
+    assert plan_workers(two, None, 2, 4.0) == 1  # a pair must sit on one node: b's single NPU holds none
+    with pytest.raises(InputError, match="holds 1"):
+        plan_workers(two, 2, 2, 4.0)
+    with pytest.raises(BackendError, match="1 free RBLN of 4"):
+        plan_workers(two, 2, 1, 1.0)
+
+
+def test_devices_must_fit_the_artifacts_npus_per_worker():
+    with pytest.raises(InputError, match="lists 3 NPUs, but each worker of this artifact takes 2"):
+        RayExecutor(WorkerSpec(devices=[0, 1]), devices=[0, 1, 2])
+    assert worker_devices(None) == [0]
+
+
+def run_python(code: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_without_ray_the_pool_exits_3_with_the_install_line(tmp_path):
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from qwenvl_rbln.batch.ray_pool import RayExecutor\n"
+        "from qwenvl_rbln.batch.worker import WorkerSpec\n"
+        "from qwenvl_rbln.errors import QvlError\n"
+        "try:\n    RayExecutor(WorkerSpec(), workers=2).run(iter([]), print, print)\n"
+        "except QvlError as e:\n    print(e.message, '|', e.hint); sys.exit(e.exit_code)\n"
+    )
+    res = run_python(code, ray_test_env(tmp_path))
+    assert res.returncode == DependencyMissing.exit_code == 3, res.stderr
+    assert "pip install 'qwenvl-rbln[ray]'" in res.stdout and "make install" in res.stdout
+
+
+def test_a_ray_without_rbln_fails_in_seconds_naming_it(tmp_path):
+    """No emulator, no rebel: Ray detects 0 NPUs; the pool refuses before starting any worker (no hang)."""
+    code = (
+        "import sys\n"
+        "from qwenvl_rbln.batch.ray_pool import RayExecutor\n"
+        "from qwenvl_rbln.batch.worker import WorkerSpec\n"
+        "from qwenvl_rbln.errors import QvlError\n"
+        "try:\n    RayExecutor(WorkerSpec(), workers=2).run(iter([]), print, print)\n"
+        "except QvlError as e:\n    print(e.message, '|', e.hint); sys.exit(e.exit_code)\n"
+    )
+    res = run_python(code, ray_test_env(tmp_path), timeout=90)
+    assert res.returncode == BackendError.exit_code, res.stdout + res.stderr
+    assert "no RBLN resource" in res.stdout and "rebel.device_count()" in res.stdout
