@@ -14,12 +14,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from array import array
-from bisect import bisect_left
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from qwenvl_rbln.batch.hashes import HashBuckets
 from qwenvl_rbln.batch.records import is_complete
 from qwenvl_rbln.batch.source import id_hash
 from qwenvl_rbln.errors import InputError
@@ -28,13 +27,18 @@ FSYNC_EVERY_S = 2.0
 
 
 class CompletedIds:
-    """The ids already in a results file: sorted 8-byte hashes, plus the exact ids behind ``shared`` hashes (two
-    ids of the batch file that hash alike, from ``source.check_unique_ids``), so membership is exact for them."""
+    """The ids already in a results file: 8-byte hashes (``HashBuckets``), plus the exact ids behind ``shared``
+    hashes (two ids of the batch file that hash alike: ``source.check_unique_ids``), so membership is exact for them."""
 
-    def __init__(self, hashes: array, exact: set[str], shared: frozenset[int]):
-        self._hashes = array("Q", sorted(hashes))
+    def __init__(self, done: HashBuckets, exact: set[str], shared: frozenset[int]):
+        self._hashes = done.freeze()
         self._exact = exact
         self._shared = shared
+        self.torn = 0  # bytes of a torn last line cut off the file
+
+    @classmethod
+    def empty(cls) -> CompletedIds:
+        return cls(HashBuckets(), set(), frozenset())
 
     def __len__(self) -> int:
         return len(self._hashes)
@@ -45,65 +49,63 @@ class CompletedIds:
         h = id_hash(rid)
         if h in self._shared:
             return rid in self._exact
-        i = bisect_left(self._hashes, h)
-        return i < len(self._hashes) and self._hashes[i] == h
+        return h in self._hashes
 
 
-def _cut_torn_tail(path: Path) -> int:
-    """Truncate the file after its last newline (a line torn by a kill); the bytes cut."""
-    size = path.stat().st_size
-    if size == 0:
-        return 0
-    with path.open("rb+") as fh:
-        pos = size
-        block = 65536
-        while pos > 0:
-            start = max(0, pos - block)
-            fh.seek(start)
-            chunk = fh.read(pos - start)
-            nl = chunk.rfind(b"\n")
-            if nl >= 0:
-                keep = start + nl + 1
-                break
-            pos = start
-        else:
-            keep = 0
-        if keep < size:
-            fh.truncate(keep)
-            fh.flush()
-            os.fsync(fh.fileno())
-        return size - keep
+_OURS = b'{"id":'  # how every line ResultsWriter writes begins (the record's first key, compact JSON)
+
+
+def _not_ours(path: Path, lineno: int) -> InputError:
+    return InputError(
+        f"{path}:{lineno}: not a qvl result line; --resume appends only to a results file qvl wrote",
+        "pass the --output of the run to resume, or a new --output path",
+    )
+
+
+def _complete(raw: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    return record if is_complete(record) else None
 
 
 def completed_ids(path: str | Path, shared: frozenset[int] = frozenset()) -> CompletedIds:
-    """The ids finished in ``path`` (ok or failed for good); a torn last line is cut off first (redone).
+    """The ids finished in ``path`` (ok or failed for good), for ``--resume``.
 
-    A complete line that is not a result (edited by hand, another file) is refused naming the line: appending to
-    it would mix two files."""
+    Every complete line is checked first: a line that is not a result (a file edited by hand, the wrong path) is
+    refused naming it, and the file is left as it was. Then a torn last line (no newline: a kill mid-write) is
+    cut off the file, so its request is redone and never counted (``CompletedIds.torn``: the bytes cut)."""
     path = Path(path)
-    hashes = array("Q")
+    done = HashBuckets()
     exact: set[str] = set()
-    if not path.exists():
-        return CompletedIds(hashes, exact, shared)
-    _cut_torn_tail(path)
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw)
-            except ValueError:
-                record = None
-            if not is_complete(record):
-                raise InputError(
-                    f"{path}:{lineno}: not a qvl result line; --resume appends only to a results file qvl wrote",
-                    "pass the --output of the run to resume, or a new --output path",
-                )
-            h = id_hash(record["id"])
-            hashes.append(h)
-            if h in shared:
-                exact.add(record["id"])
-    return CompletedIds(hashes, exact, shared)
+    keep = torn = 0
+    if path.exists():
+        with path.open("rb") as fh:
+            for lineno, raw in enumerate(fh, start=1):
+                if not raw.endswith(b"\n"):  # the last line, torn
+                    record = _complete(raw)
+                    if record is None and not raw.startswith(_OURS):
+                        raise _not_ours(path, lineno)
+                    torn = len(raw)
+                    break
+                keep += len(raw)
+                if not raw.strip():
+                    continue
+                record = _complete(raw)
+                if record is None:
+                    raise _not_ours(path, lineno)
+                h = id_hash(record["id"])
+                done.add(h)
+                if h in shared:
+                    exact.add(record["id"])
+        if torn:
+            with path.open("rb+") as fh:
+                fh.truncate(keep)
+                os.fsync(fh.fileno())
+    ids = CompletedIds(done, exact, shared)
+    ids.torn = torn
+    return ids
 
 
 class ResultsWriter:
@@ -115,13 +117,16 @@ class ResultsWriter:
         self._clock = clock
         self._synced = clock()
         self.written = 0
+        self._line_start: int | None = None  # set while a line is being written: where it began
 
     def write(self, record: dict[str, Any]) -> None:
         data = (json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str) + "\n").encode("utf-8")
         assert self._fd is not None, "results file closed"
+        self._line_start = os.lseek(self._fd, 0, os.SEEK_END)
         n = os.write(self._fd, data)
         while n < len(data):  # a short write (a full disk raises): finish the line before anything else
             n += os.write(self._fd, data[n:])
+        self._line_start = None
         self.written += 1
         if self._clock() - self._synced >= FSYNC_EVERY_S:
             self.sync()
@@ -136,8 +141,12 @@ class ResultsWriter:
             self._synced = self._clock()
 
     def close(self) -> None:
+        """Sync and close; a line cut short by an exception (Ctrl-C between two writes of it) is removed first,
+        so the file holds only complete lines."""
         if self._fd is not None:
             try:
+                if self._line_start is not None:
+                    os.ftruncate(self._fd, self._line_start)
                 os.fsync(self._fd)
             finally:
                 os.close(self._fd)

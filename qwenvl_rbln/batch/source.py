@@ -6,20 +6,19 @@ line's ``"id"`` (a string or an integer, as a string), else the request's 1-base
 (blank lines and ``#`` comments are not requests). So an id-less line keeps its id when the file is read again, and
 the same file gives the same ids with or without ``--output``.
 
-The duplicate check keeps 8 bytes per line (a sorted ``array('Q')`` of id hashes), not the ids: only a hash seen
+The duplicate check keeps 8 bytes per line (id hashes in ``hashes.HashBuckets``), not the ids: only a hash seen
 twice sends it back to the file, for the ids and lines behind that hash.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from array import array
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qwenvl_rbln.batch import hashes
 from qwenvl_rbln.errors import InputError, InputErrors, QvlError
 
 _LINE_HINT = 'one JSON object per line, e.g. {"id": "cat-1", "prompt": "Describe.", "images": ["a.jpg"]}'
@@ -37,7 +36,7 @@ class WorkItem:
 
 def id_hash(rid: str) -> int:
     """The 8-byte hash the duplicate check and ``--resume`` keep instead of the id itself."""
-    return int.from_bytes(hashlib.blake2b(rid.encode("utf-8"), digest_size=8).digest(), "little")
+    return hashes.id_hash(rid)
 
 
 def _open(path: Path) -> Any:
@@ -103,12 +102,13 @@ class IdCheck:
 
     count: int
     shared_hashes: frozenset[int]
+    already: int = 0  # requests whose id is in ``done`` (--resume)
 
 
-def _scan(path: Path, problems: list[QvlError]) -> tuple[array, int]:
-    """The id hashes of every line (file order) and the number of bad lines; bad lines' errors kept (capped)."""
-    hashes = array("Q")
-    position = bad = 0
+def _scan(path: Path, problems: list[QvlError], done: Container[str]) -> tuple[hashes.HashBuckets, int, int]:
+    """The id hashes of every line, the number of bad lines (their errors kept, capped) and of ids in ``done``."""
+    seen = hashes.HashBuckets()
+    position = bad = already = 0
     for lineno, text in _lines(path):
         position += 1
         try:
@@ -118,14 +118,9 @@ def _scan(path: Path, problems: list[QvlError]) -> tuple[array, int]:
             if len(problems) < MAX_PROBLEMS:
                 problems.append(exc)
             continue
-        hashes.append(id_hash(rid))
-    return hashes, bad
-
-
-def _colliding(hashes: array) -> set[int]:
-    """Hashes that occur more than once (sorted in place: the file order is not needed any more)."""
-    ordered = array("Q", sorted(hashes))
-    return {ordered[i] for i in range(1, len(ordered)) if ordered[i] == ordered[i - 1]}
+        seen.add(id_hash(rid))
+        already += rid in done
+    return seen, bad, already
 
 
 def _duplicates(path: Path, colliding: set[int]) -> tuple[list[QvlError], frozenset[int]]:
@@ -151,17 +146,17 @@ def _duplicates(path: Path, colliding: set[int]) -> tuple[list[QvlError], frozen
     return dups, shared
 
 
-def check_unique_ids(path: str | Path) -> IdCheck:
+def check_unique_ids(path: str | Path, done: Container[str] = ()) -> IdCheck:
     """Refuse, before any work, a batch file with duplicate ids or lines without a readable id, naming the lines.
 
-    Memory: 8 bytes per request line (sorted hashes), whatever the results hold; the file is read a second time
-    only when two lines' hashes collide."""
+    ``done`` (``--resume``'s finished ids) is counted on the way (``IdCheck.already``). Memory: 8 bytes per request
+    line (``hashes.HashBuckets``); the file is read a second time only when two lines' hashes collide."""
     path = Path(path)
     problems: list[QvlError] = []
-    hashes, bad = _scan(path, problems)
-    count = len(hashes)
-    colliding = _colliding(hashes)
-    del hashes
+    seen, bad, already = _scan(path, problems, done)
+    count = len(seen)
+    colliding = set(seen.repeated())
+    del seen
     dups, shared = _duplicates(path, colliding) if colliding else ([], frozenset())
     problems = sorted(problems + dups, key=_line_of)
     if problems:
@@ -172,7 +167,7 @@ def check_unique_ids(path: str | Path) -> IdCheck:
         raise InputErrors(problems, what, "correct each line listed; nothing ran")
     if count == 0:
         raise InputError(f"batch file {path} has no requests", "write one JSON object per line")
-    return IdCheck(count, shared)
+    return IdCheck(count, shared, already)
 
 
 def _line_of(exc: QvlError) -> int:

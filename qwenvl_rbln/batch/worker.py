@@ -41,12 +41,16 @@ class WorkerSpec:
     name: str = "worker-0"
     npu: Any = None  # the NPU(s) as the host numbers them, for the records (None: the placement's device)
     batch_file: str | None = None  # relative media paths resolve against its folder; error lines name it
+    device: Any = None  # one-NPU job: --device / --visual-device as given (used when ``devices`` is empty)
+    visual_device: Any = None
 
     def infer_options(self) -> Any:
         from qwenvl_rbln.inference.runner import InferOptions
 
-        device = self.devices[0] if self.devices else None
-        visual = self.devices[1] if len(self.devices) > 1 else device
+        device, visual = self.device, self.visual_device
+        if self.devices:  # a pool's worker: its NPUs as it sees them; the second (if any) runs the ViT
+            device = self.devices[0]
+            visual = self.devices[1] if len(self.devices) > 1 else device
         return InferOptions(
             directory=Path(self.directory) if self.directory else None,
             preset=self.preset,
@@ -91,6 +95,7 @@ class BatchWorker:
         self.emulated = runner.emulation(self.opts, self.target)
         self.warnings: list[str] = list(self.target.warnings) + self.gen.warnings()
         self.placement, torch_dev = runner.place(self.opts, self.target, self.warnings)
+        runner.vision_plan(self.opts, self.target, [])  # a bad --on-oversize fails the job, not every request
         caps = self.target.plan.processor
         self.processor = load_processor(self.target.directory, caps)  # counts prompts (no weights)
         self.backend = runner.load_backend(self.opts, self.target, caps, self.placement, torch_dev, model_cls)
@@ -114,7 +119,14 @@ class BatchWorker:
         return records.error_record(item, err)
 
     def _check(self, item: WorkItem) -> _Ready | dict[str, Any]:
-        """One request through ``qvl infer``'s checks, alone: ready to run, or its error record."""
+        """One request through ``qvl infer``'s checks, alone: ready to run, or its error record. Nothing here
+        touches the device, so even an unexpected exception is that request's problem (``internal``)."""
+        try:
+            return self._checked(item)
+        except Exception as exc:  # noqa: BLE001 - one odd request must not stop a million-request job
+            return self._error(item, records.INTERNAL, exc)
+
+    def _checked(self, item: WorkItem) -> _Ready | dict[str, Any]:
         from qwenvl_rbln.inference import runner
         from qwenvl_rbln.inference.inputs import check_media
         from qwenvl_rbln.inference.requests import from_object, validate_request

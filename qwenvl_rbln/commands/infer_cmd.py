@@ -13,7 +13,9 @@ from typing import Any
 
 import typer
 
+from qwenvl_rbln.commands import infer_batch
 from qwenvl_rbln.commands.common import JsonOpt, SetOpt
+from qwenvl_rbln.commands.infer_batch import DevicesOpt, OutputOpt, RayAddressOpt, ResumeOpt, WorkersOpt
 
 
 def _fmt_s(value: float | None) -> str:
@@ -161,9 +163,14 @@ def register(app: typer.Typer) -> None:
         batch_file: Path = typer.Option(
             None,
             "--batch-file",
-            help='JSONL, one request a line: {"prompt": ..., "images": [...], "video": ...}; batched up to the '
-            "compiled batch_size.",
+            help='JSONL, one request a line: {"id": ..., "prompt": ..., "images": [...], "video": ...}; batched up '
+            "to the compiled batch_size. With --output: a streamed, resumable job.",
         ),
+        output: Path = OutputOpt,
+        resume: bool = ResumeOpt,
+        workers: int = WorkersOpt,
+        devices: str = DevicesOpt,
+        ray_address: str = RayAddressOpt,
         device: str = typer.Option(
             None, "--device", help="rbln: NPU id for the LM graphs (default: the placement recorded at compile)."
         ),
@@ -218,6 +225,9 @@ def register(app: typer.Typer) -> None:
             emulate=emulate,
             vit_packing=not no_vit_packing,
         )
+        job = {"output": output, "resume": resume, "workers": workers, "devices": devices, "ray_address": ray_address}
+        if any(value not in (None, False) for value in job.values()):  # --output: the streamed job
+            return infer_batch.run_job(opts, as_json=as_json, **job)
         shown: set[str] = set()
 
         def notify(line: str) -> None:

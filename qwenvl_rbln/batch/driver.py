@@ -1,0 +1,194 @@
+"""``qvl infer --batch-file F --output results.jsonl``: the streamed, resumable batch job.
+
+Order (nothing done twice, nothing lost): the output is checked (an existing non-empty file is never overwritten:
+``--resume`` continues it), ``--resume`` reads the ids already finished (a torn last line is cut and redone), the
+batch file's ids are checked (duplicates refused before any work, naming the lines), the artifact is resolved
+(a wrong directory fails before a worker starts), then the executor runs: in this process for one NPU (Ray is never
+imported), or ``batch/ray_pool.py``'s pool for ``--workers``/``--devices``/``--ray-address``. Each finished
+request is one line, written as it completes. Ctrl-C or SIGTERM stops the workers and leaves only complete lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln.batch.results import CompletedIds, ResultsWriter, completed_ids
+from qwenvl_rbln.batch.source import WorkItem, check_unique_ids, iter_items
+from qwenvl_rbln.batch.tally import Tally
+from qwenvl_rbln.batch.worker import WorkerSpec
+from qwenvl_rbln.errors import EXIT_INTERRUPTED, DependencyMissing, InputError, QvlError
+
+RAY_INSTALL = "pip install 'qwenvl-rbln[ray]' (or `make install`)"
+
+
+class BatchInterrupted(QvlError):
+    """Ctrl-C or SIGTERM during a batch job, after the workers stopped and the output was closed (exit 130)."""
+
+    exit_code = EXIT_INTERRUPTED
+
+
+@dataclass
+class BatchOptions:
+    """A batch job: the worker's spec (artifact, generation), the files, and where it runs."""
+
+    spec: WorkerSpec
+    batch_file: Path
+    output: Path
+    resume: bool = False
+    system: str | None = None  # --system: the default system prompt of a line without one
+    workers: int | None = None  # --workers N
+    devices: list[int] | None = None  # --devices 0,1
+    ray_address: str | None = None  # --ray-address ADDR|auto
+
+    @property
+    def pooled(self) -> bool:
+        """Many NPUs (the Ray pool) rather than this process."""
+        return self.workers is not None or self.devices is not None or self.ray_address is not None
+
+
+def check_output(output: Path, resume: bool) -> None:
+    """Refuse to overwrite results: an existing non-empty ``--output`` needs ``--resume``; its folder must exist."""
+    if output.is_dir():
+        raise InputError(f"--output {output} is a directory", "pass a file path, e.g. --output results.jsonl")
+    if not output.parent.is_dir():
+        raise InputError(
+            f"--output {output}: folder {output.parent} does not exist", f"create it first: mkdir -p {output.parent}"
+        )
+    if not resume and output.exists() and output.stat().st_size > 0:
+        raise InputError(
+            f"--output {output} already holds results; qvl never overwrites them",
+            "add --resume to continue that run (finished ids are skipped), or pass a new --output path",
+        )
+
+
+def _target_check(spec: WorkerSpec) -> int:
+    """Resolve the artifact here, before any worker starts (a wrong DIR fails in milliseconds); NPUs per worker:
+    2 for an artifact whose ViT is placed on its own device, else 1."""
+    from qwenvl_rbln.inference import runner
+    from qwenvl_rbln.inference.target import resolve_target
+
+    opts = spec.infer_options()
+    target = resolve_target(opts.directory, opts.preset, opts.sets)
+    runner.emulation(opts, target)
+    if target.backend != "rbln":
+        return 1
+    placed = runner.place(opts, target, [])[0]["requested"]
+    return 1 if placed["device"] == placed["visual_device"] else 2
+
+
+def make_executor(opts: BatchOptions, devices_per_worker: int) -> Any:
+    """The in-process executor for one NPU; the Ray pool (imported only here, only then) for many."""
+    if not opts.pooled:
+        from qwenvl_rbln.batch.executor import InProcessExecutor
+
+        return InProcessExecutor(opts.spec)
+    try:
+        from qwenvl_rbln.batch import ray_pool  # type: ignore[attr-defined]
+    except ImportError as exc:
+        if getattr(exc, "name", "") == "ray":
+            raise DependencyMissing(
+                "--workers/--devices/--ray-address run on Ray, which is not installed", RAY_INSTALL
+            ) from None
+        raise DependencyMissing(
+            "--workers/--devices/--ray-address need qvl's Ray pool (qwenvl_rbln.batch.ray_pool), missing here",
+            "run one NPU without those flags, or install a qvl that has it",
+        ) from None
+    return ray_pool.RayExecutor(
+        opts.spec,
+        workers=opts.workers,
+        devices=opts.devices,
+        ray_address=opts.ray_address,
+        devices_per_worker=devices_per_worker,
+    )
+
+
+def _pending(items: Iterator[WorkItem], done: CompletedIds) -> Iterator[WorkItem]:
+    """The items not finished yet (streamed; the finished ones are only counted, by the pre-pass)."""
+    for item in items:
+        if item.id not in done:
+            yield item
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops a batch job like Ctrl-C: workers stopped, only complete lines left."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+Watch = Callable[[Tally, str], None]  # (tally, what happened: "start" | "record" | "event" | "end")
+
+
+def run_batch(opts: BatchOptions, *, watch: Watch | None = None, executor: Any = None) -> dict[str, Any]:
+    """Run the job; the summary (``Tally.summary``) once every request has a line in ``opts.output``.
+
+    ``watch(tally, what)`` is called as the job moves (the command's progress view); ``executor`` replaces the
+    chosen one (tests, benchmarks)."""
+    output, batch_file = Path(opts.output), Path(opts.batch_file)
+    check_output(output, opts.resume)
+    done = completed_ids(output) if opts.resume else CompletedIds.empty()  # a torn last line is cut here
+    torn = done.torn
+    ids = check_unique_ids(batch_file, done)
+    skipped = ids.already
+    if ids.shared_hashes and len(done):  # two input ids share a hash (rare): tell them apart exactly
+        done = completed_ids(output, ids.shared_hashes)
+        skipped = _count_done(batch_file, done)
+    devices_per_worker = _target_check(opts.spec) if executor is None else 1
+    tally = Tally(ids.count, skipped)
+    tally.notes = [f"{output}: a torn last line ({torn} bytes) was cut; its request runs again"] if torn else []
+    ex = executor if executor is not None else make_executor(opts, devices_per_worker)
+    notify = watch or (lambda t, what: None)
+
+    def emit(record: dict[str, Any]) -> None:
+        writer.write(record)
+        tally.record(record)
+        notify(tally, "record")
+
+    def event(name: str, fields: dict[str, Any]) -> None:
+        tally.event(name, fields)
+        notify(tally, "event")
+
+    notify(tally, "start")
+    interrupted = False
+    with ResultsWriter(output) as writer, _sigterm_as_interrupt():
+        try:
+            ex.run(_pending(iter_items(batch_file, opts.system), done), emit, event)
+        except KeyboardInterrupt:
+            interrupted = True
+        except QvlError as exc:  # a worker that cannot go on: what finished is kept, and says how to continue
+            done_note = f"the {tally.skipped + tally.done} finished requests are in {output}; rerun with --resume"
+            exc.hint = f"{exc.hint}; then {done_note}" if exc.hint else done_note
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                ex.close()
+    notify(tally, "end")
+    summary = tally.summary(str(output), interrupted=interrupted)
+    if interrupted:
+        raise BatchInterrupted(
+            f"interrupted after {tally.done} requests this run; {output} holds only complete lines "
+            f"({tally.skipped + tally.done} of {tally.total} requests)",
+            f"rerun the same command with --resume to finish the other {tally.left}",
+        )
+    return summary
+
+
+def _count_done(batch_file: Path, done: CompletedIds) -> int:
+    """Requests of the batch file already finished in the output (a pass that keeps nothing)."""
+    return sum(1 for item in iter_items(batch_file) if item.id in done)

@@ -1,0 +1,85 @@
+"""``qvl infer``'s batch-job flags (``--output``, ``--resume``, ``--workers``, ``--devices``, ``--ray-address``) and
+the call that runs the job: ``--output`` switches ``--batch-file`` from one in-memory run (the report of every
+batch, printed at the end) to the streamed job that writes each request's line as it completes
+(``batch/driver.py``). Kept apart so ``infer_cmd.py`` stays a thin command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+OutputOpt = typer.Option(
+    None,
+    "--output",
+    "-o",
+    help="With --batch-file: run it as a streamed job, one JSON line per request written to this file as it "
+    "completes (never overwritten: see --resume). Docs: docs/many-npus.md.",
+)
+ResumeOpt = typer.Option(
+    False, "--resume", help="Continue the job in --output: skip the ids already there; a torn last line is redone."
+)
+WorkersOpt = typer.Option(None, "--workers", help="Run N workers, one NPU each, on Ray (local unless --ray-address).")
+DevicesOpt = typer.Option(None, "--devices", help="One worker per listed NPU of this host, e.g. --devices 0,1,2,3.")
+RayAddressOpt = typer.Option(
+    None, "--ray-address", help="Run the workers on an existing Ray cluster: HOST:PORT of its head, or auto."
+)
+
+
+def run_job(
+    opts: Any,
+    *,
+    output: Path,
+    resume: bool,
+    workers: int | None,
+    devices: str | None,
+    ray_address: str | None,
+    as_json: bool,
+) -> None:
+    """Check the flags, run the job with its progress view, print the summary (or the --json document)."""
+    from qwenvl_rbln.batch import options
+    from qwenvl_rbln.batch.driver import BatchOptions, run_batch
+    from qwenvl_rbln.batch.worker import WorkerSpec
+    from qwenvl_rbln.views import batch_live, render
+
+    device_ids = options.parse_devices(devices)
+    options.check_workers(workers)
+    address = options.check_ray_address(ray_address)
+    options.check_combination(
+        batch_file=opts.batch_file,
+        output=output,
+        resume=resume,
+        workers=workers,
+        devices=device_ids,
+        ray_address=address,
+        single={"--device": opts.device, "--visual-device": opts.visual_device},
+    )
+    mixed = [f for f, v in (("--prompt", opts.prompt), ("--image", opts.images), ("--video", opts.videos)) if v]
+    if mixed:
+        from qwenvl_rbln.errors import InputError
+
+        raise InputError(
+            f"--batch-file cannot be combined with {', '.join(mixed)}",
+            "put every request in the batch file (keys prompt, images, video), or drop --batch-file",
+        )
+    spec = WorkerSpec(
+        directory=str(opts.directory) if opts.directory else None,
+        preset=opts.preset,
+        sets=list(opts.sets),
+        emulate=opts.emulate,
+        max_new_tokens=opts.max_new_tokens,
+        temperature=opts.temperature,
+        top_p=opts.top_p,
+        seed=opts.seed,
+        on_oversize=opts.on_oversize,
+        vit_packing=opts.vit_packing,
+        torch_device=opts.torch_device,
+        device=opts.device,
+        visual_device=opts.visual_device,
+        batch_file=str(opts.batch_file),
+    )
+    job = BatchOptions(spec, opts.batch_file, output, resume, opts.system, workers, device_ids, address)
+    with batch_live.batch_watch(as_json) as watch:
+        summary = run_batch(job, watch=watch)
+    render.emit(summary, as_json=as_json, human=batch_live.human)
