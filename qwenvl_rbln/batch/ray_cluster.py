@@ -16,6 +16,7 @@ raylet listens on the host's address, the token keeps others out) and tests poin
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ VISIBLE_ENV = "RBLN_DEVICES"  # ray/_private/accelerators/rbln.py: RBLN_RT_VISIB
 # The environment a worker must share with the driver, whichever node it runs on.
 FORWARDED_PREFIXES = ("QVL_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
 ARTIFACT_PROBE_S = 30.0
+FREE_WAIT_S = 20.0  # NPUs held by another job (or just released): how long to wait for them
 
 
 def ensure_ray() -> Any:
@@ -138,7 +140,7 @@ def plan_workers(nodes: list[dict[str, Any]], workers: int | None, per_worker: i
     if available is not None and available < want * per_worker:
         raise BackendError(
             f"the Ray cluster has {int(available)} free {RBLN} of {total}; {want} workers need {want * per_worker} "
-            "(another job holds the rest)",
+            f"(another job holds the rest; waited {FREE_WAIT_S:.0f} s)",
             f"wait for it, or use --workers {int(available) // per_worker}",
         )
     return want
@@ -148,11 +150,17 @@ def _node_list(nodes: list[dict[str, Any]]) -> str:
     return ", ".join(f"{n['name']}={n['rbln']}" for n in nodes)
 
 
-def check_cluster(ray: Any, workers: int | None, per_worker: int) -> tuple[int, list[dict[str, Any]]]:
-    """The number of workers to start and the alive nodes, read from Ray in well under a second."""
+def check_cluster(
+    ray: Any, workers: int | None, per_worker: int, wait_free_s: float = FREE_WAIT_S
+) -> tuple[int, list[dict[str, Any]]]:
+    """The number of workers to start and the alive nodes. A missing resource fails at once; NPUs that exist but
+    are held (another job, or actors just killed that Ray has not released yet) are waited for ``wait_free_s``."""
     nodes = rbln_nodes(ray.nodes())
-    available = ray.available_resources().get(RBLN, 0.0)
-    return plan_workers(nodes, workers, per_worker, available), nodes
+    count = plan_workers(nodes, workers, per_worker, None)
+    end = time.monotonic() + wait_free_s
+    while ray.available_resources().get(RBLN, 0.0) < count * per_worker and time.monotonic() < end:
+        time.sleep(0.1)
+    return plan_workers(nodes, workers, per_worker, ray.available_resources().get(RBLN, 0.0)), nodes
 
 
 def _stat_artifact(path: str) -> dict[str, Any]:
