@@ -326,3 +326,29 @@ def test_exactly_once_under_seeded_worker_and_driver_kills_then_resume(ray_local
     assert sorted(r["id"] for r in lines) == ids  # each id exactly once
     assert all(r["ok"] for r in lines)
     assert all((tmp_path / f"{k}.died").exists() for k in killers)  # the worker kills did happen
+
+
+def test_two_emulated_workers_give_the_one_npu_runs_tokens(ray_local, tiny_rbln, tmp_path, capsys):
+    """`qvl infer --emulate --workers 2` (the real CLI, BatchWorker actors on the tiny artifact, on this module's
+    emulated Ray): every request once, two workers started, greedy tokens equal to the one-NPU run's."""
+    import json
+
+    from tests.fakes_rbln import run_main
+
+    words = ["cats", "rain", "tea"] * 2
+    rows = [{"id": f"p{i}", "prompt": f"Tell me {i} facts about {w}."} for i, w in enumerate(words)]
+    batch = tmp_path / "b.jsonl"
+    batch.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs = {}
+    for name, extra in (("one", []), ("two", ["--workers", "2"])):
+        out = tmp_path / f"{name}.jsonl"
+        argv = ["infer", str(tiny_rbln), "--batch-file", str(batch), "--output", str(out), "--emulate"]
+        code, stdout, err = run_main([*argv, "--max-new-tokens", "4", *extra, "--json"], capsys)
+        assert code == 0, err
+        runs[name] = {r["id"]: r for r in complete_lines(out)}
+        runs[name + "-summary"] = json.loads(stdout)
+    assert sorted(runs["two"]) == sorted(runs["one"]) == sorted(r["id"] for r in rows)
+    pool = runs["two-summary"]["workers"]  # both started (which one finishes first is up to the load)
+    assert [w["worker"] for w in pool] == ["worker-0", "worker-1"] and sum(w["requests"] for w in pool) == 6
+    assert all(r["ok"] and len(r["token_ids"]) == 4 for r in runs["two"].values())
+    assert {i: r["token_ids"] for i, r in runs["two"].items()} == {i: r["token_ids"] for i, r in runs["one"].items()}
