@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+TARGETS = {4: 3.6, 8: 7.0}  # speed-up over one worker
 sys.path.insert(0, str(REPO))
 
 
@@ -119,6 +120,10 @@ def main() -> None:
         import ray
 
         ray.shutdown()
+    speed = {r["workers"]: r["requests_per_s"] / base for r in rows}
+    missed = [f"{n} workers {speed[n]:.2f}x < {t}x" for n, t in TARGETS.items() if n in speed and speed[n] < t]
+    if missed:
+        raise SystemExit("target missed: " + "; ".join(missed))
 
 
 if __name__ == "__main__":
