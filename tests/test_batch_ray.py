@@ -1,6 +1,7 @@
 """The Ray pool (qwenvl_rbln/batch/ray_pool.py, ray_cluster.py) with stand-in workers (tests/ray_standin.py): one
 local emulated Ray for the module (4 emulated NPUs), HOME pointed at a temporary folder (Ray 2.60 writes its auth
-token to ~/.ray). Fault tests wait for conditions (a marker file, a process gone), never for time."""
+token to ~/.ray). Fault tests wait for conditions (a marker file, a process gone), never for time. Stand-in workers
+run without ``emulate`` (the emulator imports torch: seconds per actor); the end-to-end test runs the real one."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def items(*raws: dict) -> list[WorkItem]:
 def run_pool(workers: int, work: list[WorkItem], **kw):
     out: list[dict] = []
     events: list[tuple[str, dict]] = []
-    pool = RayExecutor(WorkerSpec(name="w", emulate=True), workers=workers, worker_cls=EchoWorker, **kw)
+    pool = RayExecutor(WorkerSpec(name="w"), workers=workers, worker_cls=EchoWorker, **kw)
     pool.run(iter(work), out.append, lambda name, fields: events.append((name, fields)))
     return out, events
 
@@ -106,7 +107,7 @@ def test_every_request_once_on_free_workers_with_their_own_npu(ray_local, tmp_pa
     watchdog = threading.Timer(60, gate.touch)
     watchdog.start()
     work = items({"id": "r0", "hold": str(gate)}, *({"id": f"r{i}"} for i in range(1, 12)))
-    pool = RayExecutor(WorkerSpec(emulate=True), workers=2, worker_cls=EchoWorker)
+    pool = RayExecutor(WorkerSpec(), workers=2, worker_cls=EchoWorker)
     try:
         pool.run(iter(work), emit, lambda name, fields: events.append((name, fields)))
     finally:
@@ -149,7 +150,7 @@ def test_dead_workers_requests_requeued_and_failed_on_two_workers_keeps_both_err
 
 def test_no_live_worker_left_fails_fast_and_writes_nothing_undone(ray_local):
     out: list[dict] = []
-    pool = RayExecutor(WorkerSpec(emulate=True), workers=1, worker_cls=EchoWorker)
+    pool = RayExecutor(WorkerSpec(), workers=1, worker_cls=EchoWorker)
     work = items({"id": "k1", "die": "always"}, *({"id": f"n{i}"} for i in range(5)))
     with pytest.raises(BackendError, match="every worker has died"):
         pool.run(iter(work), out.append, lambda *a: None)
@@ -159,7 +160,7 @@ def test_no_live_worker_left_fails_fast_and_writes_nothing_undone(ray_local):
 def test_ctrl_c_kills_the_actors_and_returns_promptly(ray_local, tmp_path):
     ray, marks = ray_local
     gate = tmp_path / "never"
-    pool = RayExecutor(WorkerSpec(emulate=True), workers=1, worker_cls=EchoWorker)
+    pool = RayExecutor(WorkerSpec(), workers=1, worker_cls=EchoWorker)
     work = items(*({"id": f"h{i}", "hold": str(gate)} for i in range(8)))
     running = lambda: [p for p in marks.glob("h*.*")]  # noqa: E731
 
@@ -191,7 +192,7 @@ def test_more_workers_than_npus_is_refused_naming_the_count(ray_local):
 def test_artifact_unreadable_on_a_node_fails_naming_the_node(ray_local, tmp_path):
     import socket
 
-    pool = RayExecutor(WorkerSpec(directory=str(tmp_path / "nowhere"), emulate=True), workers=1, worker_cls=EchoWorker)
+    pool = RayExecutor(WorkerSpec(directory=str(tmp_path / "nowhere")), workers=1, worker_cls=EchoWorker)
     with pytest.raises(BackendError, match=f"node {socket.gethostname()}: .*nowhere is not a folder"):
         pool.run(iter(items({"id": "a"})), lambda r: None, lambda *a: None)
 
@@ -261,7 +262,7 @@ from qwenvl_rbln.errors import QvlError
 from tests.ray_standin import EchoWorker
 
 batch, out, address, resume = sys.argv[1:5]
-spec = WorkerSpec(emulate=True, batch_file=batch)
+spec = WorkerSpec(batch_file=batch)
 opts = BatchOptions(spec, Path(batch), Path(out), resume == "1", workers=2, ray_address=address)
 try:
     run_batch(opts, executor=RayExecutor(spec, workers=2, ray_address=address, worker_cls=EchoWorker))
