@@ -328,6 +328,6 @@ def _short(exc: BaseException) -> str:
     cause = getattr(exc, "cause", None)
     if isinstance(cause, BaseException) and not isinstance(cause, type(exc)):
         exc = cause
-    text = str(exc).strip().splitlines()
-    first = next((line for line in reversed(text) if line.strip()), type(exc).__name__) if text else type(exc).__name__
-    return f"{type(exc).__name__}: {first.strip()}"[:500]
+    text = " ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip())
+    text = text.split(" Some common causes include")[0]  # Ray's generic advice after a worker process died
+    return f"{type(exc).__name__}: {text or 'no message'}"[:400]
