@@ -190,9 +190,18 @@ def test_ctrl_c_leaves_complete_lines_and_resume_finishes_each_id_exactly_once(t
     with pytest.raises(BatchInterrupted):
         run_batch(_job(batch, out, resume=True), executor=Echo(stop_after=2))
     summary = run_batch(_job(batch, out, resume=True), executor=Echo())
+    assert summary["notes"] == []  # the torn line was cut by the run before
     ids = [r["id"] for r in _lines(out)]
     assert sorted(ids, key=int) == [str(n) for n in range(9)]  # every id exactly once
     assert summary["counts"]["skipped_by_resume"] == 6 and summary["counts"]["done"] == 3
+
+
+def test_resume_into_results_of_another_batch_file_says_so(tmp_path):
+    batch = _write(tmp_path / "b.jsonl", [{"id": "a"}, {"id": "b"}])
+    out = _write(tmp_path / "r.jsonl", [_ok(source.WorkItem(x, 1, {})) for x in ("a", "zz")])
+    summary = run_batch(_job(batch, out, resume=True), executor=Echo())
+    assert summary["counts"]["skipped_by_resume"] == 1 and summary["counts"]["done"] == 1
+    assert any("1 results whose ids are not in" in n for n in summary["notes"]), summary["notes"]
 
 
 def test_an_existing_output_is_never_overwritten_without_resume(tmp_path):
@@ -253,3 +262,52 @@ def test_pool_flags_without_the_ray_pool_fail_with_a_clear_line(tmp_path, capsys
     )
     assert code == 3 and "qwenvl_rbln.batch.ray_pool" in err and "Traceback" not in err, err
     assert driver.RAY_INSTALL.startswith("pip install")
+
+
+# ----------------------------------------------------------------------------------------------- progress
+
+
+def test_plain_progress_lines_come_every_n_requests_or_seconds_not_per_request():
+    from qwenvl_rbln.batch.tally import Tally
+    from qwenvl_rbln.views.batch_live import PlainLines
+
+    now = [0.0]
+    lines: list[str] = []
+    watch = PlainLines(lines.append, every_n=3, every_s=10.0, clock=lambda: now[0])
+    tally = Tally(total=10, skipped=2, clock=lambda: now[0])
+    watch(tally, "start")
+    for n in range(5):
+        tally.record({"id": str(n), "worker": "w0", "npu": 0, "num_tokens": 4, "error": None})
+        watch(tally, "record")
+    now[0] = 11.0
+    tally.record({"id": "5", "worker": "w0", "npu": 0, "num_tokens": 0, "error": {"cause": "too-long"}})
+    watch(tally, "record")
+    watch(tally, "end")
+    assert lines[0] == "qvl infer: 8 of 10 requests to run (2 already in the output: skipped)"
+    assert len(lines) == 4, lines  # start, after 3 requests, after 10 s, end
+    assert lines[1].startswith("qvl infer: 5/10 requests") and "2 skipped (--resume)" in lines[1]
+    assert "1 failed" in lines[2] and "tokens/s" in lines[2] and "ETA" in lines[2]
+
+
+def test_the_live_board_shows_totals_rate_eta_and_each_worker():
+    import io
+
+    from rich.console import Console
+
+    from qwenvl_rbln.batch.tally import Tally
+    from qwenvl_rbln.views.batch_live import BatchBoard
+
+    now = [0.0]
+    tally = Tally(total=100, clock=lambda: now[0])
+    tally.event("worker.state", {"worker": "worker-0", "npu": 0, "state": "busy"})
+    tally.event("worker.state", {"worker": "worker-1", "npu": 1, "state": "dead"})
+    now[0] = 10.0
+    for n in range(20):
+        tally.record({"id": str(n), "worker": "worker-0", "npu": 0, "num_tokens": 5, "error": None})
+    buf = io.StringIO()
+    Console(file=buf, width=160).print(BatchBoard(tally))
+    text = buf.getvalue()
+    assert "20/100 requests" in text and "80 left" in text and "2.00 requests/s" in text
+    assert "10.0 tokens/s" in text and "ETA 40.0s" in text
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.startswith("worker-")}
+    assert rows["worker-0"][1:4] == ["0", "busy", "20"] and rows["worker-1"][1:3] == ["1", "dead"]

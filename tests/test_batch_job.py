@@ -128,6 +128,7 @@ def test_json_summary_counts_failures_by_cause_and_throughput_per_worker(job):
     (w,) = s["workers"]
     assert w["worker"] == "worker-0" and w["requests"] == 6 and w["tokens"] == 3 * N and w["tokens_per_s"] > 0
     assert "6 of 6 requests to run" in job["err"]  # plain progress lines on stderr off a terminal
+    assert any("tiny model (random weights)" in n for n in s["notes"]) and "tiny model" in job["err"]
 
 
 def test_resume_redoes_a_torn_last_line_and_every_id_appears_once(job, tiny_model, batch, tmp_path, capsys):

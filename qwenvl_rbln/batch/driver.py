@@ -1,9 +1,9 @@
 """``qvl infer --batch-file F --output results.jsonl``: the streamed, resumable batch job.
 
 Order (nothing done twice, nothing lost): the output is checked (an existing non-empty file is never overwritten:
-``--resume`` continues it), ``--resume`` reads the ids already finished (a torn last line is cut and redone), the
-batch file's ids are checked (duplicates refused before any work, naming the lines), the artifact is resolved
-(a wrong directory fails before a worker starts), then the executor runs: in this process for one NPU (Ray is never
+``--resume`` continues it), the artifact is resolved (a wrong directory fails before a worker starts), ``--resume``
+reads the ids already finished (a torn last line is cut and redone), the batch file's ids are checked (duplicates
+refused before any work, naming the lines), then the executor runs: in this process for one NPU (Ray is never
 imported), or ``batch/ray_pool.py``'s pool for ``--workers``/``--devices``/``--ray-address``. Each finished
 request is one line, written as it completes. Ctrl-C or SIGTERM stops the workers and leaves only complete lines.
 """
@@ -14,7 +14,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,19 +67,21 @@ def check_output(output: Path, resume: bool) -> None:
         )
 
 
-def _target_check(spec: WorkerSpec) -> int:
-    """Resolve the artifact here, before any worker starts (a wrong DIR fails in milliseconds); NPUs per worker:
-    2 for an artifact whose ViT is placed on its own device, else 1."""
+def _target_check(spec: WorkerSpec) -> tuple[int, str]:
+    """Resolve the artifact here, before any worker starts (a wrong DIR fails in milliseconds): (NPUs per worker:
+    2 for an artifact whose ViT is placed on its own device, else 1; its absolute path, which every worker
+    loads, wherever its process runs)."""
     from qwenvl_rbln.inference import runner
     from qwenvl_rbln.inference.target import resolve_target
 
     opts = spec.infer_options()
     target = resolve_target(opts.directory, opts.preset, opts.sets)
     runner.emulation(opts, target)
+    directory = str(Path(target.directory).absolute())
     if target.backend != "rbln":
-        return 1
+        return 1, directory
     placed = runner.place(opts, target, [])[0]["requested"]
-    return 1 if placed["device"] == placed["visual_device"] else 2
+    return (1 if placed["device"] == placed["visual_device"] else 2), directory
 
 
 def make_executor(opts: BatchOptions, devices_per_worker: int) -> Any:
@@ -142,6 +144,10 @@ def run_batch(opts: BatchOptions, *, watch: Watch | None = None, executor: Any =
     chosen one (tests, benchmarks)."""
     output, batch_file = Path(opts.output), Path(opts.batch_file)
     check_output(output, opts.resume)
+    devices_per_worker = 1
+    if executor is None:
+        devices_per_worker, directory = _target_check(opts.spec)
+        opts = replace(opts, spec=replace(opts.spec, directory=directory, media_base=_media_base(batch_file)))
     done = completed_ids(output) if opts.resume else CompletedIds.empty()  # a torn last line is cut here
     torn = done.torn
     ids = check_unique_ids(batch_file, done)
@@ -149,9 +155,14 @@ def run_batch(opts: BatchOptions, *, watch: Watch | None = None, executor: Any =
     if ids.shared_hashes and len(done):  # two input ids share a hash (rare): tell them apart exactly
         done = completed_ids(output, ids.shared_hashes)
         skipped = _count_done(batch_file, done)
-    devices_per_worker = _target_check(opts.spec) if executor is None else 1
     tally = Tally(ids.count, skipped)
-    tally.notes = [f"{output}: a torn last line ({torn} bytes) was cut; its request runs again"] if torn else []
+    if torn:
+        tally.notes.append(f"{output}: a torn last line ({torn} bytes) was cut; its request runs again")
+    if len(done) > skipped:
+        tally.notes.append(
+            f"{output} holds {len(done) - skipped} results whose ids are not in {batch_file} (another batch file?); "
+            "they are kept, and the lines of this run are appended after them"
+        )
     ex = executor if executor is not None else make_executor(opts, devices_per_worker)
     notify = watch or (lambda t, what: None)
 
@@ -187,6 +198,11 @@ def run_batch(opts: BatchOptions, *, watch: Watch | None = None, executor: Any =
             f"rerun the same command with --resume to finish the other {tally.left}",
         )
     return summary
+
+
+def _media_base(batch_file: Path) -> str:
+    """The folder relative media paths of the batch file resolve against, absolute (a Ray worker's cwd differs)."""
+    return str(batch_file.parent.absolute())
 
 
 def _count_done(batch_file: Path, done: CompletedIds) -> int:

@@ -5,7 +5,8 @@ more than a worker's batch), calls ``emit(record)`` once per finished request in
 progress through ``event(name, fields)``:
 
 - ``worker.state`` {worker, npu, state: loading | idle | busy | dead}
-- ``worker.done`` {worker, requests, tokens}: what that worker has finished so far (cumulative).
+- ``worker.done`` {worker, requests, tokens}: what that worker has finished so far (cumulative);
+- ``worker.note`` {worker, message}: a warning of its load (the tiny-model notice, "emulated", a flag ignored).
 
 ``InProcessExecutor`` runs one ``BatchWorker`` in this process (no Ray, not even imported); the Ray pool
 (``batch/ray_pool.py``) runs one per NPU.
@@ -52,6 +53,8 @@ class InProcessExecutor:
         except BaseException:
             event("worker.state", {"worker": name, "npu": npu, "state": "dead"})
             raise
+        for line in dict.fromkeys(getattr(self.worker, "warnings", [])):
+            event("worker.note", {"worker": name, "message": line})
         done = tokens = 0
         items = iter(items)
         try:

@@ -25,7 +25,7 @@ class Tally:
         self.tokens = 0
         self.by_cause: dict[str, int] = {}
         self.workers: dict[str, dict[str, Any]] = {}
-        self.notes: list[str] = []  # said once before the job starts (a torn line cut by --resume)
+        self.notes: list[str] = []  # a torn line cut by --resume; the workers' load warnings (once each)
         self._lock = threading.Lock()
 
     def _worker(self, name: Any) -> dict[str, Any]:
@@ -57,6 +57,11 @@ class Tally:
 
     def event(self, name: str, fields: dict[str, Any]) -> None:
         """An executor's progress event (``batch/executor.py``): a worker's state."""
+        if name == "worker.note" and fields.get("message"):
+            with self._lock:
+                if fields["message"] not in self.notes:
+                    self.notes.append(str(fields["message"]))
+            return
         if name != "worker.state" or fields.get("worker") is None:
             return
         with self._lock:

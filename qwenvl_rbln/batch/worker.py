@@ -41,6 +41,7 @@ class WorkerSpec:
     name: str = "worker-0"
     npu: Any = None  # the NPU(s) as the host numbers them, for the records (None: the placement's device)
     batch_file: str | None = None  # relative media paths resolve against its folder; error lines name it
+    media_base: str | None = None  # absolute folder for relative media paths (default: batch_file's folder)
     device: Any = None  # one-NPU job: --device / --visual-device as given (used when ``devices`` is empty)
     visual_device: Any = None
 
@@ -100,9 +101,15 @@ class BatchWorker:
         self.processor = load_processor(self.target.directory, caps)  # counts prompts (no weights)
         self.backend = runner.load_backend(self.opts, self.target, caps, self.placement, torch_dev, model_cls)
         self.max_batch = int(self.target.resolved.batch_size)
+        if self.target.tiny:
+            self.warnings.insert(0, runner.TINY_NOTICE)
+        if self.emulated:
+            self.warnings.append(
+                "emulated: qvl's CPU emulator of rebel ran these requests, no NPU; timings say nothing about one"
+            )
         self.npu = spec.npu if spec.npu is not None else self._placed_npu()
-        base = Path(spec.batch_file).parent if spec.batch_file else Path.cwd()
-        self.base = base.absolute()
+        base = spec.media_base or (Path(spec.batch_file).parent if spec.batch_file else Path.cwd())
+        self.base = Path(base).absolute()
 
     def _placed_npu(self) -> Any:
         if self.placement is None:
@@ -179,7 +186,8 @@ class BatchWorker:
         except InputError as exc:
             if len(ready) > 1:
                 return [rec for r in ready for rec in self._generate([r])]
-            return [self._error(ready[0].item, records.CORRUPT_MEDIA, exc)]
+            cause = records.TOO_LONG if "max_seq_len" in exc.message else records.CORRUPT_MEDIA
+            return [self._error(ready[0].item, cause, exc)]
         from qwenvl_rbln.inference.runner import decoder_info
 
         dec = decoder_info(len(ready), self.target.resolved)

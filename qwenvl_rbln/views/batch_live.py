@@ -67,22 +67,30 @@ class BatchBoard:
 class PlainLines:
     """The watch off a terminal: a start line, a line every N requests or S seconds, an end line (stderr)."""
 
-    def __init__(self, emit: Callable[[str], None], *, every_n: int = LINE_EVERY_N, every_s: float = LINE_EVERY_S):
+    def __init__(
+        self,
+        emit: Callable[[str], None],
+        *,
+        every_n: int = LINE_EVERY_N,
+        every_s: float = LINE_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.emit = emit
-        self.every_n, self.every_s = every_n, every_s
-        self._last_done = 0
-        self._last_t = time.monotonic()
+        self.every_n, self.every_s, self.clock = every_n, every_s, clock
+        self._last_done = self._noted = 0
+        self._last_t = clock()
 
     def __call__(self, tally: Any, what: str) -> None:
+        while self._noted < len(tally.notes):  # each note once, as it arrives
+            self.emit(f"qvl infer: {tally.notes[self._noted]}")
+            self._noted += 1
         if what == "start":
             left = tally.total - tally.skipped
             skipped = f" ({tally.skipped} already in the output: skipped)" if tally.skipped else ""
-            for note in tally.notes:
-                self.emit(f"qvl infer: {note}")
             self.emit(f"qvl infer: {left} of {tally.total} requests to run{skipped}")
             return
         if what == "record":
-            now = time.monotonic()
+            now = self.clock()
             if tally.done - self._last_done < self.every_n and now - self._last_t < self.every_s:
                 return
             self._last_done, self._last_t = tally.done, now
@@ -103,9 +111,10 @@ def batch_watch(as_json: bool) -> Iterator[Callable[[Any, str], None]]:
     holder: dict[str, Any] = {}
 
     def watch(tally: Any, what: str) -> None:
+        while holder.setdefault("noted", 0) < len(tally.notes):  # above the board (Live prints them there)
+            console.print(f"qvl infer: {tally.notes[holder['noted']]}", markup=False, highlight=False)
+            holder["noted"] += 1
         if what == "start":
-            for note in tally.notes:
-                console.print(f"qvl infer: {note}", markup=False, highlight=False)
             board = Live(BatchBoard(tally), console=console, refresh_per_second=live.REFRESH_PER_SECOND)
             board.start()
             holder["live"] = board
