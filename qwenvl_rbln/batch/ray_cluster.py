@@ -96,6 +96,33 @@ def _init(ray: Any, **kwargs: Any) -> None:
             f"cannot reach the Ray cluster at --ray-address {kwargs.get('address')}: {exc}",
             "check the address (`ray status` on the head node prints it) or drop --ray-address to start a local Ray",
         ) from None
+    _keep_stdout_clean()
+
+
+def _keep_stdout_clean() -> None:
+    """Ray's driver prints the cluster's error notes ("(raylet) A worker died ...") on STDOUT from a background
+    thread (ray 2.60 ``_private/worker.py``: ``listen_error_messages`` -> ``print_to_stdstream``), which would break
+    ``--json`` and the live view. qvl reports a dead worker itself (its state, and the error in the records), so
+    those notes go to the ``ray`` logger at debug level instead. Ray's workers' own logs are already off
+    (``log_to_driver=False``)."""
+    import logging
+
+    try:
+        import ray._private.worker as ray_worker
+    except ImportError:
+        return
+    original = getattr(ray_worker, "print_to_stdstream", None)
+    if original is None or getattr(original, "qvl_quiet", False):
+        return
+
+    def quiet(data: dict[str, Any], ignore_prefix: bool) -> None:
+        if data.get("pid") == "raylet":
+            logging.getLogger("ray").debug("%s", " ".join(data.get("lines") or []))
+            return
+        original(data, ignore_prefix)
+
+    quiet.qvl_quiet = True  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = quiet
 
 
 def rbln_nodes(nodes: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
