@@ -59,7 +59,7 @@ class EchoWorker:
                 vision=[],
                 decoder_graph=None,
                 prompt_tokens=1,
-                timings={},
+                timings={"call_ms": os.environ.get("QVL_EMULATE_CALL_MS")},  # the driver's, via runtime_env
                 worker=self.spec.name,
                 npu=self.spec.npu,
             )

@@ -96,7 +96,7 @@ def test_local_ray_sees_the_emulated_npus_and_sends_nothing_out(ray_local, capsy
     assert "A worker died" not in capsys.readouterr().out
 
 
-def test_every_request_once_on_free_workers_with_their_own_npu(ray_local, tmp_path):
+def test_every_request_once_on_free_workers_with_their_own_npu(ray_local, tmp_path, monkeypatch):
     """r0 blocks its worker until 8 other requests are written: only a pool that feeds whichever worker is free
     (not fixed shards, not one worker) gets there; a watchdog opens the gate after 60 s so a broken pool fails."""
     gate = tmp_path / "gate"
@@ -108,6 +108,7 @@ def test_every_request_once_on_free_workers_with_their_own_npu(ray_local, tmp_pa
         if len(out) == 8:
             gate.touch()
 
+    monkeypatch.setenv("QVL_EMULATE_CALL_MS", "7")  # set after Ray started: only runtime_env brings it to workers
     watchdog = threading.Timer(60, gate.touch)
     watchdog.start()
     work = items({"id": "r0", "hold": str(gate)}, *({"id": f"r{i}"} for i in range(1, 12)))
@@ -122,6 +123,7 @@ def test_every_request_once_on_free_workers_with_their_own_npu(ray_local, tmp_pa
     seen = {r["text"].split("@")[1] for r in out}
     assert len(seen) == 2 and seen <= {"0", "1", "2", "3"}  # RBLN_DEVICES: one host NPU per worker
     assert all(r["npu"] == int(r["text"].split("@")[1]) for r in out)  # records name the host's NPU id
+    assert {r["timings"]["call_ms"] for r in out} == {"7"}  # the driver's QVL_* settings reach every worker
     states = {(f["worker"], f["state"]) for name, f in events if name == "worker.state"}
     assert {("worker-0", "loading"), ("worker-0", "busy"), ("worker-1", "loading"), ("worker-1", "busy")} <= states
     done = [f for name, f in events if name == "worker.done"]
