@@ -65,3 +65,12 @@ class EchoWorker:
             )
             for item in items
         ]
+
+
+class BrokenWorker(EchoWorker):
+    """Cannot load (a bad artifact on that node, an NPU that does not open)."""
+
+    def __init__(self, spec: Any):
+        from qwenvl_rbln.errors import BackendError
+
+        raise BackendError("cannot open NPU 0: device busy", "free the NPU")

@@ -23,7 +23,7 @@ from qwenvl_rbln.batch.ray_pool import RayExecutor, worker_devices  # noqa: E402
 from qwenvl_rbln.batch.source import WorkItem  # noqa: E402
 from qwenvl_rbln.batch.worker import WorkerSpec  # noqa: E402
 from qwenvl_rbln.errors import BackendError, DependencyMissing, InputError  # noqa: E402
-from tests.ray_standin import EchoWorker  # noqa: E402
+from tests.ray_standin import BrokenWorker, EchoWorker  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -158,9 +158,15 @@ def test_no_live_worker_left_fails_fast_and_writes_nothing_undone(ray_local):
     out: list[dict] = []
     pool = RayExecutor(WorkerSpec(), workers=1, worker_cls=EchoWorker)
     work = items({"id": "k1", "die": "always"}, *({"id": f"n{i}"} for i in range(5)))
-    with pytest.raises(BackendError, match="every worker has died"):
+    with pytest.raises(BackendError, match="no live worker left"):
         pool.run(iter(work), out.append, lambda *a: None)
     assert out == []  # nothing ran to the end: left for --resume, not written as failed
+
+
+def test_workers_that_cannot_load_stop_the_job_with_their_own_error(ray_local):
+    pool = RayExecutor(WorkerSpec(), workers=1, worker_cls=BrokenWorker)
+    with pytest.raises(BackendError, match=r"no live worker left.*could not load: BackendError: cannot open NPU 0"):
+        pool.run(iter(items({"id": "a"})), lambda r: None, lambda *a: None)
 
 
 def test_ctrl_c_kills_the_actors_and_returns_promptly(ray_local, tmp_path):

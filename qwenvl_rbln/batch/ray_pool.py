@@ -88,12 +88,20 @@ class WorkerHost:
             from qwenvl_rbln.batch.worker import BatchWorker
 
             worker_cls = BatchWorker
-        self.worker = worker_cls(self.spec)
+        self.worker: Any = None
+        self.load_error: str | None = None
+        try:
+            self.worker = worker_cls(self.spec)
+        except Exception as exc:  # said by info(): Ray's own report of a failed __init__ is a traceback
+            self.load_error = _one_line(exc)
 
     def info(self) -> dict[str, Any]:
         import socket
 
-        return {"npu": self.spec.npu, "host": socket.gethostname(), "pid": os.getpid(), "max_batch": self.max_batch()}
+        host = socket.gethostname()
+        if self.load_error is not None:
+            return {"npu": self.spec.npu, "host": host, "pid": os.getpid(), "error": self.load_error}
+        return {"npu": self.spec.npu, "host": host, "pid": os.getpid(), "max_batch": self.max_batch()}
 
     def max_batch(self) -> int:
         return max(1, int(getattr(self.worker, "max_batch", 1)))
@@ -270,7 +278,11 @@ class _Loop:
         except Exception as exc:
             self._dead(slot, f"could not load: {_short(exc)}")
             return
-        slot.npu, slot.host, slot.pid, slot.max_batch = info["npu"], info["host"], info["pid"], info["max_batch"]
+        slot.npu, slot.host, slot.pid = info["npu"], info["host"], info["pid"]
+        if info.get("error"):
+            self._dead(slot, f"could not load: {info['error']}")
+            return
+        slot.max_batch = info["max_batch"]
         self._state(slot, "idle")
 
     def _finished(self, ref: Any, slot: _Slot) -> None:
@@ -317,10 +329,19 @@ class _Loop:
 
     def _no_worker_left(self) -> None:
         raise BackendError(
-            f"every worker has died; {len(self.retry)} started request(s) and the rest of the batch are not done: "
-            + "; ".join(self.deaths[-4:]),
+            f"no live worker left (each died or could not load); {len(self.retry)} started request(s) and the rest "
+            "of the batch are not done: " + "; ".join(self.deaths[-4:]),
             "fix the cause above, then rerun with --resume (completed lines are kept)",
         )
+
+
+def _one_line(exc: BaseException) -> str:
+    """A worker's own exception as one line (qvl's errors with their fix)."""
+    from qwenvl_rbln.errors import QvlError
+
+    if isinstance(exc, QvlError):
+        return f"{type(exc).__name__}: {exc.one_line()}"[:400]
+    return f"{type(exc).__name__}: {exc}"[:400]
 
 
 def _short(exc: BaseException) -> str:
