@@ -365,3 +365,32 @@ def test_two_emulated_workers_give_the_one_npu_runs_tokens(ray_local, tiny_rbln,
     assert [w["worker"] for w in pool] == ["worker-0", "worker-1"] and sum(w["requests"] for w in pool) == 6
     assert all(r["ok"] and len(r["token_ids"]) == 4 for r in runs["two"].values())
     assert {i: r["token_ids"] for i, r in runs["two"].items()} == {i: r["token_ids"] for i, r in runs["one"].items()}
+
+
+def test_devices_pin_a_local_ray_to_those_npus(tmp_path):
+    """--devices 1,3 on a host of 4 (emulated) NPUs: Ray counts 2 and each worker gets one of the listed ids."""
+    code = (
+        "import json, os\n"
+        "from qwenvl_rbln.backends import emulator\n"
+        "emulator.activate()\n"
+        "import ray\n"
+        "from qwenvl_rbln.batch.ray_pool import RayExecutor\n"
+        "from qwenvl_rbln.batch.source import WorkItem\n"
+        "from qwenvl_rbln.batch.worker import WorkerSpec\n"
+        "from tests.ray_standin import EchoWorker\n"
+        "out, seen = [], {}\n"
+        "pool = RayExecutor(WorkerSpec(), devices=[1, 3], worker_cls=EchoWorker, all_loaded_first=True)\n"
+        "pool._start_orig = pool._start\n"
+        "def start():\n"
+        "    n = pool._start_orig(); seen['rbln'] = ray.cluster_resources().get('RBLN'); return n\n"
+        "pool._start = start\n"
+        "pool.run(iter([WorkItem(f'r{i}', i + 1, {}) for i in range(8)]), out.append, lambda *a: None)\n"
+        "print(json.dumps({'rbln': seen['rbln'], 'npus': sorted({r['npu'] for r in out}), 'n': len(out),\n"
+        "                  'env': os.environ.get('RBLN_DEVICES')}))\n"
+    )
+    res = run_python(code, ray_test_env(tmp_path))
+    assert res.returncode == 0, res.stderr[-2000:]
+    import json
+
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got == {"rbln": 2.0, "npus": [1, 3], "n": 8, "env": None}  # the driver's own environment is restored
