@@ -293,6 +293,7 @@ class _Loop:
             return
         slot.calls.pop(ref)
         for record in out:
+            self.failures.pop(record.get("id"), None)  # a request that failed once and then ran: forget the attempt
             self.emit(record)
             slot.requests += 1
             slot.tokens += int(record.get("num_tokens") or 0)
