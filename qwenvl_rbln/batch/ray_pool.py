@@ -1,0 +1,355 @@
+"""``RayExecutor``: one Ray actor per NPU (or NPU pair), each a ``BatchWorker`` that loads the artifact once.
+
+Why a hand-written pool and not Ray Data's ``map_batches``: qvl owns the exactly-once bookkeeping (which request
+ran where, which failed on two workers) and writes each result line itself as it completes; an actor pool whose
+retries happen inside Ray would hide that. So Ray's own retries are off (``max_restarts=0``,
+``max_task_retries=0``) and this module re-queues:
+
+- requests go to whichever actor has room (``ray.wait`` on every call in flight), at most ``depth`` calls per
+  actor (backpressure: the input is pulled only when an actor has room, so a million-line file stays streamed);
+- an actor that dies (NPU error, killed process, OOM) or raises (a device-level failure) is dropped, and the
+  requests it held go to the others; a request that failed on two different workers is written as failed with
+  both errors; with no live worker left the job stops at once with a clear error (the rest stay undone, so
+  ``--resume`` picks them up);
+- ``close()`` (also on Ctrl-C) kills every actor and stops a Ray that qvl started.
+
+Device numbering (``RBLN_DEVICES``): Ray 2.60's ``ray/_private/accelerators/rbln.py`` gives each actor that asks
+for ``{"RBLN": k}`` its NPUs by setting ``RBLN_DEVICES`` to their host ids (``"2"``, or ``"2,3"``), the way
+``CUDA_VISIBLE_DEVICES`` works; when the process that started Ray had ``RBLN_DEVICES`` set (``--devices``), the
+ids handed out are taken from that list. optimum-rbln 0.12 does not read the variable: it passes the ``device``
+ids of ``rbln_config`` unchanged to ``rebel.Runtime(device=...)`` and checks them with ``rebel.get_npu_name(i)``
+and ``rebel.device_count()`` (``optimum/rbln/utils/runtime_utils.py``, ``tp_and_devices_are_ok``); the rebel
+runtime numbers the devices listed in ``RBLN_DEVICES`` from 0 inside the process (inferred, as for CUDA: rebel is
+closed source). So a worker SEES devices ``0 .. k-1`` and its ``WorkerSpec.devices`` are those, ordered as the
+artifact's recorded placement (``worker_devices``); the records name the host ids (``npu``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln.batch import records
+from qwenvl_rbln.batch.executor import Emit, Event
+from qwenvl_rbln.batch.ray_cluster import (
+    RBLN,
+    VISIBLE_ENV,
+    check_artifact_on_nodes,
+    check_cluster,
+    ensure_ray,
+    forwarded_env,
+    start_or_connect,
+)
+from qwenvl_rbln.batch.source import WorkItem
+from qwenvl_rbln.errors import BackendError, InputError
+
+DEPTH = 2  # calls in flight per actor: one running, one queued behind it so the NPU never waits on the driver
+WAIT_S = 0.5  # how often the loop wakes without a result (Ctrl-C stays prompt)
+
+
+def worker_devices(directory: str | os.PathLike | None) -> list[int]:
+    """The devices one worker SEES, in ``[lm, vit]`` order: ``[0]`` when the ViT shares the LM's NPU, else the
+    recorded placement's two NPUs renumbered from 0 (how ``RBLN_DEVICES`` presents them inside the actor)."""
+    if not directory or not Path(directory).is_dir():
+        return [0]
+    from qwenvl_rbln.artifacts.layout import artifact_kind, placement_from_artifact, read_artifact_config
+    from qwenvl_rbln.artifacts.manifest import read_manifest
+    from qwenvl_rbln.memory.placement import device_list
+
+    if artifact_kind(Path(directory)) != "rbln":
+        return [0]
+    _, cfg = read_artifact_config(Path(directory))
+    placed = placement_from_artifact(cfg, read_manifest(Path(directory)))
+    lm, vit = device_list(placed["device"])[0], device_list(placed["visual_device"])[0]
+    if lm == vit:
+        return [0]
+    order = sorted({lm, vit})
+    return [order.index(lm), order.index(vit)]
+
+
+class WorkerHost:
+    """The actor body: activates the emulator when asked, then builds the worker ONCE with remapped devices."""
+
+    def __init__(self, spec: Any, worker_cls: Any, seen: list[int]):
+        if getattr(spec, "emulate", False):
+            from qwenvl_rbln.backends import emulator
+
+            emulator.activate()
+        visible = os.environ.get(VISIBLE_ENV, "")
+        host_ids = [int(x) for x in visible.split(",") if x.strip().isdigit()]
+        npu = host_ids[0] if len(host_ids) == 1 else (host_ids or None)
+        self.spec = dataclasses.replace(spec, devices=list(seen), npu=npu)
+        if worker_cls is None:
+            from qwenvl_rbln.batch.worker import BatchWorker
+
+            worker_cls = BatchWorker
+        self.worker: Any = None
+        self.load_error: str | None = None
+        try:
+            self.worker = worker_cls(self.spec)
+        except Exception as exc:  # said by info(): Ray's own report of a failed __init__ is a traceback
+            self.load_error = _one_line(exc)
+
+    def info(self) -> dict[str, Any]:
+        import socket
+
+        host = socket.gethostname()
+        if self.load_error is not None:
+            return {"npu": self.spec.npu, "host": host, "pid": os.getpid(), "error": self.load_error}
+        return {"npu": self.spec.npu, "host": host, "pid": os.getpid(), "max_batch": self.max_batch()}
+
+    def max_batch(self) -> int:
+        return max(1, int(getattr(self.worker, "max_batch", 1)))
+
+    def run(self, items: list[WorkItem]) -> list[dict[str, Any]]:
+        return self.worker.run(items)
+
+
+@dataclasses.dataclass
+class _Slot:
+    """One actor as the driver sees it."""
+
+    name: str
+    handle: Any
+    npu: Any = None
+    host: str | None = None
+    pid: int | None = None
+    max_batch: int = 1
+    state: str = "loading"
+    calls: dict[Any, list[WorkItem]] = dataclasses.field(default_factory=dict)
+    requests: int = 0
+    tokens: int = 0
+
+
+class RayExecutor:
+    """The Executor protocol over a pool of Ray actors (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: Any,
+        workers: int | None = None,
+        devices: list[int] | None = None,
+        ray_address: str | None = None,
+        devices_per_worker: int | None = None,
+        *,
+        worker_cls: Any = None,
+        depth: int = DEPTH,
+        all_loaded_first: bool = False,
+    ):
+        self.spec = spec
+        self.seen = list(spec.devices) if getattr(spec, "devices", None) else worker_devices(spec.directory)
+        self.per_worker = int(devices_per_worker or len(self.seen))
+        if len(self.seen) != self.per_worker:
+            self.seen = list(range(self.per_worker))
+        if devices is not None and len(devices) % self.per_worker:
+            raise InputError(
+                f"--devices {','.join(map(str, devices))} lists {len(devices)} NPUs, but each worker of this artifact "
+                f"takes {self.per_worker} (its ViT is on its own NPU)",
+                f"list a multiple of {self.per_worker} NPUs",
+            )
+        fit = None if devices is None else len(devices) // self.per_worker
+        if workers is not None and fit is not None and workers > fit:
+            raise InputError(f"--workers {workers} is more than --devices gives ({fit})", f"use --workers {fit}")
+        self.workers = workers if workers is not None else fit
+        self.devices = devices
+        self.address = ray_address
+        self.worker_cls = worker_cls
+        self.depth = max(1, int(depth))
+        self.all_loaded_first = all_loaded_first  # a benchmark's steady state: no request before every worker loaded
+        self.slots: list[_Slot] = []
+        self.started = False
+        self.ray: Any = None
+
+    # ----------------------------------------------------------------------------------------- set-up
+
+    def _start(self) -> int:
+        self.ray = ensure_ray()
+        self.started = start_or_connect(self.address, emulate=bool(self.spec.emulate), devices=self.devices)
+        count, nodes = check_cluster(self.ray, self.workers, self.per_worker)
+        if self.spec.directory:
+            check_artifact_on_nodes(self.ray, Path(self.spec.directory).absolute(), nodes)
+        return count
+
+    def _spawn(self, count: int, event: Event) -> dict[Any, _Slot]:
+        actor = self.ray.remote(WorkerHost).options(
+            num_cpus=0,
+            resources={RBLN: self.per_worker},
+            max_restarts=0,
+            max_task_retries=0,
+            runtime_env={"env_vars": forwarded_env()},
+        )
+        loading = {}
+        for i in range(count):
+            slot = _Slot(name=f"worker-{i}", handle=None)
+            spec = dataclasses.replace(self.spec, name=slot.name)
+            slot.handle = actor.remote(spec, self.worker_cls, self.seen)
+            self.slots.append(slot)
+            loading[slot.handle.info.remote()] = slot
+            event("worker.state", {"worker": slot.name, "npu": None, "state": "loading"})
+        return loading
+
+    # ------------------------------------------------------------------------------------------- run
+
+    def run(self, items: Iterator[WorkItem], emit: Emit, event: Event) -> None:
+        try:
+            loading = self._spawn(self._start(), event)
+            _Loop(self, iter(items), emit, event, loading).drive()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Kill every actor (no restart) and stop a Ray that qvl started; safe to call twice."""
+        ray, slots, self.slots = self.ray, self.slots, []
+        if ray is None:
+            return
+        for slot in slots:
+            with contextlib.suppress(Exception):  # already gone
+                ray.kill(slot.handle, no_restart=True)
+        if self.started:
+            self.started = False
+            ray.shutdown()
+
+
+class _Loop:
+    """The dispatch loop of one ``run``: fill free actors, wait for any call, account for what came back."""
+
+    def __init__(self, pool: RayExecutor, source: Iterator[WorkItem], emit: Emit, event: Event, loading: dict):
+        self.pool, self.ray, self.source, self.emit, self.event = pool, pool.ray, source, emit, event
+        self.loading: dict[Any, _Slot] = loading
+        self.retry: collections.deque[WorkItem] = collections.deque()
+        self.failures: dict[str, list[dict[str, Any]]] = {}
+        self.exhausted = False
+        self.deaths: list[str] = []
+
+    def live(self) -> list[_Slot]:
+        return [s for s in self.pool.slots if s.state != "dead"]
+
+    def _take(self, n: int) -> list[WorkItem]:
+        if self.retry:  # alone: a request that shared a batch with the one that killed a worker must not fail twice
+            return [self.retry.popleft()]
+        batch: list[WorkItem] = []
+        while len(batch) < n and not self.exhausted:
+            try:
+                batch.append(next(self.source))
+            except StopIteration:
+                self.exhausted = True
+        return batch
+
+    def _fill(self) -> None:
+        if self.pool.all_loaded_first and self.loading:
+            return
+        for slot in self.pool.slots:
+            while slot.state in ("idle", "busy") and len(slot.calls) < self.pool.depth:
+                batch = self._take(slot.max_batch)
+                if not batch:
+                    return
+                slot.calls[slot.handle.run.remote(batch)] = batch
+                self._state(slot, "busy")
+
+    def _state(self, slot: _Slot, state: str) -> None:
+        if slot.state != state:
+            slot.state = state
+            self.event("worker.state", {"worker": slot.name, "npu": slot.npu, "state": state})
+
+    def drive(self) -> None:
+        while True:
+            self._fill()
+            calls = {ref: slot for slot in self.pool.slots for ref in slot.calls}
+            if not calls and not self.loading:
+                if self.exhausted and not self.retry:
+                    return
+                self._no_worker_left()
+            refs = list(calls) + list(self.loading)
+            done, _ = self.ray.wait(refs, num_returns=1, timeout=WAIT_S)
+            for ref in done:
+                if ref in self.loading:
+                    self._loaded(ref, self.loading.pop(ref))
+                else:
+                    self._finished(ref, calls[ref])
+
+    def _loaded(self, ref: Any, slot: _Slot) -> None:
+        try:
+            info = self.ray.get(ref)
+        except Exception as exc:
+            self._dead(slot, f"could not load: {_short(exc)}")
+            return
+        slot.npu, slot.host, slot.pid = info["npu"], info["host"], info["pid"]
+        if info.get("error"):
+            self._dead(slot, f"could not load: {info['error']}")
+            return
+        slot.max_batch = info["max_batch"]
+        self._state(slot, "idle")
+
+    def _finished(self, ref: Any, slot: _Slot) -> None:
+        try:
+            out = self.ray.get(ref)
+        except Exception as exc:
+            self._dead(slot, _short(exc))  # every call it held, this one included
+            return
+        slot.calls.pop(ref)
+        for record in out:
+            self.failures.pop(record.get("id"), None)  # a request that failed once and then ran: forget the attempt
+            self.emit(record)
+            slot.requests += 1
+            slot.tokens += int(record.get("num_tokens") or 0)
+        self.event("worker.done", {"worker": slot.name, "requests": slot.requests, "tokens": slot.tokens})
+        if not slot.calls:
+            self._state(slot, "idle")
+
+    def _failed(self, item: WorkItem, error: dict[str, Any]) -> None:
+        """A request whose worker died: re-queue it, or write it as failed once two different workers lost it."""
+        errors = self.failures.setdefault(item.id, [])
+        errors.append(error)
+        if len({e["worker"] for e in errors}) >= 2:
+            del self.failures[item.id]
+            self.emit(records.failed_twice(item, errors))
+        else:
+            self.retry.append(item)
+
+    def _dead(self, slot: _Slot, why: str) -> None:
+        """Drop an actor: kill it (it may be alive but broken), re-queue what it still held (the call it was running
+        counts as an attempt of each of its requests; the calls queued behind it do not)."""
+        if slot.state == "dead":
+            return
+        self.deaths.append(f"{slot.name} (NPU {slot.npu}, {slot.host or 'not started'}): {why}")
+        self._state(slot, "dead")
+        with contextlib.suppress(Exception):
+            self.ray.kill(slot.handle, no_restart=True)
+        for n, batch in enumerate(slot.calls.values()):
+            for item in batch:
+                if n == 0:  # an actor runs its calls in order: the oldest is the one it was running
+                    self._failed(item, records.error_dict(records.WORKER_FAILED, why, slot.name, slot.npu))
+                else:
+                    self.retry.append(item)
+        slot.calls.clear()
+
+    def _no_worker_left(self) -> None:
+        raise BackendError(
+            f"no live worker left (each died or could not load); {len(self.retry)} started request(s) and the rest "
+            "of the batch are not done: " + "; ".join(self.deaths[-4:]),
+            "fix the cause above, then rerun with --resume (completed lines are kept)",
+        )
+
+
+def _one_line(exc: BaseException) -> str:
+    """A worker's own exception as one line (qvl's errors with their fix)."""
+    from qwenvl_rbln.errors import QvlError
+
+    if isinstance(exc, QvlError):
+        return f"{type(exc).__name__}: {exc.one_line()}"[:400]
+    return f"{type(exc).__name__}: {exc}"[:400]
+
+
+def _short(exc: BaseException) -> str:
+    """One line for a record: the worker's own exception when Ray wraps it, without Ray's traceback."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException) and not isinstance(cause, type(exc)):
+        exc = cause
+    text = " ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip())
+    text = text.split(" Some common causes include")[0]  # Ray's generic advice after a worker process died
+    return f"{type(exc).__name__}: {text or 'no message'}"[:400]
