@@ -21,6 +21,7 @@ class EchoWorker:
     """Loads nothing; answers each item with its id as text and a fixed token list."""
 
     max_batch = 2
+    warnings = ["stand-in worker: echoes ids"]  # a load note, as BatchWorker's tiny-model and emulated notices
 
     def __init__(self, spec: Any):
         self.spec = spec

@@ -128,6 +128,8 @@ def test_every_request_once_on_free_workers_with_their_own_npu(ray_local, tmp_pa
     assert {r["timings"]["call_ms"] for r in out} == {"7"}  # the driver's QVL_* settings reach every worker
     states = {(f["worker"], f["state"]) for name, f in events if name == "worker.state"}
     assert {("worker-0", "loading"), ("worker-0", "busy"), ("worker-1", "loading"), ("worker-1", "busy")} <= states
+    notes = {f["message"] for name, f in events if name == "worker.note"}
+    assert notes == {"stand-in worker: echoes ids"}  # a worker's load notes (tiny model, emulated) reach the summary
     done = [f for name, f in events if name == "worker.done"]
     assert sum(max(f["requests"] for f in done if f["worker"] == w) for w in ("worker-0", "worker-1")) == 12
     assert sum(max(f["tokens"] for f in done if f["worker"] == w) for w in ("worker-0", "worker-1")) == 36

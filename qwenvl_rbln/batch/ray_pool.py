@@ -101,7 +101,8 @@ class WorkerHost:
         host = socket.gethostname()
         if self.load_error is not None:
             return {"npu": self.spec.npu, "host": host, "pid": os.getpid(), "error": self.load_error}
-        return {"npu": self.spec.npu, "host": host, "pid": os.getpid(), "max_batch": self.max_batch()}
+        notes = list(dict.fromkeys(getattr(self.worker, "warnings", [])))  # the tiny-model notice, "emulated"
+        return {"npu": self.spec.npu, "host": host, "pid": os.getpid(), "max_batch": self.max_batch(), "notes": notes}
 
     def max_batch(self) -> int:
         return max(1, int(getattr(self.worker, "max_batch", 1)))
@@ -283,6 +284,8 @@ class _Loop:
             self._dead(slot, f"could not load: {info['error']}")
             return
         slot.max_batch = info["max_batch"]
+        for line in info.get("notes") or []:
+            self.event("worker.note", {"worker": slot.name, "message": line})
         self._state(slot, "idle")
 
     def _finished(self, ref: Any, slot: _Slot) -> None:
