@@ -6,6 +6,11 @@ shows a traceback for a problem the user can fix.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
 # Exit codes (documented in README.md).
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -113,3 +118,22 @@ class BusyError(QvlError):
     """Another qvl process holds the lock on the same output directory."""
 
     exit_code = EXIT_BUSY
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler, ``kill``, a container stop) ends long work the way Ctrl-C does, so the same cleanup runs
+    (a compile's temporary directory, a batch job's workers) and the exit is EXIT_INTERRUPTED. Main thread only:
+    Python installs signal handlers nowhere else."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -11,8 +11,6 @@ request is one line, written as it completes. Ctrl-C or SIGTERM stops the worker
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +20,7 @@ from qwenvl_rbln.batch.results import CompletedIds, ResultsWriter, completed_ids
 from qwenvl_rbln.batch.source import WorkItem, check_unique_ids, iter_items
 from qwenvl_rbln.batch.tally import Tally
 from qwenvl_rbln.batch.worker import WorkerSpec
-from qwenvl_rbln.errors import EXIT_INTERRUPTED, DependencyMissing, InputError, QvlError
+from qwenvl_rbln.errors import EXIT_INTERRUPTED, DependencyMissing, InputError, QvlError, sigterm_as_interrupt
 
 RAY_INSTALL = "pip install 'qwenvl-rbln[ray]' (or `make install`)"
 
@@ -117,23 +115,6 @@ def _pending(items: Iterator[WorkItem], done: CompletedIds) -> Iterator[WorkItem
             yield item
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops a batch job like Ctrl-C: workers stopped, only complete lines left."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 Watch = Callable[[Tally, str], None]  # (tally, what happened: "start" | "record" | "event" | "end")
 
 
@@ -177,7 +158,7 @@ def run_batch(opts: BatchOptions, *, watch: Watch | None = None, executor: Any =
 
     notify(tally, "start")
     interrupted = False
-    with ResultsWriter(output) as writer, _sigterm_as_interrupt():
+    with ResultsWriter(output) as writer, sigterm_as_interrupt():
         try:
             ex.run(_pending(iter_items(batch_file, opts.system), done), emit, event)
         except KeyboardInterrupt:

@@ -12,7 +12,6 @@ twice sends it back to the file, for the ids and lines behind that hash.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from qwenvl_rbln.batch import hashes
 from qwenvl_rbln.errors import InputError, InputErrors, QvlError
+from qwenvl_rbln.inference.requests import line_object
 
 _LINE_HINT = 'one JSON object per line, e.g. {"id": "cat-1", "prompt": "Describe.", "images": ["a.jpg"]}'
 MAX_PROBLEMS = 1000  # bad lines kept for the refusal (the count beyond is still reported)
@@ -71,12 +71,7 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
 def _parse(path: Path, lineno: int, text: str, position: int) -> tuple[str, dict[str, Any]]:
     """(id, object) of one request line; InputError naming ``file:line``."""
     where = f"{path}:{lineno}"
-    try:
-        obj = json.loads(text)
-    except ValueError as exc:
-        raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})", _LINE_HINT) from None
-    if not isinstance(obj, dict):
-        raise InputError(f"{where}: expected a JSON object, got {type(obj).__name__}", _LINE_HINT)
+    obj = line_object(where, text, _LINE_HINT)
     rid = obj.get("id", position)
     if isinstance(rid, bool) or not isinstance(rid, str | int) or not str(rid).strip():
         raise InputError(f"{where}: id={rid!r} must be a non-empty string or an integer", 'write "id": "cat-1"')

@@ -140,16 +140,22 @@ def _one(where: str, obj: dict[str, Any], base: Path, position: int, default_sys
 _LINE_HINT = 'one JSON object per line, e.g. {"prompt": "Describe.", "images": ["a.jpg"]}'
 
 
+def line_object(where: str, text: str, hint: str = _LINE_HINT) -> dict[str, Any]:
+    """The JSON object on one batch-file line (``where`` is ``file:line``); InputError naming it otherwise."""
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})", hint) from None
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: expected a JSON object, got {type(obj).__name__}", hint)
+    return obj
+
+
 def _line_request(
     where: str, text: str, base: Path, position: int, default_system: str | None, seen: dict[str, str]
 ) -> Request:
     """The request on one batch-file line; InputError naming ``file:line``."""
-    try:
-        obj = json.loads(text)
-    except ValueError as exc:
-        raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})", _LINE_HINT) from None
-    if not isinstance(obj, dict):
-        raise InputError(f"{where}: expected a JSON object, got {type(obj).__name__}", _LINE_HINT)
+    obj = line_object(where, text)
     req = _one(where, obj, base, position, default_system)
     if req.id in seen:
         raise InputError(f"{where}: id '{req.id}' was already used at {seen[req.id]}", "give each request its own id")

@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +44,7 @@ from qwenvl_rbln.artifacts.manifest import (
 from qwenvl_rbln.artifacts.processor_files import rehash, write_caps
 from qwenvl_rbln.artifacts.staging import atomic_output_dir, check_target
 from qwenvl_rbln.backends import Progress, backend_module, fmt_elapsed, resolve_source
-from qwenvl_rbln.errors import EXIT_INTERRUPTED, BackendError, DoesNotFit, InputError, QvlError
+from qwenvl_rbln.errors import EXIT_INTERRUPTED, BackendError, DoesNotFit, InputError, QvlError, sigterm_as_interrupt
 from qwenvl_rbln.paths import user_path
 
 
@@ -119,23 +117,6 @@ def refuse_if_not_fit(plan: Any, memory: Any, force: bool, warn: Callable[[str],
         f"the memory planner says preset {plan.preset} does not fit on {plan.npu}; nothing was compiled",
         "see `qvl compile --dry-run` for the breakdown, or pass --force to compile anyway",
     )
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM behaves like Ctrl-C while compiling, so the temporary directory is cleaned up."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def run_compile(
@@ -247,7 +228,7 @@ def _run(
     t0: float,
     warn: Callable[[str], None],
 ) -> dict[str, Any]:
-    with _sigterm_as_interrupt(), progress:
+    with sigterm_as_interrupt(), progress:
         progress.stage("resolving model", plan.model_id)
         source, local = resolve_source(plan.model_id, backend=plan.backend)
         progress.stage("hashing model files", str(local) if local else f"{plan.model_id} (hub id, not hashed)")
