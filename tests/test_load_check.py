@@ -337,3 +337,31 @@ def test_the_fallback_fix_never_says_move_the_vit_when_it_already_has_its_own_np
     last = err.strip().splitlines()[-1]
     assert code == 4 and "does not fit" in last
     assert "visual-device" not in last and "smaller max_seq_len" in last
+
+
+def test_a_real_runtime_load_is_recorded_and_deploy_sizes_its_probe_from_it(tmp_path, monkeypatch, capsys):
+    # fakes: a real rebel's runtime creation (only a host with an NPU measures a load; the emulator's never counts)
+    from qwenvl_rbln.artifacts.load_times import load_times_path, measured_load
+    from qwenvl_rbln.deploy.build import build
+    from qwenvl_rbln.deploy.options import DeployOptions
+
+    monkeypatch.setenv("QVL_HOME", str(tmp_path / "home"))
+    plan, root = _artifact(tmp_path, "rebel100-1npu")
+    install(monkeypatch, make_auto(plan), rebel=make_rebel())
+    code, data, err = _json(["load-check", str(root), "--no-runtime"], capsys)
+    assert code == 0, err
+    assert measured_load(root) is None and not load_times_path().exists()  # no runtime, no measured load
+    code, data, err = _json(["load-check", str(root)], capsys)
+    assert code == 0, err
+    assert data["runtime"]["create_runtimes"] is True and data["runtime"]["recorded"] == str(load_times_path())
+    entry = measured_load(root)
+    assert entry["seconds"] == data["runtime"]["seconds"] and entry["npu"] == plan.npu
+    entry_file = json.loads(load_times_path().read_text())
+    entry_file["entries"][next(iter(entry_file["entries"]))]["seconds"] = 150.0  # a load as slow as a real 32B's
+    load_times_path().write_text(json.dumps(entry_file))
+    result = build(DeployOptions(directory=root, out=tmp_path / "out", artifact="hostpath:/models/a", image="r/v:1"))
+    assert result["spec"].budget["budget_s"] == 480 and result["spec"].budget["measured_s"] == 150.0
+    assert "recorded" in result["spec"].budget["measured_from"]  # named in the manifest's comment
+    (root / "prefill.rbln").write_bytes(b"recompiled")  # a recompile: new graphs and their manifest
+    write_manifest(root, {"format": 1, "npu": plan.npu, "placement": plan.placement, "rbln_config": plan.rbln_config})
+    assert measured_load(root) is None  # the old measurement is not theirs

@@ -266,6 +266,19 @@ def write_manifest(artifact_dir: Path, manifest: dict[str, Any], *, files: dict[
     return data
 
 
+def graph_hash(directory: Path, manifest: dict[str, Any] | None) -> str:
+    """sha256 over the compiled graph files (relative path and sha256), from the manifest when it lists them: what
+    a measurement of this artifact (qvl profile's timings, load-check's load time) is keyed by."""
+    files = (manifest or {}).get("files") or {}
+    rbln = sorted(r for r in files if str(r).endswith(".rbln")) if files else []
+    digests = {r: files[r]["sha256"] for r in rbln} if rbln else {
+        r: sha256_file(directory / r) for r in list_files(directory) if r.endswith(".rbln")}  # fmt: skip
+    h = hashlib.sha256()
+    for rel, digest in sorted(digests.items()):
+        h.update(f"{rel}\0{digest}\n".encode())
+    return h.hexdigest()
+
+
 def read_manifest(artifact_dir: Path) -> dict[str, Any] | None:
     path = Path(artifact_dir) / MANIFEST_NAME
     if not path.is_file():

@@ -41,7 +41,7 @@ def spec_for(opts: DeployOptions) -> manifests.Spec:
     served = pod.argv[pod.argv.index("--served-model-name") + 1]
     name = opts.name or default_name(served)
     size = sizing.artifact_bytes(pod.art.root)
-    measured = sizing.read_load_check(opts.load_check) if opts.load_check is not None else None
+    measured, measured_from = sizing.measured_load_s(opts.load_check, pod.art.root)
     volume, mount, init = source.artifact_volume(src, size)
     selector = {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "model-server"}
     labels = {**selector, "app.kubernetes.io/managed-by": "qvl", "app.kubernetes.io/version": __version__}
@@ -58,7 +58,7 @@ def spec_for(opts: DeployOptions) -> manifests.Spec:
         volume=volume,
         mount=mount,
         init=init,
-        budget=sizing.load_budget(measured, size),
+        budget=sizing.load_budget(measured, size, measured_from),
         resources=sizing.host_resources(pod.art.cfg, size),
         npu=_npu(pod.art),
     )

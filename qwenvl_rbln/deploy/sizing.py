@@ -63,19 +63,33 @@ def _round_up(seconds: float, step: int = 60) -> int:
     return int(math.ceil(seconds / step) * step)
 
 
-def load_budget(measured_s: float | None, size_bytes: int) -> dict[str, Any]:
+def measured_load_s(load_check: Path | None, artifact: Path) -> tuple[float | None, str]:
+    """(seconds, where it came from): the --load-check report when given, else the load ``qvl load-check``
+    recorded for this artifact's graphs on this machine ($QVL_HOME/load-times.json), else (None, "")."""
+    if load_check is not None:
+        return read_load_check(load_check), f"the report {load_check}"
+    from qwenvl_rbln.artifacts.load_times import measured_load
+
+    entry = measured_load(artifact)
+    if entry is None:
+        return None, ""
+    return float(entry["seconds"]), f"recorded {str(entry.get('date'))[:10]} in {entry['file']}"
+
+
+def load_budget(measured_s: float | None, size_bytes: int, source: str = "") -> dict[str, Any]:
     """The startup probe's budget and the Deployment's progress deadline, with the reasoning."""
     if measured_s is not None:
         budget = max(300, _round_up(3 * measured_s))
         why = (
-            f"qvl load-check measured a load of {measured_s:.0f} s on the NPU host; the budget is 3x that "
+            f"qvl load-check measured a load of {measured_s:.0f} s on the NPU host ({source}); the budget is 3x that "
             f"({budget} s, at least 300 s) for a busier node, a cold page cache and slower storage."
         )
     else:
         read_s = size_bytes / STORAGE_BYTES_PER_S
         budget = max(900, _round_up(2 * (read_s + START_S)))
         why = (
-            f"A stated conservative figure, not measured (no --load-check report was given): reading the "
+            f"A stated conservative figure, not measured (load-check recorded no load of these graphs here, and no "
+            f"--load-check report was given): reading the "
             f"{size_bytes / 2**30:.1f} GiB artifact at {STORAGE_BYTES_PER_S // 2**20} MiB/s (a network volume) takes "
             f"{read_s:.0f} s, plus {START_S} s for vLLM's start, the runtime creation on the NPU and warm-up; "
             f"the budget doubles that ({budget} s, at least 900 s). The artifact is precompiled, so no start "
@@ -85,6 +99,7 @@ def load_budget(measured_s: float | None, size_bytes: int) -> dict[str, Any]:
     return {
         "budget_s": budget,
         "measured_s": measured_s,
+        "measured_from": source or None,
         "why": why,
         "failure_threshold": threshold,
         "progress_deadline_s": PROBE_DELAY_S + threshold * PROBE_PERIOD_S + PULL_S,

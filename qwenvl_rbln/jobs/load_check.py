@@ -487,7 +487,21 @@ def _run_and_judge(
             "the runtimes were created although the memory check predicted otherwise; `qvl load-check` results "
             "on hardware beat estimates"
         )
+    if real_runtime:
+        _record_load(root, runtime)
     return runtime, error
+
+
+def _record_load(root: Path, runtime: dict[str, Any]) -> None:
+    """Keep the measured load (``qvl deploy`` sizes its startup probe from it); a damaged file is only a note."""
+    from qwenvl_rbln.artifacts.load_times import record_load
+
+    try:
+        where = record_load(root, runtime["seconds"])
+        runtime["recorded"] = str(where)
+    except (QvlError, OSError) as exc:
+        runtime["recorded"] = None
+        runtime["record_problem"] = str(getattr(exc, "message", exc))
 
 
 # --------------------------------------------------------------------------------------------------- entry

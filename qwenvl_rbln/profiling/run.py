@@ -8,11 +8,11 @@ file's ``emulated`` section and labelled emulated everywhere; nothing reads them
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qwenvl_rbln.artifacts.manifest import graph_hash
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.profiling.compare import compare, roofline_seconds
 from qwenvl_rbln.profiling.graphs import Graph, Shapes, contexts, discover, synthetic_inputs
@@ -31,20 +31,6 @@ class ProfileOptions:
     check: float | None = None  # --check TOL: measured / roofline within 1 +- TOL
     save: bool = True
     only: tuple[str, ...] = ()  # graph kinds (vit, prefill, decoder) or keys to time; empty: all
-
-
-def graph_hash(directory: Path, manifest: dict[str, Any] | None) -> str:
-    """sha256 over the compiled graph files (relative path and sha256), from the manifest when it lists them."""
-    from qwenvl_rbln.artifacts.manifest import list_files, sha256_file
-
-    files = (manifest or {}).get("files") or {}
-    rbln = sorted(r for r in files if str(r).endswith(".rbln")) if files else []
-    digests = {r: files[r]["sha256"] for r in rbln} if rbln else {
-        r: sha256_file(directory / r) for r in list_files(directory) if r.endswith(".rbln")}  # fmt: skip
-    h = hashlib.sha256()
-    for rel, digest in sorted(digests.items()):
-        h.update(f"{rel}\0{digest}\n".encode())
-    return h.hexdigest()
 
 
 def _roofline(directory: Path, npu: str, shapes: Shapes) -> tuple[Any, str]:

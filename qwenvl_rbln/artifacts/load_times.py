@@ -1,0 +1,86 @@
+"""Measured load times: what ``qvl load-check`` took to create an artifact's runtimes on a real NPU, kept so that
+``qvl deploy`` sizes its startup probe from a measurement without being handed a report.
+
+File: ``$QVL_HOME/load-times.json``::
+
+    {"format": "qvl-load-times", "version": 1,
+     "entries": {"<graph hash>": {"seconds": 41.2, "npu": "RBLN-CR13", "date": "2026-12-03T10:00:00Z",
+                                  "artifact": "/models/qwen3-vl-2b"}}}
+
+Keyed by the artifact's graph hash (``manifest.graph_hash``: the compiled ``.rbln`` files), so a copy of the
+artifact elsewhere finds its measurement and a recompile does not inherit an old one. The newest load wins. Only a
+real runtime creation is recorded: an emulated load or ``--no-runtime`` says nothing about an NPU. Written under a
+lock, atomically; a damaged file is one line naming it and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln.artifacts import flock
+from qwenvl_rbln.artifacts.manifest import graph_hash, read_manifest, write_json_atomic
+from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.planning.catalogue.modelinfo import qvl_home
+
+FORMAT = "qvl-load-times"
+VERSION = 1
+FILE_NAME = "load-times.json"
+
+
+def load_times_path() -> Path:
+    return qvl_home() / FILE_NAME
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {"format": FORMAT, "version": VERSION, "entries": {}}
+    except (OSError, ValueError) as exc:
+        raise InputError(f"load-time file {path} cannot be read ({exc})", f"delete {path}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
+        raise InputError(f"load-time file {path} is not a {FORMAT} file", f"delete {path}")
+    return data
+
+
+def _compiled_npu(artifact: Path) -> str | None:
+    """The NPU the graphs were compiled for (``layout.compile_target``), or None when the files do not say."""
+    from qwenvl_rbln.artifacts.layout import compile_target
+
+    try:
+        cfg = json.loads((artifact / "rbln_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return compile_target(cfg, read_manifest(artifact))["npu"] if isinstance(cfg, dict) else None
+
+
+def record_load(artifact: Path, seconds: float, path: Path | None = None) -> Path:
+    """Keep this artifact's measured load (runtimes created on a real NPU) for later deploys."""
+    path = path or load_times_path()
+    key = graph_hash(artifact, read_manifest(artifact))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with flock.held(path.with_name(f".{path.name}.lock"), blocking=True):
+        data = _read(path)
+        data["entries"][key] = {
+            "seconds": round(float(seconds), 3),
+            "npu": _compiled_npu(artifact),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "artifact": str(artifact.resolve()),
+        }
+        write_json_atomic(path, data)
+    return path
+
+
+def measured_load(artifact: Path, path: Path | None = None) -> dict[str, Any] | None:
+    """The newest recorded load of this artifact's graphs, or None when load-check never measured one here."""
+    path = path or load_times_path()
+    if not path.is_file():
+        return None
+    entry = _read(path)["entries"].get(graph_hash(artifact, read_manifest(artifact)))
+    seconds = entry.get("seconds") if isinstance(entry, dict) else None
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+        return None
+    return {**entry, "file": str(path)}
