@@ -39,6 +39,16 @@ def _artifact(root: Path, preset: str, placement: dict | None = None) -> Path:
     return root
 
 
+@pytest.fixture(scope="module", autouse=True)
+def own_qvl_home(tmp_path_factory):
+    """An empty QVL_HOME: a load another test's load-check recorded for the same fake graphs (load-times.json) must
+    not turn this module's stated startup figure into a measured one."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("QVL_HOME", str(tmp_path_factory.mktemp("deploy-home")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="module")
 def arts(tmp_path_factory):
     base = tmp_path_factory.mktemp("deploy")
