@@ -74,13 +74,14 @@ for flag in --no-vit-packing ""; do
 done
 
 step "qvl infer --batch-file --output --workers 2 --emulate: two emulated NPUs on a local Ray (no dashboard, no usage stats), one line per request as it completes (emulated)"
-for i in 1 2 3 4; do printf '{"id": "req-%s", "prompt": "Describe this image.", "image": "%s"}\n' "$i" "$PWD/$IMAGE"; done \
+# 12 requests: the two workers load side by side and a short job could end before the slower one is ready
+for i in $(seq 1 12); do printf '{"id": "req-%s", "prompt": "Describe this image.", "image": "%s"}\n' "$i" "$PWD/$IMAGE"; done \
   >"$RUNS/batch.jsonl"
 rc=0
 QVL_EMULATOR_DEVICES=2 qvl infer --preset cpu-tiny-rbln --emulate --batch-file "$RUNS/batch.jsonl" \
   --output "$RUNS/results.jsonl" --workers 2 --max-new-tokens 8 || rc=$?
 if [[ $rc == 3 ]]; then echo "(exit 3: Ray is not installed; make install adds the [ray] extra)"; elif [[ $rc != 0 ]]; then exit $rc; fi
-echo "results.jsonl: $(if [[ -f "$RUNS/results.jsonl" ]]; then wc -l <"$RUNS/results.jsonl"; else echo 0; fi) lines for 4 requests"
+echo "results.jsonl: $(if [[ -f "$RUNS/results.jsonl" ]]; then wc -l <"$RUNS/results.jsonl"; else echo 0; fi) lines for 12 requests"
 
 step "Qwen3-VL-MoE on the emulator: the tiny MoE (4 experts, top 2, one dense layer) through optimum-rbln's RBLNQwen3VLMoeForConditionalGeneration and custom_moe_glu (emulated), against the reference backend"
 qvl tiny-model --moe
