@@ -331,3 +331,38 @@ def test_a_short_pool_without_the_plugin_names_the_hang_it_risks(tmp_path):
     (check,) = [c for c in bare["spec"].pod.checks if c["check"] == "pool guard"]
     assert not check["ok"] and "#957" in check["detail"]
     assert "#957" in " ".join(bare["files"]["kustomization.yaml"].split())
+
+
+def test_a_profiled_prefill_chunk_replaces_the_routers_roofline_estimate(arts, tmp_path, monkeypatch):
+    """qvl profile's measured chunk (real NPU entries of timings.json) is the router's peak prefill, labelled as
+    measured; an emulated entry never is."""
+    from qwenvl_rbln.memory.calibration import model_key, prefill_key
+    from qwenvl_rbln.planning.catalogue.modelinfo import geometry_from_config
+    from qwenvl_rbln.tuning.measured import write_entry
+
+    monkeypatch.setenv("QVL_HOME", str(tmp_path))
+    plain_run = build(opts(arts["one"], target="llm-d"))
+    art = plain_run["spec"].pod.art
+    chunk, block = art.cfg["prefill_chunk_size"], art.cfg["kvcache_block_size"]
+    point = {"context": 0, "median_s": chunk / 5000, "p10_s": chunk / 5100, "p90_s": chunk / 4900}
+    entry = {
+        "model_key": model_key(geometry_from_config(art.model_config, "artifact", "config.json")),
+        "npu": "RBLN-CR13",
+        "profiled_at": "2026-12-03T10:00:00Z",
+        "graphs": {prefill_key(chunk, block): {"points": [point], "fit": None}},
+    }
+    write_entry("emulated-run", entry, emulated=True)
+    assert (
+        build(opts(arts["one"], target="llm-d"))["files"]["llm-d/router.values.yaml"]
+        == plain_run["files"]["llm-d/router.values.yaml"]
+    )  # emulated figures are never an NPU's
+    write_entry("npu-run", entry, emulated=False)
+    text = build(opts(arts["one"], target="llm-d"))["files"]["llm-d/router.values.yaml"]
+    config = yaml.safe_load(
+        yaml.safe_load(text)["router"]["epp"]["pluginsCustomConfig"]["optimized-baseline-plugins.yaml"]
+    )
+    (flt,) = [p for p in config["plugins"] if p["type"] == "prefix-cache-affinity-filter"]
+    assert flt["parameters"]["peakPrefillThroughput"] == 5000
+    words = " ".join(text.split())
+    assert "Measured by `qvl profile` on the NPU (measured (RBLN-CR13, 2026-12-03" in words
+    assert "An estimate, not measured" not in words

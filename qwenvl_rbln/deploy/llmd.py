@@ -44,13 +44,17 @@ def router_values(select: dict[str, str], max_model_len: int, prefill: dict[str,
     -f THIS``): the model servers to route to, and the prefix-cache filter sized for this artifact."""
     params: dict[str, Any] = {}
     if prefill.get("tokens_per_s"):
-        params["peakPrefillThroughput"] = Note(
-            prefill["tokens_per_s"],
-            f"An estimate, not measured: qvl tune's cost model ({prefill['label']}) for one replica's first "
+        why = (
+            f"Measured by `qvl profile` on the NPU ({prefill['label']}): one replica's first {prefill['chunk']}-token "
+            "prefill chunk, the graph alone (no scheduling, no vision); the guide's guides/recipes/router/calibration "
+            "measures the whole server."
+            if prefill.get("measured")
+            else f"An estimate, not measured: qvl tune's cost model ({prefill['label']}) for one replica's first "
             f"{prefill['chunk']}-token prefill chunk. A roofline bound is an upper bound on speed, so the router "
-            "expects prefill to be faster than it is; measure it with the guide's guides/recipes/router/calibration "
-            "and replace this number.",
+            "expects prefill to be faster than it is; run `qvl profile` on the NPU host, or measure it with the "
+            "guide's guides/recipes/router/calibration, and replace this number."
         )
+        params["peakPrefillThroughput"] = Note(prefill["tokens_per_s"], why)
     why_missing = "" if params else f" No prefill estimate: {prefill.get('reason')}; the filter keeps its default."
     config = {
         "apiVersion": "llm-d.ai/v1alpha1",

@@ -131,21 +131,27 @@ def host_resources(cfg: dict[str, Any], size_bytes: int) -> dict[str, Any]:
 
 
 def prefill_throughput(model_config: dict[str, Any], cfg: dict[str, Any], npu: str | None) -> dict[str, Any]:
-    """Peak prefill tokens/s of one replica from ``qvl tune``'s cost model (``tuning.roofline``): the first
-    prefill chunk, where the fewest tokens are attended to. A roofline bound, not a measurement."""
-    from qwenvl_rbln.memory.calibration import model_key
+    """Peak prefill tokens/s of one replica, the first prefill chunk (where the fewest tokens are attended to), from
+    ``qvl tune``'s cost model: the chunk ``qvl profile`` measured on this NPU when timings.json has it (real NPU
+    entries only), else the roofline bound. ``measured`` says which."""
+    from qwenvl_rbln.memory.calibration import model_key, prefill_key
     from qwenvl_rbln.planning.catalogue.devices import compute_spec
     from qwenvl_rbln.planning.catalogue.modelinfo import geometry_from_config
-    from qwenvl_rbln.tuning.measured import load_timings
-    from qwenvl_rbln.tuning.roofline import Roofline
+    from qwenvl_rbln.tuning.measured import load_measured
+    from qwenvl_rbln.tuning.measured_roofline import ROOFLINE, MeasuredRoofline
 
     try:
         compute = compute_spec(npu or "")
         geometry = geometry_from_config(model_config, "artifact", "config.json")
+        measured = load_measured(model_key(geometry), compute.sku)
     except InputError as exc:
         return {"tokens_per_s": None, "label": None, "reason": exc.message}
     chunk = cfg.get("prefill_chunk_size") if type(cfg.get("prefill_chunk_size")) is int else 128
     block = cfg.get("kvcache_block_size") if type(cfg.get("kvcache_block_size")) is int else cfg.get("max_seq_len", 0)
-    roof = Roofline(geometry, compute, chunk=chunk, timings=load_timings(model_key(geometry), compute.sku))
+    roof = MeasuredRoofline(geometry, compute, chunk=chunk, measured=measured)
     seconds = roof.prefill_chunk(0, block)
-    return {"tokens_per_s": int(chunk / seconds), "label": roof.label(), "chunk": chunk, "reason": None}
+    source = roof.sources.get(prefill_key(chunk, block), ROOFLINE)
+    is_measured = source != ROOFLINE
+    label = source if is_measured else roof.label()
+    tokens_per_s = int(chunk / seconds)
+    return {"tokens_per_s": tokens_per_s, "label": label, "measured": is_measured, "chunk": chunk, "reason": None}
