@@ -86,12 +86,19 @@ def test_30b_a3b_decode_ranges_from_routed_experts_to_every_expert():
 
 
 def test_a_measured_decode_graph_is_the_same_at_both_ends_and_a_dense_model_has_no_range():
+    from qwenvl_rbln.tuning.measured import GraphTiming, Measured
+    from qwenvl_rbln.tuning.measured_roofline import MeasuredRoofline
+
     key = "decoder_batch_1/block8192"
-    roof = Roofline(A3B, REBEL100_COMPUTE, timings={key: 0.004})
+    point = {"median_s": 0.004, "p10_s": 0.004, "p90_s": 0.004}
+    timing = GraphTiming(key, {0: point}, None, "RBLN-CR13", "2026-12-03", False)
+    roof = MeasuredRoofline(A3B, REBEL100_COMPUTE, measured=Measured({key: timing}))
     est = _estimate(roof, _text_only(128))
     assert est["tpot_s"] == 0.004 and est["decode_graphs"][0]["step_s_range"] is None
     assert "tpot_s" not in est["moe_range"]  # prefill is still a roofline range; the measured decode is not
     assert key in roof.label()
+    assert roof.high_end().decode_step(1, 1, 128, 8192) == 0.004  # the high end answers from the measurement too
+    assert roof.sources[key].startswith("measured (RBLN-CR13")
     dense = _estimate(Roofline(QWEN3_VL_2B, REBEL100_COMPUTE), _text_only(128))
     assert dense["moe_range"] is None and dense["decode_graphs"][0]["step_s_range"] is None
 
@@ -149,19 +156,3 @@ def test_tune_states_the_load_it_assumed_and_refuses_two_loads(workload, tmp_pat
     res = run_qvl("tune", "-w", str(workload), "--context", "32768", "--concurrency", "3", "--batch-trace", str(trace))
     assert res.exit_code == 2 and "--concurrency and --batch-trace both describe the load" in res.stderr
     assert "Traceback" not in res.stderr
-
-
-def test_a_profiled_moe_decode_graph_is_the_measured_figure_at_both_ends_of_the_range():
-    """tune's cost model reads `qvl profile` timings through MeasuredRoofline; its high end (every expert) must
-    take the measured figure first too, or a measured MoE graph would still be ranked by the dense bound."""
-    from qwenvl_rbln.tuning.measured import GraphTiming, Measured
-    from qwenvl_rbln.tuning.measured_roofline import MeasuredRoofline
-
-    key = "decoder_batch_1/block8192"
-    point = {"median_s": 0.004, "p10_s": 0.004, "p90_s": 0.004}
-    timing = GraphTiming(key, {0: point}, None, "RBLN-CR13", "2026-12-03", False)
-    roof = MeasuredRoofline(A3B, REBEL100_COMPUTE, measured=Measured({key: timing}))
-    est = _estimate(roof, _text_only(128))
-    assert est["tpot_s"] == 0.004 and est["decode_graphs"][0]["step_s_range"] is None
-    assert roof.high_end().decode_step(1, 1, 128, 8192) == 0.004
-    assert roof.sources[key].startswith("measured (RBLN-CR13")

@@ -269,22 +269,24 @@ def test_roofline_decode_is_weight_bound_and_vit_compute_bound():
 
 def test_measured_timings_replace_the_roofline(tmp_path):
     from qwenvl_rbln.memory.calibration import model_key
-    from qwenvl_rbln.tuning.measured import load_timings
+    from qwenvl_rbln.tuning.measured import load_measured
+    from qwenvl_rbln.tuning.measured_roofline import MeasuredRoofline
 
     path = tmp_path / "timings.json"
     point = {"context": 1000, "median_s": 0.005, "p10_s": 0.005, "p90_s": 0.005, "min_s": 0.005, "max_s": 0.005}
     entry = {"model_key": model_key(QWEN3_VL_2B), "npu": "RBLN-CR13", "profiled_at": "2026-12-03T00:00:00+00:00",
              "graphs": {"decoder_batch_1/block8192": {"points": [point], "fit": None}}}  # fmt: skip
     path.write_text(json.dumps({"format": "qvl-timings", "version": 2, "entries": {"k": entry}, "emulated": {}}))
-    roof = Roofline(QWEN3_VL_2B, REBEL100_COMPUTE, timings=load_timings(model_key(QWEN3_VL_2B), "RBLN-CR13", path))
+    measured = load_measured(model_key(QWEN3_VL_2B), "RBLN-CR13", path)
+    roof = MeasuredRoofline(QWEN3_VL_2B, REBEL100_COMPUTE, measured=measured)
     assert roof.decode_step(1, 1, 1000, 8192) == 0.005
     assert "measured" in roof.label() and "decoder_batch_1/block8192" in roof.label()
     path.write_text("{}")
     with pytest.raises(InputError):
-        load_timings(model_key(QWEN3_VL_2B), "RBLN-CR13", path)
+        load_measured(model_key(QWEN3_VL_2B), "RBLN-CR13", path)
     path.write_text(json.dumps({"format": "qvl-timings", "version": 1, "entries": {}}))  # the hand-written format
     with pytest.raises(InputError, match="version 1"):
-        load_timings(model_key(QWEN3_VL_2B), "RBLN-CR13", path)
+        load_measured(model_key(QWEN3_VL_2B), "RBLN-CR13", path)
 
 
 def test_roofline_moe_reads_the_routed_experts_only():

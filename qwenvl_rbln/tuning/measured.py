@@ -153,9 +153,3 @@ def load_measured(model_key: str, npu: str, path: Path | None = None, *, emulate
         for key, rec in (entry.get("graphs") or {}).items():
             out.graphs[key] = _graph(key, rec, entry, path)
     return out
-
-
-def load_timings(model_key: str, npu: str, path: Path | None = None) -> dict[str, float]:
-    """Graph key -> measured seconds (the median at the longest measured context) for one model and a real NPU."""
-    found = load_measured(model_key, npu, path)
-    return {k: g.points[max(g.points)]["median_s"] for k, g in found.graphs.items()}

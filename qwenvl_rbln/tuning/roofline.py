@@ -3,8 +3,9 @@
 Each graph call takes ``max(FLOPs / peak FLOP/s, bytes read / peak HBM bandwidth)``: the time it could not beat
 on this card (``planning.catalogue.devices.ComputeSpec``, cited there). Real calls are slower (launch overhead,
 the compiler's tiling, DMA that sustains less than the peak: Rebellions quotes 2.7 TB/s effective against the
-4.8 TB/s peak), so every figure is a bound, not a measurement, and is printed as one. A graph with a measured
-time in ``$QVL_HOME/timings.json`` (``measured``) uses that instead and says so.
+4.8 TB/s peak), so every figure is a bound, not a measurement, and is printed as one. Measured graphs (``qvl
+profile``'s ``$QVL_HOME/timings.json``) come in through one subclass, ``tuning.measured_roofline.MeasuredRoofline``,
+which uses them instead and says so.
 
 - ViT call in bucket S: the executed FLOPs of S patches (``vision.buckets.vit_flops``, the cost ``--optimize``
   minimises) against the ViT weights and the S x S mask read once.
@@ -24,15 +25,12 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from qwenvl_rbln.memory.calibration import decoder_key, prefill_key
 from qwenvl_rbln.memory.params import lm_params, vision_params
 from qwenvl_rbln.planning.catalogue.devices import ComputeSpec
 from qwenvl_rbln.planning.catalogue.modelinfo import ModelGeometry
-from qwenvl_rbln.tuning.measured import visual_call_key
 from qwenvl_rbln.vision.buckets import vit_flops
 
 LABEL = "roofline bound, not measured"
-MEASURED = "measured"
 
 
 @dataclass
@@ -41,8 +39,7 @@ class Roofline:
     compute: ComputeSpec
     dtype_bytes: int = 2
     chunk: int = 512
-    timings: dict[str, float] = field(default_factory=dict)  # graph key -> measured seconds
-    used_measured: set[str] = field(default_factory=set)
+    used_measured: set[str] = field(default_factory=set)  # graph keys a subclass answered from measurements
     dense_experts: bool = False  # a MoE's high end: custom_moe_glu computes and reads every expert
 
     def __post_init__(self) -> None:
@@ -65,8 +62,9 @@ class Roofline:
         return self._experts()[0] > 0
 
     def high_end(self) -> Roofline:
-        """The same cost model with every expert computed densely (a dense model's is itself); measured timings and
-        the record of which were used are shared, so a measured graph is the same figure at both ends."""
+        """The same cost model with every expert computed densely (a dense model's is itself). ``replace`` keeps a
+        subclass and shares its fields (``MeasuredRoofline``'s measurements and the record of which were used), so a
+        measured graph is the same figure at both ends."""
         if not self.is_moe or self.dense_experts:
             return self
         if self._high is None:
@@ -75,12 +73,6 @@ class Roofline:
 
     def _time(self, flops: float, nbytes: float) -> float:
         return max(flops / self.compute.fp16_flops, nbytes / self.compute.hbm_bytes_per_s)
-
-    def _measured(self, key: str) -> float | None:
-        value = self.timings.get(key)
-        if value is not None:
-            self.used_measured.add(key)
-        return value
 
     def _experts(self) -> tuple[int, float, float, int]:
         """(sparse layers, params per expert, experts per token, experts) of a MoE text model; zeros when dense."""
@@ -106,18 +98,14 @@ class Roofline:
     def vit_call(self, bucket: int) -> float:
         key = ("vit", bucket)
         if key not in self._cache:
-            measured = self._measured(visual_call_key(bucket))
             flops = vit_flops(bucket, self.geometry.vision)
-            self._cache[key] = measured or self._time(flops, self._vit_bytes + bucket * bucket * self.dtype_bytes)
+            self._cache[key] = self._time(flops, self._vit_bytes + bucket * bucket * self.dtype_bytes)
         return self._cache[key]
 
     def prefill_chunk(self, before: int, block: int) -> float:
         """One prefill chunk (a full ``chunk`` of rows: the graph is compiled at that size) after ``before`` tokens.
         lm_head runs on one row: optimum-rbln 0.12's ``logits_to_keep`` is 1, so the graph takes ``query_position``
         and computes the logits of that row only (its weights are still read once)."""
-        measured = self._measured(prefill_key(self.chunk, block))
-        if measured:
-            return measured
         per_token, read = self.lm_params_read(self.chunk)
         ctx = before + self.chunk
         body = 2 * (per_token - self._lm_head) * self.chunk + 2 * self._lm_head
@@ -134,9 +122,6 @@ class Roofline:
 
     def decode_step(self, graph: int, rows: int, context: float, block: int) -> float:
         """One decode step of graph ``graph`` with ``rows`` real rows, each attending to ``context`` tokens."""
-        measured = self._measured(decoder_key(graph, block))
-        if measured:
-            return measured
         per_token, read = self.lm_params_read(graph)
         flops = 2 * per_token * graph + 4 * self._attn * rows * context
         return self._time(flops, read * self.dtype_bytes + rows * context * self._kv_per_token)
