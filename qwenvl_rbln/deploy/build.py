@@ -131,7 +131,11 @@ def build(opts: DeployOptions) -> dict[str, Any]:
     if opts.npu == "dra":
         objects["resourceclaimtemplate.yaml"] = manifests.claim_template(spec)
     files = {path: dump(obj, f"qvl deploy: {obj['kind']} {spec.name}.") for path, obj in objects.items()}
-    files["kustomization.yaml"] = dump(_kustomization(spec, list(objects)), _header(spec))
+    header = _header(spec)
+    if not opts.plugin:
+        header += "\n--no-plugin: the image has no qvl, so the plugin's variables are left out. That costs: "
+        header += "; ".join(spec.pod.costs) + "."
+    files["kustomization.yaml"] = dump(_kustomization(spec, list(objects)), header)
     extra: dict[str, dict[str, Any]] = {}
     if opts.target == "llm-d":
         prefill = sizing.prefill_throughput(spec.pod.art.model_config, spec.pod.art.cfg, _npu(spec.pod.art))
@@ -147,14 +151,6 @@ def build(opts: DeployOptions) -> dict[str, Any]:
         )
     if opts.plugin:
         files["Containerfile"] = containerfile(spec)
-    else:
-        files["kustomization.yaml"] = dump(
-            _kustomization(spec, list(objects)),
-            _header(spec)
-            + "\n--no-plugin: the image has no qvl, so the plugin's variables are left out. That costs: "
-            + "; ".join(spec.pod.costs)
-            + ".",
-        )
     return {"spec": spec, "objects": objects, "extra": extra, "files": dict(sorted(files.items()))}
 
 
