@@ -138,7 +138,7 @@ def build(opts: DeployOptions) -> dict[str, Any]:
     files["kustomization.yaml"] = dump(_kustomization(spec, list(objects)), header)
     extra: dict[str, dict[str, Any]] = {}
     if opts.target == "llm-d":
-        prefill = sizing.prefill_throughput(spec.pod.art.model_config, spec.pod.art.cfg, _npu(spec.pod.art))
+        prefill = sizing.prefill_throughput(spec.pod.art.model_config, spec.pod.art.cfg, spec.npu)
         select = {k: v for k, v in spec.labels.items() if k.startswith("llm-d.ai/")}
         cited = "Follows llm-d/llm-d " + ", ".join(llmd.GUIDE_FILES) + "."
         extra["llm-d/router.values.yaml"] = llmd.router_values(select, _max_model_len(spec.pod.argv), prefill)
