@@ -110,8 +110,7 @@ def _header(spec: manifests.Spec) -> str:
         steps.append(f"{n}. Build and push the serving image {spec.image} (see Containerfile).")
         n += 1
     if not spec.opts.no_auth:
-        ns = f" -n {spec.opts.namespace}" if spec.opts.namespace else ""
-        steps.append(f"{n}. kubectl create secret generic {spec.secret} --from-file=api-key=KEYFILE{ns}")
+        steps.append(f"{n}. {manifests.create_secret(spec)}")
         n += 1
     else:
         steps.append(f"{n}. --no-auth: no API key; every client that reaches the Service may call /v1.")
