@@ -14,7 +14,7 @@ from typing import Any
 
 from qwenvl_rbln.deploy.options import DEVICE_CLASS, DEVICE_RESOURCE, PORT, DeployOptions
 from qwenvl_rbln.deploy.pod import PodLaunch, api_key_env
-from qwenvl_rbln.deploy.sizing import CACHE_GIB, PROBE_DELAY_S, PROBE_PERIOD_S, SHM_GIB
+from qwenvl_rbln.deploy.sizing import CACHE_GIB, PROBE_DELAY_S, PROBE_PERIOD_S, PULL_S, SHM_GIB
 from qwenvl_rbln.deploy.yamltext import Note
 
 CACHE_ROOT = "/cache/vllm"
@@ -196,7 +196,7 @@ def deployment(spec: Spec) -> dict[str, Any]:
             ),
             "progressDeadlineSeconds": Note(
                 b["progress_deadline_s"],
-                "The startup budget plus 600 s for pulling the serving image (a stated figure); at the 600 s "
+                f"The startup budget plus {PULL_S} s for pulling the serving image (a stated figure); at the 600 s "
                 "default a replica still loading inside its budget would mark the rollout failed.",
             ),
             "selector": {"matchLabels": dict(spec.selector)},
