@@ -110,8 +110,7 @@ def _header(spec: manifests.Spec) -> str:
         steps.append(f"{n}. Build and push the serving image {spec.image} (see Containerfile).")
         n += 1
     if not spec.opts.no_auth:
-        ns = f" -n {spec.opts.namespace}" if spec.opts.namespace else ""
-        steps.append(f"{n}. kubectl create secret generic {spec.secret} --from-file=api-key=KEYFILE{ns}")
+        steps.append(f"{n}. {manifests.create_secret(spec)}")
         n += 1
     else:
         steps.append(f"{n}. --no-auth: no API key; every client that reaches the Service may call /v1.")
@@ -131,10 +130,14 @@ def build(opts: DeployOptions) -> dict[str, Any]:
     if opts.npu == "dra":
         objects["resourceclaimtemplate.yaml"] = manifests.claim_template(spec)
     files = {path: dump(obj, f"qvl deploy: {obj['kind']} {spec.name}.") for path, obj in objects.items()}
-    files["kustomization.yaml"] = dump(_kustomization(spec, list(objects)), _header(spec))
+    header = _header(spec)
+    if not opts.plugin:
+        header += "\n--no-plugin: the image has no qvl, so the plugin's variables are left out. That costs: "
+        header += "; ".join(spec.pod.costs) + "."
+    files["kustomization.yaml"] = dump(_kustomization(spec, list(objects)), header)
     extra: dict[str, dict[str, Any]] = {}
     if opts.target == "llm-d":
-        prefill = sizing.prefill_throughput(spec.pod.art.model_config, spec.pod.art.cfg, _npu(spec.pod.art))
+        prefill = sizing.prefill_throughput(spec.pod.art.model_config, spec.pod.art.cfg, spec.npu)
         select = {k: v for k, v in spec.labels.items() if k.startswith("llm-d.ai/")}
         cited = "Follows llm-d/llm-d " + ", ".join(llmd.GUIDE_FILES) + "."
         extra["llm-d/router.values.yaml"] = llmd.router_values(select, _max_model_len(spec.pod.argv), prefill)
@@ -147,14 +150,6 @@ def build(opts: DeployOptions) -> dict[str, Any]:
         )
     if opts.plugin:
         files["Containerfile"] = containerfile(spec)
-    else:
-        files["kustomization.yaml"] = dump(
-            _kustomization(spec, list(objects)),
-            _header(spec)
-            + "\n--no-plugin: the image has no qvl, so the plugin's variables are left out. That costs: "
-            + "; ".join(spec.pod.costs)
-            + ".",
-        )
     return {"spec": spec, "objects": objects, "extra": extra, "files": dict(sorted(files.items()))}
 
 

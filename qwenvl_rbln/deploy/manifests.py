@@ -14,7 +14,7 @@ from typing import Any
 
 from qwenvl_rbln.deploy.options import DEVICE_CLASS, DEVICE_RESOURCE, PORT, DeployOptions
 from qwenvl_rbln.deploy.pod import PodLaunch, api_key_env
-from qwenvl_rbln.deploy.sizing import CACHE_GIB, PROBE_DELAY_S, PROBE_PERIOD_S, SHM_GIB
+from qwenvl_rbln.deploy.sizing import CACHE_GIB, PROBE_DELAY_S, PROBE_PERIOD_S, PULL_S, SHM_GIB
 from qwenvl_rbln.deploy.yamltext import Note
 
 CACHE_ROOT = "/cache/vllm"
@@ -80,6 +80,12 @@ def claim_template(spec: Spec) -> dict[str, Any]:
     }
 
 
+def create_secret(spec: Spec) -> str:
+    """The command that creates the API key's Secret (the manifests only name it)."""
+    ns = f" -n {spec.opts.namespace}" if spec.opts.namespace else ""
+    return f"kubectl create secret generic {spec.secret} --from-file=api-key=KEYFILE{ns}"
+
+
 def _env(spec: Spec) -> list:
     env: list = [{"name": k, "value": v} for k, v in spec.pod.env.items()]
     env.append(
@@ -93,8 +99,7 @@ def _env(spec: Spec) -> list:
             Note(
                 api_key_env(spec.secret),
                 f"vLLM requires this key on /v1 when set. It comes from the Secret {spec.secret} (key api-key), which "
-                f"you create; no key is ever written here: kubectl create secret generic {spec.secret} "
-                f"--from-file=api-key=KEYFILE" + (f" -n {spec.opts.namespace}" if spec.opts.namespace else ""),
+                f"you create; no key is ever written here: {create_secret(spec)}",
             )
         )
     return env
@@ -191,7 +196,7 @@ def deployment(spec: Spec) -> dict[str, Any]:
             ),
             "progressDeadlineSeconds": Note(
                 b["progress_deadline_s"],
-                "The startup budget plus 600 s for pulling the serving image (a stated figure); at the 600 s "
+                f"The startup budget plus {PULL_S} s for pulling the serving image (a stated figure); at the 600 s "
                 "default a replica still loading inside its budget would mark the rollout failed.",
             ),
             "selector": {"matchLabels": dict(spec.selector)},

@@ -22,6 +22,7 @@ from qwenvl_rbln.serving.options import (
     ServeOptions,
 )
 from qwenvl_rbln.serving.pool_guard import MAX_MODEL_LEN_ENV
+from qwenvl_rbln.serving.preflight import warn
 
 PLUGIN_ENVS = (PACKING_ENV, FRAME_CAP_ENV, MAX_FRAME_PIXELS_ENV, MAX_MODEL_LEN_ENV)
 POD_HOST = "0.0.0.0"  # the pod's network namespace: the Service and the probes reach it on the pod IP
@@ -79,14 +80,15 @@ PLUGIN_CHECKS = {"video frame cap": 0, "video cap": 0, "vit packing": 1}  # chec
 
 def _without_plugin(checks: list[dict[str, Any]], costs: list[str]) -> list[dict[str, Any]]:
     """Serve's checks with the plugin's own ones turned into what --no-plugin costs (a warning, never "ok")."""
-    out = []
+    out: list[dict[str, Any]] = []
     for check in checks:
         if check["check"] in PLUGIN_CHECKS:
             detail = f"off (--no-plugin: the image has no qvl): {costs[PLUGIN_CHECKS[check['check']]]}"
-            check = {"check": check["check"], "ok": False, "warning": True, "detail": detail}
-        out.append(check)
+            warn(out, check["check"], detail)
+        else:
+            out.append(check)
     if len(costs) > 2:
-        out.append({"check": "pool guard", "ok": False, "warning": True, "detail": f"off (--no-plugin): {costs[2]}"})
+        warn(out, "pool guard", f"off (--no-plugin): {costs[2]}")
     return out
 
 

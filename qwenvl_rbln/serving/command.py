@@ -412,9 +412,7 @@ def remap_memory_gate(art: Artifact, opts: ServeOptions, plan: Any) -> None:
     given = (("--device", opts.device), ("--visual-device", opts.visual_device))
     shown = " ".join(f"{flag} {devices_text(value)}" for flag, value in given if value is not None)
     if verdict is None:
-        art.checks.append(
-            {"check": "memory", "ok": False, "warning": True, "detail": f"{shown}: {memory.get('reason')}"}
-        )
+        warn(art.checks, "memory", f"{shown}: {memory.get('reason')}")
         return
     if gate_stops(verdict, opts.uncertain_ok):
         raise DoesNotFit(
