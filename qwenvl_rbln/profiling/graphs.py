@@ -14,6 +14,7 @@ cannot aim at one decoder batch or one chunk position. qvl builds each runtime t
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,7 @@ def synthetic_inputs(graph: Graph, shapes: Shapes, context: int | None, seed: in
             base = torch.arange(n, n + width, dtype=torch.int64).expand(rows, width) if width > 1 else None
             x = base.reshape(shape) if base is not None else torch.full(shape, n, dtype=torch.int64)
         elif name in ("block_tables", "local_block_tables"):
-            x = torch.arange(max(1, _numel(shape))).reshape(shape) % max(shapes.num_blocks, 1)
+            x = torch.arange(max(1, math.prod(shape))).reshape(shape) % max(shapes.num_blocks, 1)
         elif name == "query_position":
             x = torch.full(shape, shapes.chunk - 1)
         elif name == "attention_mask":
@@ -138,10 +139,3 @@ def synthetic_inputs(graph: Graph, shapes: Shapes, context: int | None, seed: in
             x = torch.zeros(shape)
         out.append(x.to(dt))
     return out
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

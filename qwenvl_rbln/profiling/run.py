@@ -8,6 +8,7 @@ file's ``emulated`` section and labelled emulated everywhere; nothing reads them
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,7 @@ def run_profile(opts: ProfileOptions) -> dict[str, Any]:
         if not graphs:
             raise InputError(f"--only {', '.join(opts.only)} names no graph of {art}", "name vit, prefill, decoder or "
                              "a graph key that `qvl profile --json` lists")  # fmt: skip
-    with emulator.active() if opts.emulate else _nothing():
+    with emulator.active() if opts.emulate else contextlib.nullcontext():
         rebel = _import_rebel()
         npu = str(rebel.get_npu_name(graphs[0].device if graphs else 0) or "unknown")
         roof, mkey = _roofline(art, npu, shapes)
@@ -162,11 +163,3 @@ def _import_rebel() -> Any:
             "rebel-compiler is not installed, so no graph can run here", install_hint(["rebel-compiler"])
         )
     return importlib.import_module("rebel")
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None

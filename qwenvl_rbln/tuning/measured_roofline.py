@@ -14,7 +14,7 @@ from typing import Any
 
 from qwenvl_rbln.memory.calibration import decoder_key, prefill_key
 from qwenvl_rbln.tuning.measured import Measured, visual_call_key
-from qwenvl_rbln.tuning.roofline import LABEL, Roofline
+from qwenvl_rbln.tuning.roofline import Roofline
 
 ROOFLINE = "roofline bound"
 
@@ -45,11 +45,6 @@ class MeasuredRoofline(Roofline):
     def decode_step(self, graph: int, rows: int, context: float, block: int) -> float:
         value = self._lookup(decoder_key(graph, block), context)
         return value if value is not None else super().decode_step(graph, rows, context, block)
-
-    def label(self) -> str:
-        if not self.used_measured:
-            return LABEL
-        return f"{LABEL}, except measured graphs: {', '.join(sorted(self.used_measured))}"
 
 
 def row_keys(row: dict[str, Any], chunk: int) -> list[str]:

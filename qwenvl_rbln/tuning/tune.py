@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import DoesNotFit
-from qwenvl_rbln.tuning.measured_roofline import MeasuredRoofline, row_timing
+from qwenvl_rbln.tuning.measured_roofline import ROOFLINE, MeasuredRoofline, row_timing
 from qwenvl_rbln.tuning.neighbours import nearest, neighbours
 from qwenvl_rbln.tuning.result import HEADER, commands, output_dir_for, preset_data, preset_yaml
 from qwenvl_rbln.tuning.roofline import LABEL
@@ -219,7 +219,7 @@ def _description(checker: Checker, best: dict[str, Any]) -> str:
     needs, work, est = checker.needs, checker.work, best["estimate"]
     trace = f", batch trace {work.trace_path}" if work.trace_path else ""
     origin = (best.get("timing") or {}).get("label", LABEL)
-    origin = LABEL if origin == "roofline bound" else origin
+    origin = LABEL if origin == ROOFLINE else origin
     return (
         f"qvl tune: {checker.base.model_id} for {work.path} ({work.requests:,} requests{trace}); "
         f"needs context {needs.context}, batch >= {needs.min_batch}, {needs.devices} NPU(s), objective "
@@ -245,12 +245,12 @@ def _hand_over(checker: Checker, cfg: Config, best: dict[str, Any], output: Path
     loaded = LoadedPreset(name="tuned", path=output or Path("tuned.yaml"), data=data)
     plan = plan_from_loaded(loaded, model=checker.needs.model)
     verdict = estimate_plan(plan, checker.needs.device_memory, suggest=False).verdict
-    label = (best.get("timing") or {}).get("label", "roofline bound")
+    label = (best.get("timing") or {}).get("label", ROOFLINE)
     header = [
         f"{HEADER} Every figure in the description is a roofline bound from published peak figures,",
         "not a measurement. Check it: qvl compile --preset THIS_FILE --dry-run",
     ]
-    if label != "roofline bound":
+    if label != ROOFLINE:
         header[0] = f"{HEADER} The figures in the description are {label} (qvl profile, docs/profiling.md)."
         header[1] = "Check it: qvl compile --preset THIS_FILE --dry-run"
     ref = str(output) if output is not None else "tuned.yaml"
