@@ -16,13 +16,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from qwenvl_rbln.batch import ray_cluster
 from qwenvl_rbln.batch.results import CompletedIds, ResultsWriter, completed_ids
 from qwenvl_rbln.batch.source import WorkItem, check_unique_ids, iter_items
 from qwenvl_rbln.batch.tally import Tally
 from qwenvl_rbln.batch.worker import WorkerSpec
 from qwenvl_rbln.errors import EXIT_INTERRUPTED, DependencyMissing, InputError, QvlError, sigterm_as_interrupt
 
-RAY_INSTALL = "pip install 'qwenvl-rbln[ray]' (or `make install`)"
+RAY_INSTALL = ray_cluster.INSTALL_LINE  # the one install line for Ray (ensure_ray's refusal says it)
 
 
 class BatchInterrupted(QvlError):
@@ -90,11 +91,7 @@ def make_executor(opts: BatchOptions, devices_per_worker: int) -> Any:
         return InProcessExecutor(opts.spec)
     try:
         from qwenvl_rbln.batch import ray_pool  # type: ignore[attr-defined]
-    except ImportError as exc:
-        if getattr(exc, "name", "") == "ray":
-            raise DependencyMissing(
-                "--workers/--devices/--ray-address run on Ray, which is not installed", RAY_INSTALL
-            ) from None
+    except ImportError:  # never Ray itself: ray_pool imports it only when the pool starts (ray_cluster.ensure_ray)
         raise DependencyMissing(
             "--workers/--devices/--ray-address need qvl's Ray pool (qwenvl_rbln.batch.ray_pool), missing here",
             "run one NPU without those flags, or install a qvl that has it",

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -130,10 +129,6 @@ class ResultsWriter:
         self.written += 1
         if self._clock() - self._synced >= FSYNC_EVERY_S:
             self.sync()
-
-    def write_all(self, records: Iterable[dict[str, Any]]) -> None:
-        for record in records:
-            self.write(record)
 
     def sync(self) -> None:
         if self._fd is not None:

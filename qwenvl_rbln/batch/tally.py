@@ -32,7 +32,6 @@ class Tally:
         key = str(name)
         if key not in self.workers:
             self.workers[key] = {"npu": None, "state": "loading", "requests": 0, "failed": 0, "tokens": 0}
-            self.workers[key]["t0"] = self.clock()
         return self.workers[key]
 
     def record(self, rec: dict[str, Any]) -> None:
@@ -89,7 +88,7 @@ class Tally:
                 "requests_per_s": rate,
                 "tokens_per_s": self.tokens / elapsed,
                 "eta_s": self.left / rate if rate > 0 and self.left else None,
-                "workers": {k: {x: v for x, v in w.items() if x != "t0"} for k, w in self.workers.items()},
+                "workers": {k: dict(w) for k, w in self.workers.items()},
             }
 
     def summary(self, output: str, *, interrupted: bool = False) -> dict[str, Any]:

@@ -280,10 +280,6 @@ def _announce(run: _Run, notify: Any) -> None:
         notify(line)
 
 
-def _load_backend(opts: InferOptions, run: _Run, model_cls: Any) -> Any:
-    return load_backend(opts, run.target, run.vplan.caps, run.placement, run.torch_dev, model_cls)
-
-
 def load_backend(
     opts: InferOptions,
     target: Target,
@@ -436,7 +432,7 @@ def run_infer(
     run = _plan_run(opts)
     _announce(run, notify)
     t_load = time.perf_counter()
-    backend = _load_backend(opts, run, model_cls)
+    backend = load_backend(opts, run.target, run.vplan.caps, run.placement, run.torch_dev, model_cls)
     load_s = time.perf_counter() - t_load
     try:
         out_requests, batches = _run_batches(backend, run, stream, on_batch)

@@ -64,6 +64,14 @@ class BatchBoard:
         return Group(Text(headline(snap), style="bold"), table, foot)
 
 
+def _new_notes(tally: Any, shown: int, emit: Callable[[str], None]) -> int:
+    """Emit the tally's notes after the first ``shown`` (each note once, as it arrives); the count now shown."""
+    while shown < len(tally.notes):
+        emit(f"qvl infer: {tally.notes[shown]}")
+        shown += 1
+    return shown
+
+
 class PlainLines:
     """The watch off a terminal: a start line, a line every N requests or S seconds, an end line (stderr)."""
 
@@ -81,9 +89,7 @@ class PlainLines:
         self._last_t = clock()
 
     def __call__(self, tally: Any, what: str) -> None:
-        while self._noted < len(tally.notes):  # each note once, as it arrives
-            self.emit(f"qvl infer: {tally.notes[self._noted]}")
-            self._noted += 1
+        self._noted = _new_notes(tally, self._noted, self.emit)
         if what == "start":
             left = tally.total - tally.skipped
             skipped = f" ({tally.skipped} already in the output: skipped)" if tally.skipped else ""
@@ -103,17 +109,19 @@ class PlainLines:
 def batch_watch(as_json: bool) -> Iterator[Callable[[Any, str], None]]:
     """The job's watch: the live board on a terminal (not with --json), else plain stderr lines."""
     console = render.err()
+
+    def say(line: str) -> None:
+        console.print(line, markup=False, highlight=False)
+
     if not live.allowed(as_json, console):
-        yield PlainLines(lambda line: console.print(line, markup=False, highlight=False))
+        yield PlainLines(say)
         return
     from rich.live import Live
 
     holder: dict[str, Any] = {}
 
     def watch(tally: Any, what: str) -> None:
-        while holder.setdefault("noted", 0) < len(tally.notes):  # above the board (Live prints them there)
-            console.print(f"qvl infer: {tally.notes[holder['noted']]}", markup=False, highlight=False)
-            holder["noted"] += 1
+        holder["noted"] = _new_notes(tally, holder.get("noted", 0), say)  # above the board (Live prints them there)
         if what == "start":
             board = Live(BatchBoard(tally), console=console, refresh_per_second=live.REFRESH_PER_SECOND)
             board.start()
