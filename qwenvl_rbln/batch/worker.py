@@ -87,6 +87,7 @@ class BatchWorker:
         from qwenvl_rbln.inference.inputs import load_processor
         from qwenvl_rbln.inference.reference import device_spelling
         from qwenvl_rbln.inference.target import resolve_target
+        from qwenvl_rbln.inference.vision_report import bucket_memory_check
 
         self.spec = spec
         self.opts = spec.infer_options()
@@ -96,7 +97,8 @@ class BatchWorker:
         self.emulated = runner.emulation(self.opts, self.target)
         self.warnings: list[str] = list(self.target.warnings) + self.gen.warnings()
         self.placement, torch_dev = runner.place(self.opts, self.target, self.warnings)
-        runner.vision_plan(self.opts, self.target, [])  # a bad --on-oversize fails the job, not every request
+        self.bucket_memory = bucket_memory_check(self.target.plan)  # one memory answer per bucket, for every request
+        runner.vision_plan(self.opts, self.target, [], self.bucket_memory)  # a bad --on-oversize fails the job
         caps = self.target.plan.processor
         self.processor = load_processor(self.target.directory, caps)  # counts prompts (no weights)
         self.backend = runner.load_backend(self.opts, self.target, caps, self.placement, torch_dev, model_cls)
@@ -147,7 +149,7 @@ class BatchWorker:
         except InputError as exc:
             return self._error(item, _probe_cause(req, exc), exc)
         try:
-            vplan = runner.vision_plan(self.opts, self.target, [req])
+            vplan = runner.vision_plan(self.opts, self.target, [req], self.bucket_memory)
         except InputError as exc:
             return self._error(item, records.OVERSIZE, exc)
         req.caps = vplan.request_caps[req.id]

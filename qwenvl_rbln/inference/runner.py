@@ -157,8 +157,14 @@ def check_prompt_room(requests: list[Any], vplan: Any, max_new_tokens: int, max_
     raise_all(problems, "requests do not fit max_seq_len", "correct each one listed; nothing ran")
 
 
-def vision_plan(opts: InferOptions, target: Target, requests: list[Any]) -> Any:
-    """The ViT buckets of every image/video of ``requests`` (probed), each request's caps, oversize handling."""
+_OWN_CHECK = object()  # vision_plan builds its own bucket_memory_check
+
+
+def vision_plan(opts: InferOptions, target: Target, requests: list[Any], bucket_memory: Any = _OWN_CHECK) -> Any:
+    """The ViT buckets of every image/video of ``requests`` (probed), each request's caps, oversize handling.
+
+    ``bucket_memory``: a ``bucket_memory_check(target.plan)`` a caller keeps across calls (a batch worker plans one
+    request at a time, and its answers per bucket are the same for every request); by default one is built here."""
     from qwenvl_rbln.inference.vision_report import bucket_memory_check, plan_vision
     from qwenvl_rbln.planning.catalogue.modelinfo import processor_defaults
 
@@ -173,7 +179,7 @@ def vision_plan(opts: InferOptions, target: Target, requests: list[Any]) -> Any:
         temporal_patch_size=vis.temporal_patch_size,
         recompile=None if target.kind == "hf" else target.recompile,
         stock=processor_defaults(target.plan.model_id),
-        bucket_memory=bucket_memory_check(target.plan),
+        bucket_memory=bucket_memory_check(target.plan) if bucket_memory is _OWN_CHECK else bucket_memory,
     )
 
 
