@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.artifacts import flock
-from qwenvl_rbln.artifacts.manifest import graph_hash, read_manifest, write_json_atomic
+from qwenvl_rbln.artifacts.manifest import RBLN_CONFIG_NAME, graph_hash, read_manifest, write_json_atomic
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.planning.catalogue.modelinfo import qvl_home
 
@@ -46,27 +46,25 @@ def _read(path: Path) -> dict[str, Any]:
     return data
 
 
-def _compiled_npu(artifact: Path) -> str | None:
+def _compiled_npu(artifact: Path, manifest: dict[str, Any] | None) -> str | None:
     """The NPU the graphs were compiled for (``layout.compile_target``), or None when the files do not say."""
-    from qwenvl_rbln.artifacts.layout import compile_target
+    from qwenvl_rbln.artifacts.layout import compile_target, read_json_quiet
 
-    try:
-        cfg = json.loads((artifact / "rbln_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return compile_target(cfg, read_manifest(artifact))["npu"] if isinstance(cfg, dict) else None
+    cfg = read_json_quiet(artifact / RBLN_CONFIG_NAME)
+    return compile_target(cfg, manifest)["npu"] if cfg is not None else None
 
 
 def record_load(artifact: Path, seconds: float, path: Path | None = None) -> Path:
     """Keep this artifact's measured load (runtimes created on a real NPU) for later deploys."""
     path = path or load_times_path()
-    key = graph_hash(artifact, read_manifest(artifact))
+    manifest = read_manifest(artifact)
+    key = graph_hash(artifact, manifest)
     path.parent.mkdir(parents=True, exist_ok=True)
     with flock.held(path.with_name(f".{path.name}.lock"), blocking=True):
         data = _read(path)
         data["entries"][key] = {
             "seconds": round(float(seconds), 3),
-            "npu": _compiled_npu(artifact),
+            "npu": _compiled_npu(artifact, manifest),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "artifact": str(artifact.resolve()),
         }

@@ -53,9 +53,7 @@ def _gib(n: int) -> str:
 def describe_limit(c: dict[str, Any]) -> str:
     """One limit with its need, usable bytes and margin, e.g. ``the fullest chiplet needs 34.90 .. 36.55 of
     35.00 GiB (margin -1.55 .. +0.10 GiB)``."""
-    need = (
-        _gib(c["need_high"]) if c["need_low"] == c["need_high"] else f"{_gib(c['need_low'])} .. {_gib(c['need_high'])}"
-    )
+    need = _span(c["need_low"], c["need_high"], _gib)
     margin = (
         f"{c['margin_worst'] / GiB:+.2f} GiB"
         if c["need_low"] == c["need_high"]

@@ -200,8 +200,6 @@ def _print_buckets(console: Any, s: dict[str, Any]) -> None:
         f"[dim]compute = ViT FLOPs per call at the bucket (executed) vs at the real patch count (useful); "
         f"LM tokens in total {s['lm_tokens']:,}[/dim]"
     )
-    if s.get("workspace_note"):
-        console.print(f"[dim]{s['workspace_note']}[/dim]")
     _print_packed(console, s)
     _print_memory_line(console, s.get("memory"))
 

@@ -197,22 +197,27 @@ def fetch_config(repo_id: str) -> tuple[HubSnapshot | None, str]:
     return None, f"fetching config.json failed: {why}"
 
 
+def _repo_id_of(folder: str) -> str | None:
+    """``ORG/NAME`` of a hub cache folder ``models--ORG--NAME`` (None: not one)."""
+    if not folder.startswith("models--"):
+        return None
+    parts = folder[len("models--") :].split("--", 1)
+    return "/".join(parts) if len(parts) == 2 else None
+
+
 def cached_ids() -> list[str]:
     """The hub ids with a folder in the local cache (``models--ORG--NAME``), for 'did you mean'."""
     try:
-        names = [p.name for p in hub_cache_dir().iterdir() if p.name.startswith("models--")]
+        ids = [_repo_id_of(p.name) for p in hub_cache_dir().iterdir()]
     except OSError:
         return []
-    return sorted("/".join(n[len("models--") :].split("--", 1)) for n in names if "--" in n[len("models--") :])
+    return sorted(i for i in ids if i is not None)
 
 
 def snapshot_of_dir(path: Path) -> HubSnapshot | None:
     """The hub id and revision of a directory that is a Hugging Face cache snapshot (``models--O--N/snapshots/R``)."""
     path = Path(path)
-    repo_dir = path.parent.parent
-    if path.parent.name != "snapshots" or not repo_dir.name.startswith("models--"):
+    repo_id = _repo_id_of(path.parent.parent.name)
+    if path.parent.name != "snapshots" or repo_id is None:
         return None
-    parts = repo_dir.name[len("models--") :].split("--", 1)
-    if len(parts) != 2:
-        return None
-    return HubSnapshot(repo_id="/".join(parts), revision=path.name, path=path)
+    return HubSnapshot(repo_id=repo_id, revision=path.name, path=path)

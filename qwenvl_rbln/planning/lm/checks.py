@@ -12,12 +12,18 @@ from typing import Any, Protocol
 
 from qwenvl_rbln.planning.catalogue.devices import (
     OPTIMUM_SIZE_SPELLINGS,
+    GiB,
     NpuSpec,
     optimum_size_text,
     parse_optimum_byte_size,
 )
 from qwenvl_rbln.planning.catalogue.modelinfo import ModelGeometry
-from qwenvl_rbln.planning.catalogue.params import QUANT_WEIGHT_BYTES, lm_params, quantized_lm_weight_bytes
+from qwenvl_rbln.planning.catalogue.params import (
+    QUANT_WEIGHT_BYTES,
+    RBLN_DTYPE_BYTES,
+    lm_params,
+    quantized_lm_weight_bytes,
+)
 from qwenvl_rbln.planning.lm.rules import (
     ATTENTION_LIMITS,
     MIN_FLASH_MAX_SEQ_LEN,
@@ -353,8 +359,7 @@ def moe_quantization(chk: Checker, quant: dict[str, Any] | None, geometry: Model
     t = geometry.text
     if not quant or t.moe is None:
         return
-    gib = 1 << 30
-    bf16 = lm_params(t)["device"] * 2
+    bf16 = lm_params(t)["device"] * RBLN_DTYPE_BYTES
     fp32 = quantized_lm_weight_bytes(t, QUANT_WEIGHT_BYTES[quant["weights"]])
     chk.fail(
         "rbln_config.quantization",
@@ -363,7 +368,7 @@ def moe_quantization(chk: Checker, quant: dict[str, Any] | None, geometry: Model
         "without the transpose transformers applies when it loads them (Qwen's checkpoints store gate_up_proj "
         "[E, H, 2I] and down_proj [E, I, H], the model wants [E, 2I, H] and [E, H, I]), so the load stops with a "
         "size mismatch. (2) It loads the model in float32 and never quantizes the experts, so the LM weights would "
-        f"grow from {bf16 / gib:.2f} GiB in bf16 to {fp32 / gib:.2f} GiB",
+        f"grow from {bf16 / GiB:.2f} GiB in bf16 to {fp32 / GiB:.2f} GiB",
         "remove the quantization (--set quantization=null) and compile the bf16 weights",
     )
 

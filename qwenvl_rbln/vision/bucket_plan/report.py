@@ -28,12 +28,12 @@ class BucketMemory:
     """The memory planner's answers for one plan, handed down by ``jobs.bucket_plan_job`` (vision never asks it).
 
     ``verdicts``: per bucket, would the whole plan fit with it as the largest (True, False, "uncertain", None);
-    ``workspace_bytes``: the visual workspace per bucket (None: the planner has no per-bucket figure);
+    ``workspace_bytes``: the visual workspace per bucket (None for a bucket the planner cannot estimate);
     ``summary``: the plan's own verdict in short, as ``compile --dry-run`` gives it.
     """
 
     verdicts: dict[int, bool | str | None]
-    workspace_bytes: dict[int, int | None] | None
+    workspace_bytes: dict[int, int | None]
     summary: dict[str, Any]
 
 
@@ -95,7 +95,7 @@ def summarize(
                 "executed_over_useful": round(r["executed"] / r["useful"], 4) if r["useful"] else None,
                 "flops_per_call": cost(b),
                 "attn_mask_bytes": b * b * dtype,
-                "workspace_bytes": workspace.get(b) if workspace is not None else None,
+                "workspace_bytes": workspace.get(b),
                 "plan_fits_with_this_as_largest": verdicts.get(b),
             }
         )
@@ -129,9 +129,7 @@ def summarize(
         "buckets": rows,
         "memory": memory.summary,
         "uncovered": uncovered,
-        "workspace_note": None
-        if workspace is not None
-        else "visual workspace per bucket: memory.estimate_for_bucket not available",
+        "workspace_note": None,  # the key stays for --json readers: the planner always gives per-bucket figures
         **({"packed": packed_summary(items, plan, cost)} if plan.runtime.get("vit_packing", True) else {}),
     }
 
