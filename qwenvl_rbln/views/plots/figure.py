@@ -109,7 +109,3 @@ def draw(path: Path, build: Callable[[Any], Any]) -> Path:
     with styled() as figure_cls:
         fig = build(figure_cls)
         return save(fig, path)
-
-
-def gib(n: float | int | None) -> float:
-    return 0.0 if n is None else n / GiB
