@@ -13,7 +13,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME, RBLN_CONFIG_NAME, read_manifest
@@ -156,8 +156,13 @@ def _some(names: list[str]) -> str:
 
 
 @contextlib.contextmanager
-def atomic_output_dir(target: Path, force: bool = False) -> Iterator[Path]:
+def atomic_output_dir(
+    target: Path, force: bool = False, check: Callable[[Path, bool], object] | None = None
+) -> Iterator[Path]:
     """Yield a temporary sibling of ``target``; on success rename it into place, on any failure delete it.
+
+    ``check(target, force)`` refuses a target that may not be written or replaced, before and again after the
+    work (default ``check_target``: the artifact rules; ``qvl deploy`` passes its own folder rules).
 
     ``target`` is never half-written: the staging directory ``.{name}.qvl-tmp-<pid>-<rand>`` lives beside
     it (same filesystem, so the final rename is atomic). With ``force`` an existing target is first
@@ -165,7 +170,8 @@ def atomic_output_dir(target: Path, force: bool = False) -> Iterator[Path]:
     the old one is put back. Stale staging directories of killed processes are removed on entry.
     """
     target = user_path(target).absolute()
-    check_target(target, force)
+    check = check or check_target
+    check(target, force)
     target.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_temp(target)
     tag = f"{os.getpid()}-{secrets.token_hex(4)}"
@@ -173,7 +179,7 @@ def atomic_output_dir(target: Path, force: bool = False) -> Iterator[Path]:
     staging.mkdir()
     try:
         yield staging
-        check_target(target, force)  # something may have appeared meanwhile
+        check(target, force)  # something may have appeared meanwhile
         old = target.parent / f".{target.name}.qvl-old-{tag}"
         moved_old = False
         if target.is_dir():

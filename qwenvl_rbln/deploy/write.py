@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from pathlib import Path
 
 from qwenvl_rbln import __version__
-from qwenvl_rbln.artifacts.staging import clean_stale_temp, non_empty_dir, rmtree
+from qwenvl_rbln.artifacts.staging import atomic_output_dir, non_empty_dir
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.paths import user_path
 
@@ -56,38 +55,14 @@ def check_out(target: Path, force: bool) -> Path:
 
 
 def write_folder(target: Path, files: dict[str, str], force: bool) -> Path:
-    """Write ``files`` (relative path -> text) as the folder ``target``; the old one goes only once the new is in."""
+    """Write ``files`` (relative path -> text) as the folder ``target``; the old one goes only once the new is in
+    (``artifacts.staging.atomic_output_dir``, with this folder's own --force rule)."""
     target = check_out(target, force)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_temp(target)
-    tag = f"{os.getpid()}-{secrets.token_hex(4)}"
-    staging = target.parent / f".{target.name}.qvl-tmp-{tag}"
-    old = target.parent / f".{target.name}.qvl-old-{tag}"
-    staging.mkdir()
-    try:
+    with atomic_output_dir(target, force, check=check_out) as staging:
         for rel, text in files.items():
             path = staging / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
         marker = {"format": 1, "written_by": f"qvl deploy {__version__}", "files": sorted(files)}
         (staging / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-        check_out(target, force)  # something may have appeared meanwhile
-        moved = False
-        if target.is_dir():
-            if non_empty_dir(target):
-                os.rename(target, old)
-                moved = True
-            else:
-                target.rmdir()
-        try:
-            os.rename(staging, target)
-        except BaseException:
-            if moved and not target.exists():
-                os.rename(old, target)
-            raise
-        if moved:
-            rmtree(old)
-    finally:
-        if staging.exists():
-            rmtree(staging)
     return target
