@@ -203,6 +203,57 @@ def check_processor(processor: Any, model_dir: Path) -> None:
         raise InputError(f"{model_dir}: no chat template (chat_template.jinja or chat_template.json)", TOKENIZER_HINT)
 
 
+_VISION_FAMILY = ("vision_", "image_", "video_")  # <|vision_start|>, <|vision_pad|>, <|image_pad|>, <|video_pad|>
+
+
+def vision_placeholders(processor: Any) -> list[str]:
+    """The token texts the processor and the model read as vision placeholders, taken from them, not a list of
+    ours: the processor's own (``image_token``, ``video_token``, ``vision_start_token``, ``vision_end_token``),
+    and every other special token of its tokenizer in that family (``<|vision_pad|>``).
+
+    A prompt holding one breaks the processor's expansion (one placeholder per image or video) or the model's
+    vision positions: generate fails, or pairs a batch-mate's image with the wrong features."""
+    found = [getattr(processor, attr, None) for attr in VISION_TOKENS]
+    tokenizer = getattr(processor, "tokenizer", None)
+    for token in getattr(tokenizer, "all_special_tokens", None) or []:
+        if str(token).strip("<|>").startswith(_VISION_FAMILY):
+            found.append(token)
+    return list(dict.fromkeys(t for t in found if isinstance(t, str) and t))
+
+
+def check_prompt_text(processor: Any, request: Any) -> None:
+    """InputError when the request's prompt or system prompt holds a vision placeholder token (only qvl writes
+    them, one per image or video it passes), naming the token and, for a batch file, its ``file:line``."""
+    from qwenvl_rbln.inference.requests import FLAGS_SOURCE
+
+    flags = getattr(request, "source", FLAGS_SOURCE) == FLAGS_SOURCE
+    tokens = vision_placeholders(processor)
+    for key, text in (("prompt", request.prompt), ("system", request.system)):
+        hit = next((t for t in tokens if t in (text or "")), None)
+        if hit is None:
+            continue
+        where = f"--{key}" if flags else f"{request.source}: the {key}"
+        raise InputError(
+            f"{where} contains {hit}, a vision placeholder token of the model's tokenizer; qvl writes those itself, "
+            "one per image or video it passes",
+            f"remove {hit} from the {key} text; pass images and videos "
+            + ("with --image/--video" if flags else 'under "images"/"videos"'),
+        )
+
+
+def check_prompt_texts(requests: list[Any], processor: Any) -> None:
+    """``check_prompt_text`` for every request, the refusals reported together."""
+    from qwenvl_rbln.errors import raise_all
+
+    problems: list[InputError] = []
+    for req in requests:
+        try:
+            check_prompt_text(processor, req)
+        except InputError as exc:
+            problems.append(exc)
+    raise_all(problems, "requests cannot run", "correct each one listed; nothing ran")
+
+
 def load_image(path: Path) -> Any:
     """PIL RGB image after EXIF transpose (transformers' load_image); decode errors name the file."""
     from transformers.image_utils import load_image as hf_load_image

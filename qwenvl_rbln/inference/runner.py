@@ -183,19 +183,22 @@ def vision_plan(opts: InferOptions, target: Target, requests: list[Any], bucket_
     )
 
 
-def _prepare(opts: InferOptions, target: Target, requests: list[Any], gen: Any) -> tuple[Any, list[str]]:
+def _prepare(
+    opts: InferOptions, target: Target, requests: list[Any], gen: Any, bucket_memory: Any = _OWN_CHECK
+) -> tuple[Any, list[str]]:
     """Everything decided before a model loads: the vision plan, per-request caps, decodable media, lengths.
 
     The prompt lengths are counted with the directory's processor (tokenizer and chat template, no weights),
     so a --max-new-tokens that does not fit is refused with the exact limit before a model loads.
     """
-    from qwenvl_rbln.inference.inputs import check_media, load_processor
+    from qwenvl_rbln.inference.inputs import check_media, check_prompt_texts, load_processor
 
-    vplan = vision_plan(opts, target, requests)
+    vplan = vision_plan(opts, target, requests, bucket_memory)
     for req in requests:
         req.caps = vplan.request_caps[req.id]
     check_media(requests, vplan.caps)
     processor = load_processor(target.directory, vplan.caps)
+    check_prompt_texts(requests, processor)  # no vision placeholder typed into a prompt (it breaks generate)
     check_prompt_room(requests, vplan, gen.max_new_tokens, target.resolved.max_seq_len, processor)
     warnings = list(target.warnings) + gen.warnings() + vplan.notes
     return vplan, warnings
@@ -250,22 +253,28 @@ class _Run:
     warnings: list[str]
     placement: dict[str, Any] | None
     torch_dev: str | None
+    bucket_memory: Any = None  # vision_report.bucket_memory_check of the plan: one answer per bucket, kept
 
 
-def _plan_run(opts: InferOptions) -> _Run:
+def _plan_run(opts: InferOptions, requests: list[Any] | None = None) -> _Run:
     """Flags, requests, directory and plan, emulation, vision plan and lengths, placement, torch device:
-    every refusal, in this order, before any model loads."""
+    every refusal, in this order, before any model loads.
+
+    ``requests``: already read (a batch worker plans with none: its requests come one at a time, each through the
+    same checks, with the run's ``bucket_memory``)."""
     from qwenvl_rbln.inference.generation import GenerationOptions
     from qwenvl_rbln.inference.reference import device_spelling
+    from qwenvl_rbln.inference.vision_report import bucket_memory_check
 
     gen = GenerationOptions(opts.max_new_tokens, opts.temperature, opts.top_p, opts.seed)
     device_spelling(opts.torch_device)
-    requests = collect_requests(opts)
+    requests = collect_requests(opts) if requests is None else requests
     target = resolve_target(opts.directory, opts.preset, opts.sets)
     emulated = emulation(opts, target)
-    vplan, warnings = _prepare(opts, target, requests, gen)
+    bucket_memory = bucket_memory_check(target.plan)
+    vplan, warnings = _prepare(opts, target, requests, gen, bucket_memory)
     placement, torch_dev = place(opts, target, warnings)
-    return _Run(gen, requests, target, emulated, vplan, warnings, placement, torch_dev)
+    return _Run(gen, requests, target, emulated, vplan, warnings, placement, torch_dev, bucket_memory)
 
 
 def place(opts: InferOptions, target: Target, warnings: list[str]) -> tuple[dict[str, Any] | None, str | None]:
