@@ -102,9 +102,10 @@ def main() -> None:
 
         from qwenvl_rbln.batch.ray_cluster import start_or_connect
         from qwenvl_rbln.batch.worker import WorkerSpec
+        from qwenvl_rbln.inference.runner import InferOptions
 
         start_or_connect(None, emulate=True)
-        spec = WorkerSpec(directory=str(art), emulate=True, max_new_tokens=opts.tokens)
+        spec = WorkerSpec(InferOptions(directory=art, emulate=True, max_new_tokens=opts.tokens))
         rows = []
         for n in counts:
             rows.append(one_run(spec, n, n * opts.per_worker, Path(tmp)))

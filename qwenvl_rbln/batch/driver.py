@@ -1,7 +1,8 @@
 """``qvl infer --batch-file F --output results.jsonl``: the streamed, resumable batch job.
 
 Order (nothing done twice, nothing lost): the output is checked (an existing non-empty file is never overwritten:
-``--resume`` continues it), the artifact is resolved (a wrong directory fails before a worker starts), ``--resume``
+``--resume`` continues it), the artifact is resolved (a wrong directory fails before a worker starts), the job
+record beside the output is checked (``stamp``: a ``--resume`` of another job's results is refused), ``--resume``
 reads the ids already finished (a torn last line is cut and redone), the batch file's ids are checked (duplicates
 refused before any work, naming the lines), then the executor runs: in this process for one NPU (Ray is never
 imported), or ``batch/ray_pool.py``'s pool for ``--workers``/``--devices``/``--ray-address``. Each finished
@@ -16,7 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln.batch import ray_cluster
+from qwenvl_rbln.batch import ray_cluster, stamp
+from qwenvl_rbln.batch.npus import WorkerNpus
 from qwenvl_rbln.batch.results import CompletedIds, ResultsWriter, completed_ids
 from qwenvl_rbln.batch.source import WorkItem, check_unique_ids, iter_items
 from qwenvl_rbln.batch.tally import Tally
@@ -27,9 +29,11 @@ RAY_INSTALL = ray_cluster.INSTALL_LINE  # the one install line for Ray (ensure_r
 
 
 class BatchInterrupted(QvlError):
-    """Ctrl-C or SIGTERM during a batch job, after the workers stopped and the output was closed (exit 130)."""
+    """Ctrl-C or SIGTERM during a batch job, after the workers stopped and the output was closed (exit 130);
+    ``summary``: the job's summary so far (``interrupted`` true)."""
 
     exit_code = EXIT_INTERRUPTED
+    summary: dict[str, Any] | None = None
 
 
 @dataclass
@@ -66,24 +70,23 @@ def check_output(output: Path, resume: bool) -> None:
         )
 
 
-def _target_check(spec: WorkerSpec) -> tuple[int, str]:
-    """Resolve the artifact here, before any worker starts (a wrong DIR fails in milliseconds): (NPUs per worker:
-    2 for an artifact whose ViT is placed on its own device, else 1; its absolute path, which every worker
-    loads, wherever its process runs)."""
+def _target_check(spec: WorkerSpec, system: str | None) -> tuple[WorkerNpus, str, dict[str, Any]]:
+    """Resolve the artifact here, before any worker starts (a wrong DIR fails in milliseconds): (the NPUs one
+    worker holds, from the placement ``qvl infer`` would use; its absolute path, which every worker loads,
+    wherever its process runs; the job's identity, ``stamp.identity``)."""
     from qwenvl_rbln.inference import runner
     from qwenvl_rbln.inference.target import resolve_target
 
-    opts = spec.infer_options()
+    opts = spec.opts
     target = resolve_target(opts.directory, opts.preset, opts.sets)
-    runner.emulation(opts, target)
+    emulated = runner.emulation(opts, target)
     directory = str(Path(target.directory).absolute())
-    if target.backend != "rbln":
-        return 1, directory
-    placed = runner.place(opts, target, [])[0]["requested"]
-    return (1 if placed["device"] == placed["visual_device"] else 2), directory
+    placement, _ = runner.place(opts, target, [])
+    job = stamp.identity(opts, target, emulated, system)
+    return WorkerNpus.of(placement["requested"] if placement else None), directory, job
 
 
-def make_executor(opts: BatchOptions, devices_per_worker: int) -> Any:
+def make_executor(opts: BatchOptions, npus: WorkerNpus) -> Any:
     """The in-process executor for one NPU; the Ray pool (imported only here, only then) for many."""
     if not opts.pooled:
         from qwenvl_rbln.batch.executor import InProcessExecutor
@@ -97,11 +100,7 @@ def make_executor(opts: BatchOptions, devices_per_worker: int) -> Any:
             "run one NPU without those flags, or install a qvl that has it",
         ) from None
     return ray_pool.RayExecutor(
-        opts.spec,
-        workers=opts.workers,
-        devices=opts.devices,
-        ray_address=opts.ray_address,
-        devices_per_worker=devices_per_worker,
+        opts.spec, workers=opts.workers, devices=opts.devices, ray_address=opts.ray_address, npus=npus
     )
 
 
@@ -122,10 +121,12 @@ def run_batch(opts: BatchOptions, *, watch: Watch | None = None, executor: Any =
     chosen one (tests, benchmarks)."""
     output, batch_file = Path(opts.output), Path(opts.batch_file)
     check_output(output, opts.resume)
-    devices_per_worker = 1
+    npus, job, job_notes = WorkerNpus(), None, []
     if executor is None:
-        devices_per_worker, directory = _target_check(opts.spec)
-        opts = replace(opts, spec=replace(opts.spec, directory=directory, media_base=_media_base(batch_file)))
+        npus, directory, job = _target_check(opts.spec, opts.system)
+        spec = replace(opts.spec, opts=replace(opts.spec.opts, directory=Path(directory)))
+        opts = replace(opts, spec=replace(spec, media_base=_media_base(batch_file)))
+        job_notes = stamp.check(output, job, opts.resume)  # a --resume of another job's results: refused here
     done = completed_ids(output) if opts.resume else CompletedIds.empty()  # a torn last line is cut here
     torn = done.torn
     ids = check_unique_ids(batch_file, done)
@@ -134,6 +135,7 @@ def run_batch(opts: BatchOptions, *, watch: Watch | None = None, executor: Any =
         done = completed_ids(output, ids.shared_hashes)
         skipped = _count_done(batch_file, done)
     tally = Tally(ids.count, skipped)
+    tally.notes.extend(job_notes)
     if torn:
         tally.notes.append(f"{output}: a torn last line ({torn} bytes) was cut; its request runs again")
     if len(done) > skipped:
@@ -141,7 +143,9 @@ def run_batch(opts: BatchOptions, *, watch: Watch | None = None, executor: Any =
             f"{output} holds {len(done) - skipped} results whose ids are not in {batch_file} (another batch file?); "
             "they are kept, and the lines of this run are appended after them"
         )
-    ex = executor if executor is not None else make_executor(opts, devices_per_worker)
+    ex = executor if executor is not None else make_executor(opts, npus)
+    if job is not None:
+        stamp.record(output, job)
     notify = watch or (lambda t, what: None)
 
     def emit(record: dict[str, Any]) -> None:
@@ -170,11 +174,13 @@ def run_batch(opts: BatchOptions, *, watch: Watch | None = None, executor: Any =
     notify(tally, "end")
     summary = tally.summary(str(output), interrupted=interrupted)
     if interrupted:
-        raise BatchInterrupted(
+        stop = BatchInterrupted(
             f"interrupted after {tally.done} requests this run; {output} holds only complete lines "
             f"({tally.skipped + tally.done} of {tally.total} requests)",
             f"rerun the same command with --resume to finish the other {tally.left}",
         )
+        stop.summary = summary  # the command reports the counts with the error (--json: one document)
+        raise stop
     return summary
 
 

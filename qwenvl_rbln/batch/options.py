@@ -9,7 +9,7 @@ from typing import Any
 
 from qwenvl_rbln.errors import InputError
 
-_ADDRESS = re.compile(r"^(?:ray://)?(?P<host>[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:]+\]):(?P<port>\d{1,5})$")
+_ADDRESS = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:]+\]):(?P<port>\d{1,5})$")
 _POOL_FLAGS = ("--workers", "--devices", "--ray-address")
 
 
@@ -38,12 +38,23 @@ def check_workers(workers: int | None) -> int | None:
 
 
 def check_ray_address(address: str | None) -> str | None:
-    """``auto`` (the cluster this host belongs to) or ``[ray://]host:port``."""
+    """``auto`` (the cluster this host belongs to) or ``host:port`` (the head's GCS address).
+
+    ``ray://host:port`` (Ray Client) is refused: qvl's pool is a Ray driver (it places actors on NPUs, reads node
+    resources, probes the artifact on every node), which it runs on a node of the cluster, not through Ray Client
+    (an extra that is not installed with qvl, and a path qvl is not tested on)."""
     if address is None:
         return None
     text = address.strip()
     if text == "auto":
         return text
+    if text.lower().startswith("ray://"):
+        raise InputError(
+            f"--ray-address {address!r} is a Ray Client address (ray://); qvl's pool runs as a Ray driver on a node "
+            "of the cluster, not through Ray Client",
+            "run qvl on a node of the cluster with --ray-address auto, or pass the head's GCS address HOST:PORT "
+            "(port 6379 unless the head was started with another; `ray status` on the head prints it)",
+        )
     match = _ADDRESS.match(text)
     if not match or not 0 < int(match.group("port")) < 65536:
         raise InputError(

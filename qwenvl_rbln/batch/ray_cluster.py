@@ -30,6 +30,7 @@ VISIBLE_ENV = "RBLN_DEVICES"  # ray/_private/accelerators/rbln.py: RBLN_RT_VISIB
 FORWARDED_PREFIXES = ("QVL_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
 ARTIFACT_PROBE_S = 30.0
 FREE_WAIT_S = 20.0  # NPUs held by another job (or just released): how long to wait for them
+CONNECT_PROBE_S = 5.0  # --ray-address HOST:PORT: how long to wait for the head to answer
 
 
 def ensure_ray() -> Any:
@@ -67,6 +68,8 @@ def start_or_connect(address: str | None, *, emulate: bool = False, devices: lis
                 "--devices pins the NPUs of a Ray that qvl starts on this host; it does not apply to --ray-address",
                 "use --workers N with --ray-address (Ray places each worker on a node with a free NPU)",
             )
+        if address != "auto":
+            check_reachable(address)  # Ray's own connect retries for minutes; this answers in seconds
         _init(ray, address=address, **{k: v for k, v in quiet.items() if k != "include_dashboard"})
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -74,6 +77,8 @@ def start_or_connect(address: str | None, *, emulate: bool = False, devices: lis
         from qwenvl_rbln.backends import emulator
 
         emulator.activate()
+    if devices is not None:
+        check_devices_exist(devices)
     saved = os.environ.get(VISIBLE_ENV)
     if devices is not None:
         os.environ[VISIBLE_ENV] = ",".join(str(d) for d in devices)
@@ -86,6 +91,82 @@ def start_or_connect(address: str | None, *, emulate: bool = False, devices: lis
             else:
                 os.environ[VISIBLE_ENV] = saved
     return True
+
+
+def host_npu_count() -> int | None:
+    """NPUs this host has, as Ray will count them (``rebel.device_count()``: the emulator's with --emulate); None
+    when ``rebel`` does not answer here (Ray then finds no NPU, which ``check_cluster`` reports)."""
+    try:
+        from rebel import device_count
+    except Exception:  # noqa: BLE001 - not installed, or broken: the same for Ray's detection
+        return None
+    try:
+        return int(device_count())
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def check_devices_exist(devices: list[int]) -> None:
+    """``--devices`` ids the host does not have are refused before Ray starts (Ray would hand them out anyway:
+    it counts ``min(device_count, len(RBLN_DEVICES))`` NPUs and gives each worker a listed id)."""
+    count = host_npu_count()
+    if count is None:
+        return
+    missing = [d for d in devices if d >= count]
+    if missing:
+        have = f"NPUs 0-{count - 1}" if count > 1 else ("NPU 0" if count == 1 else "no NPU")
+        raise InputError(
+            f"--devices {','.join(map(str, devices))}: this host has {count} NPU{'s' if count != 1 else ''} "
+            f"({have}); {', '.join(map(str, missing))} {'is' if len(missing) == 1 else 'are'} not one of them",
+            f"list ids from 0 to {count - 1} (`rbln-smi` shows them)" if count else "run on a host with NPUs",
+        )
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # + empty SETTINGS
+
+
+def check_reachable(address: str, timeout: float = CONNECT_PROBE_S) -> None:
+    """BackendError in at most ``2 * timeout`` seconds unless a Ray head answers at ``address`` (HOST:PORT).
+
+    Ray's own ``ray.init(address=...)`` retries for about ten minutes when nothing (or something else) listens
+    there. A Ray head's GCS is a gRPC server, so it answers HTTP/2's connection preface with a SETTINGS frame."""
+    import socket
+
+    host, port = _host_port(address)
+    fix = "check the address (`ray status` on the head node prints it) or drop --ray-address to start a local Ray"
+    try:
+        conn = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise BackendError(
+            f"cannot reach the Ray cluster at --ray-address {address}: nothing answers at {host}:{port} ({why}; "
+            f"waited at most {timeout:.0f} s)",
+            fix,
+        ) from None
+    try:
+        conn.settimeout(timeout)
+        conn.sendall(_H2_PREFACE)
+        head = b""
+        while len(head) < 9:
+            chunk = conn.recv(9 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except OSError:
+        head = b""
+    finally:
+        conn.close()
+    if len(head) < 9 or head[3] != 0x04:
+        raise BackendError(
+            f"--ray-address {address}: {host}:{port} answers, but not as a Ray head (no gRPC answer within "
+            f"{timeout:.0f} s)",
+            fix,
+        )
 
 
 def _init(ray: Any, **kwargs: Any) -> None:

@@ -3,13 +3,16 @@
 Why a hand-written pool and not Ray Data's ``map_batches``: qvl owns the exactly-once bookkeeping (which request
 ran where, which failed on two workers) and writes each result line itself as it completes; an actor pool whose
 retries happen inside Ray would hide that. So Ray's own retries are off (``max_restarts=0``,
-``max_task_retries=0``) and this module re-queues:
+``max_task_retries=0``) and this module re-queues and restarts:
 
 - requests go to whichever actor has room (``ray.wait`` on every call in flight), at most ``depth`` calls per
   actor (backpressure: the input is pulled only when an actor has room, so a million-line file stays streamed);
-- an actor that dies (NPU error, killed process, OOM) or raises (a device-level failure) is dropped, and the
-  requests it held go to the others; a request that failed on two different workers is written as failed with
-  both errors; with no live worker left the job stops at once with a clear error (the rest stay undone, so
+- an actor that dies (NPU error, killed process, OOM) or whose call raises (``GenerateFailed``: requests that
+  raised alone with nothing else of the call run; or any other exception) is restarted in its slot (killed, and a
+  fresh actor loads on the same kind of NPUs), never dropped for one failure; the requests it held go back to the
+  queue and run alone; a request that failed on two worker processes is written as failed with both errors;
+  a slot that fails ``executor.MAX_RESTARTS`` times in a row without a call that finished, or whose actor cannot
+  load, is given up; with no live worker left the job stops at once with a clear error (the rest stay undone, so
   ``--resume`` picks them up);
 - ``close()`` (also on Ctrl-C) kills every actor and stops a Ray that qvl started.
 
@@ -19,9 +22,10 @@ for ``{"RBLN": k}`` its NPUs by setting ``RBLN_DEVICES`` to their host ids (``"2
 ids handed out are taken from that list. optimum-rbln 0.12 does not read the variable: it passes the ``device``
 ids of ``rbln_config`` unchanged to ``rebel.Runtime(device=...)`` and checks them with ``rebel.get_npu_name(i)``
 and ``rebel.device_count()`` (``optimum/rbln/utils/runtime_utils.py``, ``tp_and_devices_are_ok``); the rebel
-runtime numbers the devices listed in ``RBLN_DEVICES`` from 0 inside the process (inferred, as for CUDA: rebel is
-closed source). So a worker SEES devices ``0 .. k-1`` and its ``WorkerSpec.devices`` are those, ordered as the
-artifact's recorded placement (``worker_devices``); the records name the host ids (``npu``).
+runtime numbers the devices listed in ``RBLN_DEVICES`` from 0 inside the process (an ASSUMPTION, as for CUDA:
+rebel is closed source; docs/many-npus-ray.md gives the command that checks it on a node). So a worker SEES its
+NPUs renumbered from 0 (``WorkerNpus.seen``, ordered as the artifact's recorded placement); the records name the
+host ids (``npu``).
 """
 
 from __future__ import annotations
@@ -35,12 +39,14 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.batch import records
-from qwenvl_rbln.batch.executor import Emit, Event
+from qwenvl_rbln.batch.executor import MAX_RESTARTS, Emit, Event, given_up, one_line
+from qwenvl_rbln.batch.npus import WorkerNpus, host_label, visible_ids
 from qwenvl_rbln.batch.ray_cluster import (
     RBLN,
     VISIBLE_ENV,
     check_artifact_on_nodes,
     check_cluster,
+    check_devices_exist,
     ensure_ray,
     forwarded_env,
     start_or_connect,
@@ -52,38 +58,19 @@ DEPTH = 2  # calls in flight per actor: one running, one queued behind it so the
 WAIT_S = 0.5  # how often the loop wakes without a result (Ctrl-C stays prompt)
 
 
-def worker_devices(directory: str | os.PathLike | None) -> list[int]:
-    """The devices one worker SEES, in ``[lm, vit]`` order: ``[0]`` when the ViT shares the LM's NPU, else the
-    recorded placement's two NPUs renumbered from 0 (how ``RBLN_DEVICES`` presents them inside the actor)."""
-    if not directory or not Path(directory).is_dir():
-        return [0]
-    from qwenvl_rbln.artifacts.layout import artifact_kind, placement_from_artifact, read_artifact_config
-    from qwenvl_rbln.artifacts.manifest import read_manifest
-    from qwenvl_rbln.memory.placement import device_list
-
-    if artifact_kind(Path(directory)) != "rbln":
-        return [0]
-    _, cfg = read_artifact_config(Path(directory))
-    placed = placement_from_artifact(cfg, read_manifest(Path(directory)))
-    lm, vit = device_list(placed["device"])[0], device_list(placed["visual_device"])[0]
-    if lm == vit:
-        return [0]
-    order = sorted({lm, vit})
-    return [order.index(lm), order.index(vit)]
-
-
 class WorkerHost:
-    """The actor body: activates the emulator when asked, then builds the worker ONCE with remapped devices."""
+    """The actor body: activates the emulator when asked, then builds the worker ONCE on the NPUs as it sees them."""
 
-    def __init__(self, spec: Any, worker_cls: Any, seen: list[int]):
-        if getattr(spec, "emulate", False):
+    def __init__(self, spec: Any, worker_cls: Any, seen: WorkerNpus | None):
+        opts = spec.opts
+        if getattr(opts, "emulate", False):
             from qwenvl_rbln.backends import emulator
 
             emulator.activate()
-        visible = os.environ.get(VISIBLE_ENV, "")
-        host_ids = [int(x) for x in visible.split(",") if x.strip().isdigit()]
-        npu = host_ids[0] if len(host_ids) == 1 else (host_ids or None)
-        self.spec = dataclasses.replace(spec, devices=list(seen), npu=npu)
+        if seen is not None:  # the artifact's placement, renumbered as RBLN_DEVICES presents this actor's NPUs
+            opts = dataclasses.replace(opts, device=seen.device, visual_device=seen.visual_device)
+        npu = host_label(visible_ids(os.environ.get(VISIBLE_ENV)))
+        self.spec = dataclasses.replace(spec, opts=opts, npu=npu)
         if worker_cls is None:
             from qwenvl_rbln.batch.worker import BatchWorker
 
@@ -93,7 +80,7 @@ class WorkerHost:
         try:
             self.worker = worker_cls(self.spec)
         except Exception as exc:  # said by info(): Ray's own report of a failed __init__ is a traceback
-            self.load_error = _one_line(exc)
+            self.load_error = one_line(exc)
 
     def info(self) -> dict[str, Any]:
         import socket
@@ -113,7 +100,7 @@ class WorkerHost:
 
 @dataclasses.dataclass
 class _Slot:
-    """One actor as the driver sees it."""
+    """One actor as the driver sees it (a restart puts a fresh actor in the same slot, under the same name)."""
 
     name: str
     handle: Any
@@ -125,6 +112,7 @@ class _Slot:
     calls: dict[Any, list[WorkItem]] = dataclasses.field(default_factory=dict)
     requests: int = 0
     tokens: int = 0
+    restarts: int = 0  # in a row, without a call that finished
 
 
 class RayExecutor:
@@ -136,17 +124,17 @@ class RayExecutor:
         workers: int | None = None,
         devices: list[int] | None = None,
         ray_address: str | None = None,
-        devices_per_worker: int | None = None,
+        npus: WorkerNpus | None = None,
         *,
         worker_cls: Any = None,
         depth: int = DEPTH,
         all_loaded_first: bool = False,
+        max_restarts: int = MAX_RESTARTS,
     ):
         self.spec = spec
-        self.seen = list(spec.devices) if getattr(spec, "devices", None) else worker_devices(spec.directory)
-        self.per_worker = int(devices_per_worker or len(self.seen))
-        if len(self.seen) != self.per_worker:
-            self.seen = list(range(self.per_worker))
+        # the NPUs of one worker (driver._target_check: the artifact's placement; None: one NPU, placed by the worker)
+        self.seen = npus.seen() if npus is not None else None
+        self.per_worker = (npus or WorkerNpus()).count
         if devices is not None and len(devices) % self.per_worker:
             raise InputError(
                 f"--devices {','.join(map(str, devices))} lists {len(devices)} NPUs, but each worker of this artifact "
@@ -156,28 +144,33 @@ class RayExecutor:
         fit = None if devices is None else len(devices) // self.per_worker
         if workers is not None and fit is not None and workers > fit:
             raise InputError(f"--workers {workers} is more than --devices gives ({fit})", f"use --workers {fit}")
+        if devices is not None and ray_address is None:
+            check_devices_exist(devices)  # before the results file is opened, not when Ray starts
         self.workers = workers if workers is not None else fit
         self.devices = devices
         self.address = ray_address
         self.worker_cls = worker_cls
         self.depth = max(1, int(depth))
         self.all_loaded_first = all_loaded_first  # a benchmark's steady state: no request before every worker loaded
+        self.max_restarts = max_restarts
         self.slots: list[_Slot] = []
         self.started = False
         self.ray: Any = None
+        self._actor: Any = None
 
     # ----------------------------------------------------------------------------------------- set-up
 
     def _start(self) -> int:
         self.ray = ensure_ray()
-        self.started = start_or_connect(self.address, emulate=bool(self.spec.emulate), devices=self.devices)
+        opts = self.spec.opts
+        self.started = start_or_connect(self.address, emulate=bool(opts.emulate), devices=self.devices)
         count, nodes = check_cluster(self.ray, self.workers, self.per_worker)
-        if self.spec.directory:
-            check_artifact_on_nodes(self.ray, Path(self.spec.directory).absolute(), nodes)
+        if opts.directory:
+            check_artifact_on_nodes(self.ray, Path(opts.directory).absolute(), nodes)
         return count
 
     def _spawn(self, count: int, event: Event) -> dict[Any, _Slot]:
-        actor = self.ray.remote(WorkerHost).options(
+        self._actor = self.ray.remote(WorkerHost).options(
             num_cpus=0,
             resources={RBLN: self.per_worker},
             max_restarts=0,
@@ -187,12 +180,16 @@ class RayExecutor:
         loading = {}
         for i in range(count):
             slot = _Slot(name=f"worker-{i}", handle=None)
-            spec = dataclasses.replace(self.spec, name=slot.name)
-            slot.handle = actor.remote(spec, self.worker_cls, self.seen)
             self.slots.append(slot)
-            loading[slot.handle.info.remote()] = slot
+            loading[self.launch(slot)] = slot
             event("worker.state", {"worker": slot.name, "npu": None, "state": "loading"})
         return loading
+
+    def launch(self, slot: _Slot) -> Any:
+        """Start the slot's actor (again, after a restart); the ref of its ``info()``, which answers once loaded."""
+        spec = dataclasses.replace(self.spec, name=slot.name)
+        slot.handle = self._actor.remote(spec, self.worker_cls, self.seen)
+        return slot.handle.info.remote()
 
     # ------------------------------------------------------------------------------------------- run
 
@@ -227,11 +224,8 @@ class _Loop:
         self.exhausted = False
         self.deaths: list[str] = []
 
-    def live(self) -> list[_Slot]:
-        return [s for s in self.pool.slots if s.state != "dead"]
-
     def _take(self, n: int) -> list[WorkItem]:
-        if self.retry:  # alone: a request that shared a batch with the one that killed a worker must not fail twice
+        if self.retry:  # alone: a request that shared a call with the one that failed a worker must not fail twice
             return [self.retry.popleft()]
         batch: list[WorkItem] = []
         while len(batch) < n and not self.exhausted:
@@ -261,16 +255,17 @@ class _Loop:
         while True:
             self._fill()
             calls = {ref: slot for slot in self.pool.slots for ref in slot.calls}
-            if not calls and not self.loading:
+            if not calls:
                 if self.exhausted and not self.retry:
-                    return
-                self._no_worker_left()
+                    return  # every request has its line (an actor still loading after a restart is not waited for)
+                if not self.loading:
+                    self._no_worker_left()
             refs = list(calls) + list(self.loading)
             done, _ = self.ray.wait(refs, num_returns=1, timeout=WAIT_S)
             for ref in done:
                 if ref in self.loading:
                     self._loaded(ref, self.loading.pop(ref))
-                else:
+                elif ref in calls[ref].calls:  # still held: not re-queued by a restart of its slot meanwhile
                     self._finished(ref, calls[ref])
 
     def _loaded(self, ref: Any, slot: _Slot) -> None:
@@ -289,47 +284,81 @@ class _Loop:
         self._state(slot, "idle")
 
     def _finished(self, ref: Any, slot: _Slot) -> None:
+        from qwenvl_rbln.batch.worker import GenerateFailed
+
         try:
             out = self.ray.get(ref)
         except Exception as exc:
-            self._dead(slot, _short(exc))  # every call it held, this one included
+            failed = _cause(exc, GenerateFailed)
+            if failed is None:  # the actor died, or its call raised out of run: each request of it is a suspect
+                self._restart(slot, _short(exc), charged=None)
+                return
+            slot.calls.pop(ref)
+            self._write(failed.records, slot)
+            self._restart(slot, str(failed), charged=failed.failed)
             return
         slot.calls.pop(ref)
+        slot.restarts = 0
+        self._write(out, slot)
+        if not slot.calls:
+            self._state(slot, "idle")
+
+    def _write(self, out: list[dict[str, Any]], slot: _Slot) -> None:
         for record in out:
             self.failures.pop(record.get("id"), None)  # a request that failed once and then ran: forget the attempt
             self.emit(record)
             slot.requests += 1
             slot.tokens += int(record.get("num_tokens") or 0)
         self.event("worker.done", {"worker": slot.name, "requests": slot.requests, "tokens": slot.tokens})
-        if not slot.calls:
-            self._state(slot, "idle")
 
     def _failed(self, item: WorkItem, error: dict[str, Any]) -> None:
-        """A request whose worker died: re-queue it, or write it as failed once two different workers lost it."""
+        """A request its worker failed on: re-queue it, or write it as failed once two worker processes did."""
         errors = self.failures.setdefault(item.id, [])
         errors.append(error)
-        if len({e["worker"] for e in errors}) >= 2:
+        if len(errors) >= 2:
             del self.failures[item.id]
             self.emit(records.failed_twice(item, errors))
         else:
             self.retry.append(item)
 
-    def _dead(self, slot: _Slot, why: str) -> None:
-        """Drop an actor: kill it (it may be alive but broken), re-queue what it still held (the call it was running
-        counts as an attempt of each of its requests; the calls queued behind it do not)."""
-        if slot.state == "dead":
-            return
-        self.deaths.append(f"{slot.name} (NPU {slot.npu}, {slot.host or 'not started'}): {why}")
-        self._state(slot, "dead")
+    def _release(self, slot: _Slot, why: str, charged: list[tuple[WorkItem, dict[str, Any]]] | None) -> None:
+        """Kill the slot's actor (it may be alive but broken) and re-queue what it still held. ``charged``: the
+        requests blamed for this failure, with their errors; None: the call it was running (an actor runs its
+        calls in order: the oldest) counts as an attempt of each of its requests. The calls queued behind it do
+        not count."""
         with contextlib.suppress(Exception):
             self.ray.kill(slot.handle, no_restart=True)
         for n, batch in enumerate(slot.calls.values()):
             for item in batch:
-                if n == 0:  # an actor runs its calls in order: the oldest is the one it was running
+                if n == 0 and charged is None:
                     self._failed(item, records.error_dict(records.WORKER_FAILED, why, slot.name, slot.npu))
                 else:
                     self.retry.append(item)
+        for item, error in charged or []:
+            self._failed(item, error)
         slot.calls.clear()
+
+    def _restart(self, slot: _Slot, why: str, charged: list[tuple[WorkItem, dict[str, Any]]] | None) -> None:
+        """Release the slot (``_release``) and load a fresh actor in it; given up after too many in a row."""
+        self._release(slot, why, charged)
+        slot.restarts += 1
+        if slot.restarts > self.pool.max_restarts:
+            self._give_up(slot, given_up(slot.name, slot.npu, slot.restarts, why).message)
+            return
+        self.event("worker.note", {"worker": slot.name, "message": f"{slot.name} restarted after: {why}"})
+        self._state(slot, "loading")
+        self.loading[self.pool.launch(slot)] = slot
+
+    def _dead(self, slot: _Slot, why: str) -> None:
+        """A slot whose actor could not load: given up (a load failure is not a request's fault)."""
+        self._release(slot, why, None)
+        self._give_up(slot, why)
+
+    def _give_up(self, slot: _Slot, why: str) -> None:
+        if slot.state == "dead":
+            return
+        self.deaths.append(f"{slot.name} (NPU {slot.npu}, {slot.host or 'not started'}): {why}")
+        self._state(slot, "dead")
 
     def _no_worker_left(self) -> None:
         raise BackendError(
@@ -339,13 +368,12 @@ class _Loop:
         )
 
 
-def _one_line(exc: BaseException) -> str:
-    """A worker's own exception as one line (qvl's errors with their fix)."""
-    from qwenvl_rbln.errors import QvlError
-
-    if isinstance(exc, QvlError):
-        return f"{type(exc).__name__}: {exc.one_line()}"[:400]
-    return f"{type(exc).__name__}: {exc}"[:400]
+def _cause(exc: BaseException, kind: type) -> Any:
+    """The worker's own exception of type ``kind`` behind Ray's wrapper (``RayTaskError.cause``), or None."""
+    if isinstance(exc, kind):
+        return exc
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, kind) else None
 
 
 def _short(exc: BaseException) -> str:

@@ -5,6 +5,7 @@ batch, printed at the end) to the streamed job that writes each request's line a
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ def run_job(
 ) -> None:
     """Check the flags, run the job with its progress view, print the summary (or the --json document)."""
     from qwenvl_rbln.batch import options
-    from qwenvl_rbln.batch.driver import BatchOptions, run_batch
+    from qwenvl_rbln.batch.driver import BatchInterrupted, BatchOptions, run_batch
     from qwenvl_rbln.batch.worker import WorkerSpec
     from qwenvl_rbln.views import batch_live, render
 
@@ -63,23 +64,14 @@ def run_job(
             f"--batch-file cannot be combined with {', '.join(mixed)}",
             "put every request in the batch file (keys prompt, images, video), or drop --batch-file",
         )
-    spec = WorkerSpec(
-        directory=str(opts.directory) if opts.directory else None,
-        preset=opts.preset,
-        sets=list(opts.sets),
-        emulate=opts.emulate,
-        max_new_tokens=opts.max_new_tokens,
-        temperature=opts.temperature,
-        top_p=opts.top_p,
-        seed=opts.seed,
-        on_oversize=opts.on_oversize,
-        vit_packing=opts.vit_packing,
-        torch_device=opts.torch_device,
-        device=opts.device,
-        visual_device=opts.visual_device,
-        batch_file=str(opts.batch_file),
-    )
+    worker_opts = replace(opts, images=[], videos=[], prompt=None, batch_file=None)  # requests come from the file
+    spec = WorkerSpec(worker_opts, batch_file=str(opts.batch_file))
     job = BatchOptions(spec, opts.batch_file, output, resume, opts.system, workers, device_ids, address)
-    with batch_live.batch_watch(as_json) as watch:
-        summary = run_batch(job, watch=watch)
+    try:
+        with batch_live.batch_watch(as_json) as watch:
+            summary = run_batch(job, watch=watch)
+    except BatchInterrupted as stop:  # the counts so far, with the error beside them (--json: one document)
+        if stop.summary is not None:
+            render.emit(stop.summary, as_json=as_json, human=batch_live.human, error=stop)
+        raise
     render.emit(summary, as_json=as_json, human=batch_live.human)
