@@ -11,13 +11,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from qwenvl_rbln.deploy.options import check_subdomain
 from qwenvl_rbln.deploy.yamltext import Note
 from qwenvl_rbln.errors import InputError
 
 MODEL_ROOT = "/models"  # the artifact appears in the pod at /models/artifact
 ARTIFACT_IN_IMAGE = "/artifact"  # where an --artifact image:REF holds the artifact
 ARTIFACT_FIX = "pass --artifact pvc:CLAIM[/SUBPATH], hostpath:/ABS/PATH or image:REF"
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]*")
 
 
@@ -39,11 +39,12 @@ def parse_artifact(value: str | None) -> ArtifactSource:
     if kind == "pvc":
         claim, _, sub = rest.partition("/")
         sub = sub.strip("/")
-        if not _DNS_LABEL.fullmatch(claim) or len(claim) > 253:
-            raise InputError(
-                f"--artifact {value}: {claim!r} is not a PersistentVolumeClaim name (lowercase letters, digits, '-')",
-                "pass the claim's name as `kubectl get pvc` lists it, e.g. --artifact pvc:qwen3-vl/rebel100-1npu",
-            )
+        check_subdomain(
+            f"--artifact {value}: claim",
+            claim,
+            "a PersistentVolumeClaim",
+            "pass the claim's name as `kubectl get pvc` lists it, e.g. --artifact pvc:qwen3-vl/rebel100-1npu",
+        )
         if ".." in sub.split("/"):
             raise InputError(f"--artifact {value}: the sub-path may not contain '..'", "name a folder inside the claim")
         return ArtifactSource("pvc", claim, sub)
