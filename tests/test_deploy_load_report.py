@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from qwenvl_rbln.artifacts.manifest import graph_hash, read_manifest, write_manifest
 from qwenvl_rbln.deploy.build import build
-from qwenvl_rbln.deploy.load_report import read_load_check
 from qwenvl_rbln.deploy.options import DeployOptions
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.planning.plan import build_plan
@@ -45,6 +44,12 @@ def arts(tmp_path_factory):
     base = tmp_path_factory.mktemp("reports")
     return {"one": _artifact(base / "one", placement={"device": 1, "visual_device": 1}),
             "two": _artifact(base / "two", "rebel100-2npu-batch4")}  # fmt: skip
+
+
+def read_load_check(report: Path, artifact: Path) -> float:
+    from qwenvl_rbln.deploy.load_report import read_load_check as read
+
+    return read(report, artifact)
 
 
 def report_of(artifact: Path, seconds=150.0, **runtime) -> dict:

@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
             check_out(out, force)  # an occupied OUT is refused before the artifact is read
         result = build(opts)
         pod = result["spec"].pod
-        for line in unshown(pod.warnings, pod.checks):  # the checks (`# warn` lines, --json's checks) say the rest
+        for line in pod.warnings if as_json else unshown(pod.warnings, pod.checks):  # `# warn` lines say the rest
             render.warn(line)
         written = None
         if not dry_run:

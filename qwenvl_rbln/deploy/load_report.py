@@ -90,11 +90,12 @@ def read_load_check(path: Path, artifact: Path) -> float:
         raise _refuse(path, f"{kind} without a 'runtime' section (not a `qvl load-check --json` report)")
     runtime = report["runtime"]
     if report.get("emulated") is not False:
-        why = (
-            "the load ran on the emulator, not an NPU (no load time to use)"
-            if report.get("emulated") is True
-            else f"'emulated' is {fmt_json(report.get('emulated'))}, not false (not a report of a real NPU load)"
-        )
+        if report.get("emulated") is True:
+            why = "the load ran on the emulator, not an NPU (no load time to use)"
+        elif "emulated" not in report:
+            why = "no 'emulated' field (a `qvl load-check --json` report says whether its load ran on an NPU)"
+        else:
+            why = f"'emulated' is {fmt_json(report['emulated'])}, not false (not a report of a real NPU load)"
         raise _refuse(path, why)
     if runtime.get("ok") is not True or runtime.get("create_runtimes") is not True:
         why = runtime.get("error") or runtime.get("reason")
