@@ -183,6 +183,14 @@ def test_claim_and_namespace_names_follow_kubernetes_rules(art, capsys):
             build(opts(art, artifact=f"pvc:{bad}"))
 
 
+def test_a_missing_required_option_is_named_not_spelled_none(art, capsys):
+    """L10: `--artifact None: say where ...` and `--image None: not an image reference` (Python's None)."""
+    line = refused(["deploy", str(art), "--image", IMAGE, "--dry-run"], capsys)
+    assert "no --artifact: say where the pods find" in line and "None" not in line
+    line = refused(["deploy", str(art), "--artifact", "pvc:m", "--dry-run"], capsys)
+    assert "no --image: the image is required" in line and "None" not in line
+
+
 def test_api_key_secret_with_no_auth_is_a_conflict(art, capsys):
     """L9: accepted silently, the Secret name ignored."""
     args = ["deploy", str(art), "--artifact", "pvc:models", "--image", IMAGE, "--dry-run"]

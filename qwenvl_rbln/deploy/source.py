@@ -34,7 +34,8 @@ class ArtifactSource:
 def parse_artifact(value: str | None) -> ArtifactSource:
     """``--artifact``: one of the three forms, each checked so kubectl never sees a malformed name."""
     if not value or ":" not in value:
-        raise InputError(f"--artifact {value!r}: say where the pods find the compiled artifact", ARTIFACT_FIX)
+        given = f"--artifact {value!r}" if value else "no --artifact"  # never Python's None in a message
+        raise InputError(f"{given}: say where the pods find the compiled artifact", ARTIFACT_FIX)
     kind, _, rest = value.partition(":")
     if kind == "pvc":
         claim, _, sub = rest.partition("/")
@@ -65,7 +66,7 @@ def parse_artifact(value: str | None) -> ArtifactSource:
 def check_image(value: str | None, flag: str) -> str:
     if not value or not _REF.fullmatch(value):
         raise InputError(
-            f"{flag} {value!r}: not an image reference",
+            f"{flag} {value!r}: not an image reference" if value is not None else f"no {flag}: the image is required",
             f"pass {flag} REGISTRY/REPO:TAG (the vllm-rbln serving image your cluster pulls)",
         )
     return value
