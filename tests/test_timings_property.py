@@ -27,7 +27,8 @@ from qwenvl_rbln.tuning.measured_roofline import MeasuredRoofline
 MK = model_key(QWEN3_VL_2B)
 NPU = "RBLN-CR13"
 KEYS = [f"decoder_batch_{b}/block8192" for b in (1, 2, 3, 4)] + [
-    "prefill/chunk512/block8192", "visual/call1200", "visual/call3520", "decoder_batch_1/block4096"]  # fmt: skip
+    "prefill/chunk512/block8192", "visual/call1200", "visual/call3520", "decoder_batch_1/block4096",
+    "visual/call0", "decoder_batch_0/block8192", "visual/call" + "9" * 400, "prefill/chunk7/block8192"]  # fmt: skip
 CONTEXTS = [None, 0, 1, 511.5, 4096, 100_000, 262_143, 10**7]
 HOWS = {"measured", "fitted", "interpolated", "extrapolated"}
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from qwenvl_rbln.memory.calibration import decoder_key, prefill_key
 from qwenvl_rbln.tuning.measured import EXTRAPOLATED, RISK, GraphTiming, Measured, bad_value, visual_call_key
+from qwenvl_rbln.tuning.measured_check import MAX_CONTEXT
 from qwenvl_rbln.tuning.roofline import Roofline
 
 ROOFLINE = "roofline bound"
@@ -45,10 +46,11 @@ KINDS = {"vit": "ViT call", "prefill": "prefill chunk", "decoder": "decode step"
 
 
 def kind_of(key: str) -> tuple[str, tuple[int, ...]] | None:
-    """(kind, the key's numbers) of a calibration key, None for another key."""
+    """(kind, the key's numbers) of a calibration key; None for another key, or numbers no compiled graph has (a
+    bucket of 400 digits would overflow the bound's float arithmetic)."""
     for kind, pattern in _KEYS.items():
         m = pattern.fullmatch(key)
-        if m:
+        if m and all(len(g) <= 10 and int(g) <= MAX_CONTEXT for g in m.groups()):
             return kind, tuple(int(g) for g in m.groups())
     return None
 

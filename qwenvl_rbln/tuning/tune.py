@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import DoesNotFit
-from qwenvl_rbln.tuning.measured_roofline import ROOFLINE, MeasuredRoofline, row_timing
+from qwenvl_rbln.tuning.measured_roofline import KINDS, ROOFLINE, SCALED, MeasuredRoofline, kind_of, row_timing
 from qwenvl_rbln.tuning.neighbours import nearest, neighbours
 from qwenvl_rbln.tuning.result import HEADER, commands, output_dir_for, preset_data, preset_yaml
 from qwenvl_rbln.tuning.roofline import LABEL
@@ -221,15 +221,13 @@ def _ranked_by(roof: MeasuredRoofline) -> str:
     """The footing every row is ranked on, in one line (the table prints it under itself)."""
     if not roof.used_measured:
         return "the roofline bound in every row (no measured timings for this model and NPU)"
-    scales = roof.scales()
-    scaled = ", ".join(f"{kind} x{factor:.2f}" for kind, factor in scales.items())
-    bound = [k for k in ("ViT call", "prefill chunk", "decode step") if k not in scales]
-    measured_only = not any(s.startswith("scaled") for s in roof.sources.values())
+    scaled = ", ".join(f"{kind} x{factor:.2f}" for kind, factor in roof.scales().items())
+    bare = sorted({KINDS[p[0]] for key, s in roof.sources.items() if s == ROOFLINE and (p := kind_of(key))})
     text = "one footing: measured figures where timings.json has them"
-    if scaled and not measured_only:
+    if scaled and any(s.startswith(SCALED) for s in roof.sources.values()):
         text += f"; the other graphs of a measured kind at their bound times its measured/bound ratio ({scaled})"
-    if bound and any(s == ROOFLINE for s in roof.sources.values()):
-        text += f"; {', '.join(bound)}: nothing measured, the roofline bound in every row"
+    if bare:
+        text += f"; {', '.join(bare)}: nothing measured, the roofline bound in every row"
     return text
 
 
