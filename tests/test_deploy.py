@@ -353,8 +353,9 @@ def test_a_short_pool_without_the_plugin_names_the_hang_it_risks(tmp_path):
 
 
 def test_a_profiled_prefill_chunk_replaces_the_routers_roofline_estimate(arts, tmp_path, monkeypatch):
-    """qvl profile's measured chunk (real NPU entries of timings.json) is the router's peak prefill, labelled as
-    measured; an emulated entry never is."""
+    """qvl profile's measured chunk (real NPU entries of timings.json, of THIS artifact: its graph hash) is the
+    router's peak prefill, labelled as measured; an emulated entry, or another artifact's, never is."""
+    from qwenvl_rbln.artifacts.manifest import graph_hash
     from qwenvl_rbln.memory.calibration import model_key, prefill_key
     from qwenvl_rbln.planning.catalogue.modelinfo import geometry_from_config
     from qwenvl_rbln.tuning.measured import write_entry
@@ -362,14 +363,17 @@ def test_a_profiled_prefill_chunk_replaces_the_routers_roofline_estimate(arts, t
     monkeypatch.setenv("QVL_HOME", str(tmp_path))
     plain_run = build(opts(arts["one"], target="llm-d"))
     art = plain_run["spec"].pod.art
-    chunk, block = art.cfg["prefill_chunk_size"], art.cfg["kvcache_block_size"]
+    chunk = art.cfg["prefill_chunk_size"]
+    block = art.cfg.get("kvcache_partition_len") or art.cfg["max_seq_len"]  # the key qvl profile writes
     point = {"context": 0, "median_s": chunk / 5000, "p10_s": chunk / 5100, "p90_s": chunk / 4900}
     entry = {
         "model_key": model_key(geometry_from_config(art.model_config, "artifact", "config.json")),
         "npu": "RBLN-CR13",
         "profiled_at": "2026-12-03T10:00:00Z",
         "graphs": {prefill_key(chunk, block): {"points": [point], "fit": None}},
+        "graph_hash": graph_hash(art.root, art.manifest),
     }
+    write_entry("other-artifact", {**entry, "graph_hash": "another artifact"}, emulated=False)
     write_entry("emulated-run", entry, emulated=True)
     assert (
         build(opts(arts["one"], target="llm-d"))["files"]["llm-d/router.values.yaml"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from qwenvl_rbln import __version__
-from qwenvl_rbln.artifacts.manifest import tree_bytes
+from qwenvl_rbln.artifacts.manifest import graph_hash, tree_bytes
 from qwenvl_rbln.deploy import llmd, manifests, sizing, source
 from qwenvl_rbln.deploy.options import K8S_VERSION, DeployOptions, default_name
 from qwenvl_rbln.deploy.pod import POD_HOST, pod_launch
@@ -151,7 +151,8 @@ def build(opts: DeployOptions) -> dict[str, Any]:
     files["kustomization.yaml"] = dump(_kustomization(spec, list(objects)), header)
     extra: dict[str, dict[str, Any]] = {}
     if opts.target == "llm-d":
-        prefill = sizing.prefill_throughput(spec.pod.art.model_config, spec.pod.art.cfg, spec.npu)
+        art = spec.pod.art
+        prefill = sizing.prefill_throughput(art.model_config, art.cfg, spec.npu, graph_hash(art.root, art.manifest))
         select = {k: v for k, v in spec.labels.items() if k.startswith("llm-d.ai/")}
         cited = "Follows llm-d/llm-d " + ", ".join(llmd.GUIDE_FILES) + "."
         extra["llm-d/router.values.yaml"] = llmd.router_values(select, _max_model_len(spec.pod.argv), prefill)

@@ -99,10 +99,13 @@ def host_resources(cfg: dict[str, Any], size_bytes: int) -> dict[str, Any]:
     }
 
 
-def prefill_throughput(model_config: dict[str, Any], cfg: dict[str, Any], npu: str | None) -> dict[str, Any]:
+def prefill_throughput(
+    model_config: dict[str, Any], cfg: dict[str, Any], npu: str | None, graph_hash: str | None = None
+) -> dict[str, Any]:
     """Peak prefill tokens/s of one replica, the first prefill chunk (where the fewest tokens are attended to), from
     ``qvl tune``'s cost model: the chunk ``qvl profile`` measured on this NPU when timings.json has it (real NPU
-    entries only), else the roofline bound. ``measured`` says which."""
+    entries of this artifact only, by ``graph_hash``), else the roofline bound. ``measured`` says which. A timings
+    file that cannot be used (a value no graph call can have) gives no figure, with the reason, as a missing one."""
     from qwenvl_rbln.memory.calibration import model_key, prefill_key
     from qwenvl_rbln.planning.catalogue.devices import compute_spec
     from qwenvl_rbln.planning.catalogue.modelinfo import geometry_from_config
@@ -112,13 +115,14 @@ def prefill_throughput(model_config: dict[str, Any], cfg: dict[str, Any], npu: s
     try:
         compute = compute_spec(npu or "")
         geometry = geometry_from_config(model_config, "artifact", "config.json")
-        measured = load_measured(model_key(geometry), compute.sku)
+        measured = load_measured(model_key(geometry), compute.sku, graph_hash=graph_hash)
+        chunk = cfg.get("prefill_chunk_size") if type(cfg.get("prefill_chunk_size")) is int else 128
+        # the calibration key's block, as qvl profile writes it (profiling.graphs.Shapes.block)
+        block = next((v for v in (cfg.get("kvcache_partition_len"), cfg.get("max_seq_len")) if type(v) is int), 0)
+        roof = MeasuredRoofline(geometry, compute, chunk=chunk, measured=measured)
+        seconds = roof.prefill_chunk(0, block)
     except InputError as exc:
         return {"tokens_per_s": None, "label": None, "reason": exc.message}
-    chunk = cfg.get("prefill_chunk_size") if type(cfg.get("prefill_chunk_size")) is int else 128
-    block = cfg.get("kvcache_block_size") if type(cfg.get("kvcache_block_size")) is int else cfg.get("max_seq_len", 0)
-    roof = MeasuredRoofline(geometry, compute, chunk=chunk, measured=measured)
-    seconds = roof.prefill_chunk(0, block)
     source = roof.sources.get(prefill_key(chunk, block), ROOFLINE)
     is_measured = source != ROOFLINE
     label = source if is_measured else roof.label()
