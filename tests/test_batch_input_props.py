@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from qwenvl_rbln.batch import driver, results, source
+from qwenvl_rbln.batch.npus import WorkerNpus
 from qwenvl_rbln.batch.records import BAD_REQUEST, error_dict, error_record
 from qwenvl_rbln.errors import InputError, InputErrors
 from qwenvl_rbln.inference import requests as rq
@@ -137,7 +138,7 @@ def test_every_line_is_accepted_or_refused_with_a_cause_and_the_job_never_crashe
             assert len(items) == check.count == len({i.id for i in items})
             assert all({f"{batch}:{i.line}": i.id for i in items}[where] == rid for where, rid in in_memory.items())
 
-        monkeypatch.setattr(driver, "_target_check", lambda spec: (1, tmp))
+        monkeypatch.setattr(driver, "_target_check", lambda spec, system: (WorkerNpus(), tmp, None))
         monkeypatch.setattr(driver, "make_executor", lambda opts, n: Checking())
         argv = ["infer", tmp, "--batch-file", str(batch), "--output", str(out), "--json"]
         code, stdout, err = run_main(argv, capsys)

@@ -17,6 +17,7 @@ import pytest
 
 from qwenvl_rbln.batch import driver, results, source
 from qwenvl_rbln.batch.driver import run_batch
+from qwenvl_rbln.batch.npus import WorkerNpus
 from qwenvl_rbln.errors import BackendError, BusyError, InputError, InputErrors, QvlError
 from qwenvl_rbln.inference import requests as rq
 from tests.fakes_rbln import run_main
@@ -42,7 +43,7 @@ class Failing(Echo):
 
 def _cli(capsys, monkeypatch, batch: Path, out: Path, *extra: str, executor: Any = None) -> tuple[int, str, str]:
     """`qvl infer DIR --batch-file F --output R` through the real CLI edge, with a stand-in executor (no model)."""
-    monkeypatch.setattr(driver, "_target_check", lambda spec: (1, str(batch.parent)))
+    monkeypatch.setattr(driver, "_target_check", lambda spec, system: (WorkerNpus(), str(batch.parent), None))
     monkeypatch.setattr(driver, "make_executor", lambda opts, n: executor if executor is not None else Echo())
     argv = ["infer", str(batch.parent), "--batch-file", str(batch), "--output", str(out), *extra]
     return run_main(argv, capsys)
@@ -146,7 +147,7 @@ def test_a_full_disk_is_one_line_with_the_count_and_resume_goes_on(tmp_path, cap
 @pytest.mark.parametrize("device", ["/dev/full", "/dev/null"])
 def test_a_device_as_output_is_refused_before_any_work(tmp_path, capsys, monkeypatch, device):
     batch = _write(tmp_path / "b.jsonl", [{"id": "a"}])
-    monkeypatch.setattr(driver, "_target_check", lambda spec: pytest.fail("the artifact was resolved"))
+    monkeypatch.setattr(driver, "_target_check", lambda *a: pytest.fail("the artifact was resolved"))
     code, _, err = run_main(["infer", str(tmp_path), "--batch-file", str(batch), "--output", device], capsys)
     (line,) = _error_lines(err)
     assert code == 2 and f"--output {device} is not a regular file (a device or a pipe)" in line, line
@@ -423,7 +424,7 @@ def test_many_bad_lines_say_how_many_and_how_many_are_listed(tmp_path, capsys, m
 def test_resume_with_nothing_left_starts_no_worker_and_loads_nothing(tmp_path, capsys, monkeypatch):
     batch = _write(tmp_path / "b.jsonl", [{"id": "a"}, {"id": "b"}])
     out = _write(tmp_path / "r.jsonl", [_ok(source.WorkItem(x, 1, {})) for x in "ab"])
-    monkeypatch.setattr(driver, "_target_check", lambda spec: pytest.fail("the artifact was resolved"))
+    monkeypatch.setattr(driver, "_target_check", lambda *a: pytest.fail("the artifact was resolved"))
     monkeypatch.setattr(driver, "make_executor", lambda opts, n: pytest.fail("a worker was started"))
     argv = ["infer", str(tmp_path), "--batch-file", str(batch), "--output", str(out), "--resume", "--json"]
     code, stdout, err = run_main(argv, capsys)

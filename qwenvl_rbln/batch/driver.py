@@ -169,7 +169,7 @@ def _run_locked(opts: BatchOptions, watch: Watch | None, executor: Any) -> dict[
         npus, directory, job = _target_check(opts.spec, opts.system)
         spec = replace(opts.spec, opts=replace(opts.spec.opts, directory=Path(directory)))
         opts = replace(opts, spec=replace(spec, media_base=_media_base(batch_file)))
-        # a --resume of another job's results is refused here, before a line is written
+    if job is not None:  # a --resume of another job's results is refused here, before a line is written
         tally.notes[:0] = stamp.check(output, job, opts.resume)
     ex = executor if executor is not None else make_executor(opts, npus)
     if job is not None:
