@@ -27,7 +27,7 @@ RayAddressOpt = typer.Option(
 )
 
 
-def run_job(
+def prepare_job(
     opts: Any,
     *,
     output: Path,
@@ -35,13 +35,12 @@ def run_job(
     workers: int | None,
     devices: str | None,
     ray_address: str | None,
-    as_json: bool,
-) -> None:
-    """Check the flags, run the job with its progress view, print the summary (or the --json document)."""
+) -> Any:
+    """Check the flags and build the job (``batch.driver.BatchOptions``); nothing is read or written yet, so a
+    caller that writes the batch file itself (``qvl eval``) can refuse bad flags before it does."""
     from qwenvl_rbln.batch import options
-    from qwenvl_rbln.batch.driver import BatchOptions, run_batch
+    from qwenvl_rbln.batch.driver import BatchOptions
     from qwenvl_rbln.batch.worker import WorkerSpec
-    from qwenvl_rbln.views import batch_live, render
 
     device_ids = options.parse_devices(devices)
     options.check_workers(workers)
@@ -79,7 +78,30 @@ def run_job(
         visual_device=opts.visual_device,
         batch_file=str(opts.batch_file),
     )
-    job = BatchOptions(spec, opts.batch_file, output, resume, opts.system, workers, device_ids, address)
+    return BatchOptions(spec, opts.batch_file, output, resume, opts.system, workers, device_ids, address)
+
+
+def execute(job: Any, *, as_json: bool) -> dict[str, Any]:
+    """Run a prepared job with its progress view (stderr); its summary."""
+    from qwenvl_rbln.batch.driver import run_batch
+    from qwenvl_rbln.views import batch_live
+
     with batch_live.batch_watch(as_json) as watch:
-        summary = run_batch(job, watch=watch)
-    render.emit(summary, as_json=as_json, human=batch_live.human)
+        return run_batch(job, watch=watch)
+
+
+def run_job(
+    opts: Any,
+    *,
+    output: Path,
+    resume: bool,
+    workers: int | None,
+    devices: str | None,
+    ray_address: str | None,
+    as_json: bool,
+) -> None:
+    """Check the flags, run the job with its progress view, print the summary (or the --json document)."""
+    from qwenvl_rbln.views import batch_live, render
+
+    job = prepare_job(opts, output=output, resume=resume, workers=workers, devices=devices, ray_address=ray_address)
+    render.emit(execute(job, as_json=as_json), as_json=as_json, human=batch_live.human)
