@@ -28,6 +28,7 @@ def folder(tmp_path: Path) -> Path:
 
     (tmp_path / "img").mkdir()
     Image.new("RGB", (32, 32), (200, 0, 0)).save(tmp_path / "img" / "red.png")
+    (tmp_path / "clip.mp4").write_bytes(b"not decoded here: the batch job decodes it")
     return tmp_path
 
 
@@ -39,10 +40,11 @@ def test_media_paths_are_relative_to_the_file_and_become_absolute_requests(folde
             {"id": 2, "images": ["img/red.png"], "question": "Which?", "choices": ["red", "blue"], "answers": ["A"]},
             "# a comment",
             {"id": "q3", "question": "Say yes.", "answers": ["yes"]},
+            {"id": "q4", "video": "clip.mp4", "question": "What happens?", "answers": ["a jump"]},
         ],
     )
     items = dataset.load(str(path)).items
-    assert [i.id for i in items] == ["q1", "2", "q3"]
+    assert [i.id for i in items] == ["q1", "2", "q3", "q4"]
     assert items[0].request() == {
         "id": "q1",
         "prompt": f"What colour?\n{OPEN_SUFFIX}",
@@ -50,7 +52,8 @@ def test_media_paths_are_relative_to_the_file_and_become_absolute_requests(folde
     }
     assert items[1].request()["prompt"] == f"Which?\nA. red\nB. blue\n{CHOICE_SUFFIX}"
     assert items[2].request() == {"id": "q3", "prompt": f"Say yes.\n{OPEN_SUFFIX}"}
-    assert [i.category for i in items] == ["color", None, None]
+    assert items[3].request()["video"] == str(folder / "clip.mp4") and "images" not in items[3].request()
+    assert [i.category for i in items] == ["color", None, None, None]
 
 
 def test_limit_takes_the_first_questions_in_file_order(folder):

@@ -175,3 +175,24 @@ def test_plot_draws_both_runs_per_category(tmp_path, capsys):
     assert "this run (torch)" in svg and "baseline, shared ids (torch)" in svg
     assert ">65.0<" in svg and ">30.0<" in svg  # this run's and the baseline's accuracy, in points
     assert f"plot: {picture}" in err and "baseline" in out
+
+
+def test_the_eval_doc_cites_only_tests_that_exist():
+    from tests.test_docs_cite_real_tests import ROOT, _defined, cited
+
+    found = cited((ROOT / "docs" / "eval.md").read_text(encoding="utf-8"))
+    assert len(found) >= 6, found
+    missing = [f"{f}::{t}" for f, t in found if t not in _defined(ROOT / "tests" / f)]
+    assert not missing, missing
+
+
+def test_help_lists_eval_and_names_the_plot_extra(monkeypatch, capsys):
+    import re
+
+    monkeypatch.setenv("COLUMNS", "400")  # one line per option: nothing wraps inside the hint
+    code, out, err = run_main(["--help"], capsys)
+    assert code == 0 and re.search(r"\beval\b", out), err
+    code, out, err = run_main(["eval", "--help"], capsys)
+    assert code == 0, err
+    (line,) = [ln for ln in out.splitlines() if "--plot" in ln]
+    assert 'pip install "qwenvl-rbln[plot]"' in re.sub(r"\s+", " ", line), line

@@ -58,10 +58,12 @@ def _run(opts: Any, data: str, limit: int | None, metric: str, job: dict[str, An
     from qwenvl_rbln.artifacts.emulated import manifest_marks_emulated
     from qwenvl_rbln.evaluation import results
     from qwenvl_rbln.evaluation.dataset import load
+    from qwenvl_rbln.inference import runner
     from qwenvl_rbln.inference.target import resolve_target
 
     dataset = load(data, limit)
     target = resolve_target(opts.directory, opts.preset, opts.sets)  # a wrong DIR fails before anything is written
+    runner.emulation(opts, target)  # so does --emulate on a torch artifact, or an emulated one without it
     output = job.pop("output")
     if output is None:
         output = results.default_output(dataset.name, limit, Path(target.directory))

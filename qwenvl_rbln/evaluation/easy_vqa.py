@@ -14,7 +14,7 @@ from typing import Any
 
 from qwenvl_rbln.errors import DependencyMissing, InputError
 
-INSTALL = "pip install easy-vqa==1.0 (make install adds it)"
+INSTALL = 'pip install "qwenvl-rbln[eval]" (or pip install easy-vqa==1.0; make install adds it)'
 SHAPES = frozenset({"circle", "rectangle", "triangle"})
 YES_NO = frozenset({"yes", "no"})
 
@@ -45,7 +45,8 @@ def items(limit: int | None = None) -> list[Any]:
         paths = pkg.get_test_image_paths()
     except (OSError, ValueError) as exc:
         raise InputError(
-            f"the installed easy-vqa package cannot be read ({exc})", f"reinstall it: {INSTALL.split(' (')[0]}"
+            f"the installed easy-vqa package cannot be read ({exc})",
+            "reinstall it: pip install --force-reinstall easy-vqa==1.0",
         ) from None
     count = len(texts) if limit is None else min(limit, len(texts))
     out = []
@@ -54,7 +55,7 @@ def items(limit: int | None = None) -> list[Any]:
         if image is None or not Path(image).is_file():
             raise InputError(
                 f"easy-vqa question {i} names image {image_ids[i]}, missing from the installed package",
-                f"reinstall it: {INSTALL.split(' (')[0]}",
+                "reinstall it: pip install --force-reinstall easy-vqa==1.0",
             )
         answer = str(answers[i])
         out.append(

@@ -10,7 +10,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.evaluation.normalize import vqa_normalize
 from qwenvl_rbln.evaluation.stats import mcnemar_exact, paired_difference, wilson
 
 NO_CATEGORY = "(none)"
@@ -47,14 +46,12 @@ def summary(lines: list[dict[str, Any]], metric: str) -> dict[str, Any]:
     return out
 
 
-def _answers(line: dict[str, Any]) -> set[str]:
-    return {vqa_normalize(str(a)) for a in line["answers"]}
-
-
 def _same_questions(shared: Iterable[str], this: dict[str, Any], base: dict[str, Any]) -> None:
     """A baseline of another question set is refused: a shared id must carry the same answers (and choices)."""
     differ = [
-        i for i in shared if _answers(this[i]) != _answers(base[i]) or this[i].get("choices") != base[i].get("choices")
+        i
+        for i in shared
+        if (this[i]["answers"], this[i].get("choices")) != (base[i]["answers"], base[i].get("choices"))
     ]
     if differ:
         raise InputError(

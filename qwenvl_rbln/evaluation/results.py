@@ -16,7 +16,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,9 @@ from qwenvl_rbln.evaluation.scoring import score_item
 
 DEFAULT_FOLDER = Path("qvl-out") / "eval"
 RESULT_KEYS = ("id", "answers", "prediction")  # what --score and --baseline need on every line
+# what scoring and the report read; --score and --baseline keep only these of a line (the batch record's token ids,
+# vision and timings would take ~5 KB a line in memory: 1 GB for two files of 100,000 lines)
+SCORED_KEYS = (*RESULT_KEYS, "choices", "category", "metric", "data", "backend", "artifact", "emulated")
 
 
 @dataclass(frozen=True)
@@ -115,13 +118,12 @@ def write_jsonl_atomic(path: Path, records: Iterable[dict[str, Any]]) -> None:
     write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in records))
 
 
-def read_jsonl(path: Path, flag: str) -> list[tuple[int, dict[str, Any]]]:
-    """(line number, object) of every complete line; a torn last line (no newline: a kill mid-write) is left out,
-    a complete line that is not a JSON object is refused naming it."""
+def iter_jsonl(path: Path, flag: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of every complete line, read as consumed; a torn last line (no newline: a kill
+    mid-write) is left out, a complete line that is not a JSON object is refused naming it."""
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "does not exist"
         raise InputError(f"{flag} {path} {what}", "pass a results file written by qvl eval")
-    out: list[tuple[int, dict[str, Any]]] = []
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
             if not raw.endswith(b"\n") or not raw.strip():
@@ -134,36 +136,35 @@ def read_jsonl(path: Path, flag: str) -> list[tuple[int, dict[str, Any]]]:
                 raise InputError(
                     f"{path}:{lineno}: not a JSON object", f"{flag} takes a results file written by qvl eval"
                 )
-            out.append((lineno, obj))
-    return out
+            yield lineno, obj
 
 
-def _unique(path: Path, rows: list[tuple[int, dict[str, Any]]]) -> None:
-    first: dict[str, int] = {}
-    for lineno, row in rows:
-        rid = row["id"]
-        if rid in first:
-            raise InputError(
-                f"{path}:{lineno}: id '{rid}' is there twice (first on line {first[rid]}); every id must appear once",
-                "use the file qvl wrote, unedited",
-            )
-        first[rid] = lineno
+def _twice(path: Path, lineno: int, rid: str, first: int) -> InputError:
+    return InputError(
+        f"{path}:{lineno}: id '{rid}' is there twice (first on line {first}); every id must appear once",
+        "use the file qvl wrote, unedited",
+    )
 
 
 def load_results(path: Path, flag: str) -> list[dict[str, Any]]:
-    """An eval results file (``--score``, ``--baseline``): every line with an id, answers and a prediction."""
-    rows = read_jsonl(path, flag)
-    for lineno, row in rows:
+    """An eval results file (``--score``, ``--baseline``): every line with an id, answers and a prediction, each id
+    once; only the keys scoring reads are kept (``SCORED_KEYS``), line by line."""
+    out: list[dict[str, Any]] = []
+    first: dict[str, int] = {}
+    for lineno, row in iter_jsonl(path, flag):
         missing = [k for k in RESULT_KEYS if k not in row]
         if missing or not isinstance(row["id"], str) or not isinstance(row["answers"], list):
             raise InputError(
                 f"{path}:{lineno}: not a qvl eval result line (no {', '.join(missing) or 'valid id/answers'})",
                 f"{flag} takes the R.jsonl qvl eval wrote, not its R.batch.jsonl or R.requests.jsonl",
             )
-    if not rows:
+        if row["id"] in first:
+            raise _twice(path, lineno, row["id"], first[row["id"]])
+        first[row["id"]] = lineno
+        out.append({k: row[k] for k in SCORED_KEYS if k in row})
+    if not out:
         raise InputError(f"{flag} {path} holds no results", "pass the R.jsonl of a finished qvl eval run")
-    _unique(path, rows)
-    return [row for _, row in rows]
+    return out
 
 
 def score_line(line: dict[str, Any], metric: str) -> dict[str, Any]:
@@ -180,12 +181,15 @@ def score_line(line: dict[str, Any], metric: str) -> dict[str, Any]:
 
 def eval_lines(items: list[EvalItem], batch: Path, metric: str, run: dict[str, Any]) -> list[dict[str, Any]]:
     """One eval line per question, in the set's order, from the batch job's results (each id exactly once)."""
-    rows = read_jsonl(batch, "batch results")
-    for lineno, row in rows:
+    records: dict[str, dict[str, Any]] = {}
+    first: dict[str, int] = {}
+    for lineno, row in iter_jsonl(batch, "batch results"):
         if not isinstance(row.get("id"), str) or "ok" not in row:
             raise InputError(f"{batch}:{lineno}: not a batch job result line", "pass a new --output")
-    _unique(batch, rows)
-    records = {row["id"]: row for _, row in rows}
+        if row["id"] in first:
+            raise _twice(batch, lineno, row["id"], first[row["id"]])
+        first[row["id"]] = lineno
+        records[row["id"]] = row
     missing = [item.id for item in items if item.id not in records]
     if missing:
         raise InputError(
