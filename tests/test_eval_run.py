@@ -129,3 +129,39 @@ def test_bad_run_flags_are_refused_before_anything_is_written(argv, says, tiny_m
     code, _, err = _eval(capsys, str(tiny_model), "--data", str(QUESTIONS), "--output", str(out), *argv)
     assert code == 2 and says in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+class _Pool:
+    """Stands in for the Ray pool behind --workers/--devices (tests/test_batch_ray.py runs the real one): it records
+    what the batch job asked of it and answers every request on two named workers."""
+
+    seen: list[Any] = []
+
+    def __init__(self, opts: Any):
+        _Pool.seen.append(opts)
+
+    def run(self, items: Any, emit: Any, event: Any) -> None:
+        from qwenvl_rbln.batch.records import ok_record
+
+        for n, item in enumerate(items):
+            worker = f"worker-{n % 2}"
+            emit(ok_record(item, text="Red.", token_ids=[1], finish_reason="stop", vision=[], decoder_graph=None,
+                           prompt_tokens=9, timings={}, worker=worker, npu=n % 2))  # fmt: skip
+
+    def close(self) -> None:
+        pass
+
+
+def test_pool_flags_reach_the_batch_jobs_pool(tiny_model, tmp_path, capsys, monkeypatch, no_model_load):
+    from qwenvl_rbln.batch import driver
+
+    monkeypatch.setattr(driver, "make_executor", lambda opts, per_worker: _Pool(opts))
+    _Pool.seen.clear()
+    out = tmp_path / "r.jsonl"
+    code, doc, err = _eval(capsys, str(tiny_model), "--data", str(QUESTIONS), "-o", str(out), "--devices", "0,1")
+    assert code == 0, err
+    (opts,) = _Pool.seen
+    assert opts.pooled and opts.devices == [0, 1] and opts.output == tmp_path / "r.batch.jsonl"
+    lines = _lines(out)
+    assert {x["worker"] for x in lines} == {"worker-0", "worker-1"} and [x["id"] for x in lines] == IDS
+    assert doc["correct"] == 1 and doc["by_category"]["color"]["correct"] == 1  # "Red." is right once: q 0001

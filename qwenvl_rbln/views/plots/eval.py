@@ -61,9 +61,16 @@ def plot_eval(d: dict[str, Any], path: Path) -> Path:
         ax.set_ylabel("accuracy, % (95 % Wilson interval)")
         ax.axvline(len(names) - 1.5, color="#999999", linewidth=0.8)
         emulated = d["emulated"] or d.get("baseline_emulated")
-        ax.set_title(
+        title = (
             f"qvl eval {d['data'] or ''}: {d['n']} questions, metric {d['metric']}{' (emulated)' if emulated else ''}"
         )
+        if base and d.get("delta_points") is not None:
+            lo, hi = d["delta_ci95"]
+            title += (
+                f"\ndifference {d['delta_points']:+.2f} points (95 % CI {lo:+.2f} to {hi:+.2f}) on "
+                f"{d['n_shared']} shared, exact McNemar p = {d['mcnemar_p']:.3g}"
+            )
+        ax.set_title(title)
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
         fig.tight_layout()
         return fig
