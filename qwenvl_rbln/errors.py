@@ -25,6 +25,14 @@ EXIT_ACCURACY_DROP = 9  # qvl eval --max-drop: a significant drop larger than th
 EXIT_INTERRUPTED = 130
 
 
+# C0 controls and DEL as their Unicode control pictures, C1 controls (0x9B is a terminal's CSI) as U+FFFD: text
+# from an input file (an id, a key) quoted in a message shows them, and never moves the cursor or recolours the
+# terminal. One character for one, so ``views/render.py`` uses the same table for table cells.
+CONTROL_PICTURES = (
+    {c: chr(0x2400 + c) for c in range(0x20)} | {0x7F: "\u2421"} | dict.fromkeys(range(0x80, 0xA0), "\ufffd")
+)
+
+
 class QvlError(Exception):
     """Base class: a message that names the file/key/value, and a hint that says the fix."""
 
@@ -41,7 +49,7 @@ class QvlError(Exception):
         text = self.message.rstrip(". ")
         if self.hint:
             text += f"; fix: {self.hint}"
-        return " ".join(text.split())  # one line, always
+        return " ".join(text.split()).translate(CONTROL_PICTURES)  # one line, always; no terminal escapes
 
     def to_dict(self) -> dict:
         return {"error": self.message, "hint": self.hint, "exit_code": self.exit_code, "kind": type(self).__name__}
@@ -74,16 +82,21 @@ class InputErrors(InputError):
     so one run shows every line to fix, not only the first.
     """
 
-    SHOWN = 20  # lines printed; --json has every problem
+    SHOWN = 20  # lines printed; --json has every problem kept
 
-    def __init__(self, problems: list[QvlError], what: str, hint: str | None = None):
+    def __init__(self, problems: list[QvlError], what: str, hint: str | None = None, *, total: int | None = None):
+        """``total``: how many problems there are when only the first ``problems`` were kept (a file with
+        100,000 bad lines keeps 1,000); the message then says how many are listed."""
         self.problems = list(problems)
-        super().__init__(f"{len(self.problems)} {what} (each listed below)", hint)
+        self.total = max(total or 0, len(self.problems))
+        listed = "each" if self.total == len(self.problems) else f"the first {len(self.problems)}"
+        super().__init__(f"{self.total} {what} ({listed} listed below)", hint)
 
     def detail_lines(self) -> list[str]:
         lines = [p.one_line() for p in self.problems[: self.SHOWN]]
         if len(self.problems) > self.SHOWN:
-            lines.append(f"... {len(self.problems) - self.SHOWN} more (--json lists every one)")
+            which = "every one" if self.total == len(self.problems) else f"the first {len(self.problems)}"
+            lines.append(f"... {len(self.problems) - self.SHOWN} more (--json lists {which})")
         return lines
 
     def problems_dicts(self) -> list[dict]:

@@ -88,6 +88,21 @@ def env_of(result) -> dict:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(result)["env"]}
 
 
+def texts(result) -> list[str]:
+    """Every written text, the wheel's members included (unzipped: a key must not hide in a compressed file)."""
+    import io
+    import zipfile
+
+    out = []
+    for content in result["files"].values():
+        if isinstance(content, bytes):
+            with zipfile.ZipFile(io.BytesIO(content)) as zf:
+                out += [zf.read(name).decode("utf-8", "replace") for name in zf.namelist()]
+        else:
+            out.append(content)
+    return out
+
+
 def validate(obj: dict) -> str:
     return kv.validate(plain(obj), K8S_VERSION, strict=True)
 
@@ -153,7 +168,7 @@ def test_operator_fields_each_with_a_reason(built, monkeypatch):
     assert env_of(result)["VLLM_API_KEY"] == {
         "secretKeyRef": {"name": "qwen3-vl-2b-instruct-api-key", "key": "api-key"}
     }
-    assert all("sk-must-never-appear" not in t for t in result["files"].values())
+    assert all("sk-must-never-appear" not in t for t in texts(result))
     volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
     assert volumes["shm"]["emptyDir"]["medium"] == "Memory" and "cache" in volumes
     assert env_of(result)["VLLM_CACHE_ROOT"].startswith("/cache")
@@ -162,8 +177,11 @@ def test_operator_fields_each_with_a_reason(built, monkeypatch):
 
 
 def test_a_measured_load_sizes_the_probe_and_an_emulated_one_is_refused(tmp_path, arts):
+    from qwenvl_rbln.artifacts.manifest import graph_hash, read_manifest
+
     report = tmp_path / "load-check.json"
     runtime = {"attempted": True, "ok": True, "create_runtimes": True, "seconds": 150.0}
+    runtime["graph_hash"] = graph_hash(arts["one"], read_manifest(arts["one"]))  # load-check writes it beside
     report.write_text(json.dumps({"emulated": False, "runtime": runtime}))
     result = build(opts(arts["one"], load_check=report))
     assert result["spec"].budget["budget_s"] == 480  # 3 x 150 s, rounded up to the minute
@@ -176,7 +194,8 @@ def test_a_measured_load_sizes_the_probe_and_an_emulated_one_is_refused(tmp_path
 def test_the_plugin_is_built_into_the_image_or_its_absence_is_costed(built):
     with_plugin = built[("kubernetes", "dra")]
     cf = with_plugin["files"]["Containerfile"]
-    assert f"FROM {IMAGE}\n" in cf and f'"qwenvl-rbln=={__version__}"' in cf
+    whl = f"qwenvl_rbln-{__version__}-py3-none-any.whl"
+    assert f"FROM {IMAGE}\n" in cf and f"COPY {whl} " in cf and isinstance(with_plugin["files"][whl], bytes)
     assert container(with_plugin)["image"] == f"{IMAGE}-qvl{__version__}"
     assert env_of(with_plugin)["QVL_FRAME_CAP"] == "1"
     without = built[("llm-d", "device-plugin")]
@@ -193,7 +212,7 @@ def test_llm_d_labels_router_values_and_the_prefill_estimate(built):
 
     result = built[("llm-d", "dra")]
     labels = plain(result["objects"]["deployment.yaml"])["spec"]["template"]["metadata"]["labels"]
-    assert labels["llm-d.ai/inference-serving"] == "true" and labels["llm-d.ai/guide"] == "optimized-baseline"
+    assert labels["llm-d.ai/guide"] == "optimized-baseline"
     assert labels["llm-d.ai/accelerator-vendor"] == "rebellions"
     values = yaml.safe_load(result["files"]["llm-d/router.values.yaml"])["router"]
     assert values["modelServers"]["matchLabels"].items() <= labels.items()
@@ -334,8 +353,9 @@ def test_a_short_pool_without_the_plugin_names_the_hang_it_risks(tmp_path):
 
 
 def test_a_profiled_prefill_chunk_replaces_the_routers_roofline_estimate(arts, tmp_path, monkeypatch):
-    """qvl profile's measured chunk (real NPU entries of timings.json) is the router's peak prefill, labelled as
-    measured; an emulated entry never is."""
+    """qvl profile's measured chunk (real NPU entries of timings.json, of THIS artifact: its graph hash) is the
+    router's peak prefill, labelled as measured; an emulated entry, or another artifact's, never is."""
+    from qwenvl_rbln.artifacts.manifest import graph_hash
     from qwenvl_rbln.memory.calibration import model_key, prefill_key
     from qwenvl_rbln.planning.catalogue.modelinfo import geometry_from_config
     from qwenvl_rbln.tuning.measured import write_entry
@@ -343,14 +363,17 @@ def test_a_profiled_prefill_chunk_replaces_the_routers_roofline_estimate(arts, t
     monkeypatch.setenv("QVL_HOME", str(tmp_path))
     plain_run = build(opts(arts["one"], target="llm-d"))
     art = plain_run["spec"].pod.art
-    chunk, block = art.cfg["prefill_chunk_size"], art.cfg["kvcache_block_size"]
+    chunk = art.cfg["prefill_chunk_size"]
+    block = art.cfg.get("kvcache_partition_len") or art.cfg["max_seq_len"]  # the key qvl profile writes
     point = {"context": 0, "median_s": chunk / 5000, "p10_s": chunk / 5100, "p90_s": chunk / 4900}
     entry = {
         "model_key": model_key(geometry_from_config(art.model_config, "artifact", "config.json")),
         "npu": "RBLN-CR13",
         "profiled_at": "2026-12-03T10:00:00Z",
         "graphs": {prefill_key(chunk, block): {"points": [point], "fit": None}},
+        "graph_hash": graph_hash(art.root, art.manifest),
     }
+    write_entry("other-artifact", {**entry, "graph_hash": "another artifact"}, emulated=False)
     write_entry("emulated-run", entry, emulated=True)
     assert (
         build(opts(arts["one"], target="llm-d"))["files"]["llm-d/router.values.yaml"]

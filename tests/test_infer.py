@@ -454,7 +454,7 @@ def test_batch_file_errors_name_file_and_line(tmp_path, media):
         rq.parse_batch_file(f)
     assert f"{f}:2: id '1' was already used at {f}:1" == e.value.message
     f.write_text('["not", "an", "object"]\n')
-    with pytest.raises(InputError, match="expected a JSON object, got list"):
+    with pytest.raises(InputError, match="expected a JSON object, got array"):
         rq.parse_batch_file(f)
     f.write_text("# nothing\n\n")
     with pytest.raises(InputError, match="has no requests"):

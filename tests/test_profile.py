@@ -192,6 +192,7 @@ def test_a_graph_that_cannot_load_is_one_backend_error_naming_it(tiny_rbln, tmp_
     art = tmp_path / "art"
     shutil.copytree(tiny_rbln, art)
     (art / "decoder_batch_1.rbln").write_bytes(b"not a graph")
+    (art / "qvl-manifest.json").unlink()  # with it, the changed graph is refused before loading (test_profile_guard)
     monkeypatch.setenv("QVL_HOME", str(tmp_path))
     with emulator_on(), pytest.raises(BackendError, match="decoder_batch_1.rbln .decoder_batch_1/block1024. cannot"):
         run_profile(ProfileOptions(art, emulate=True, only=("decoder_batch_1/block1024",)))

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.artifacts import flock
-from qwenvl_rbln.artifacts.manifest import read_manifest
+from qwenvl_rbln.artifacts.manifest import read_manifest, tree_bytes
 from qwenvl_rbln.artifacts.staging import rmtree
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.planning.catalogue.devices import parse_byte_size
@@ -50,15 +50,6 @@ def touch(entry: Path) -> None:
     """Record a use: the entry directory's mtime is its last use (least recently used goes first)."""
     with contextlib.suppress(OSError):
         os.utime(entry)
-
-
-def _size(entry: Path) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(entry):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
 
 
 def _overrides(manifest: dict[str, Any]) -> list[str]:
@@ -106,7 +97,7 @@ def list_entries(cache_dir: Path) -> list[dict[str, Any]]:
                 "overrides": _overrides(manifest),
                 "backend": manifest.get("backend"),
                 "emulated": bool(manifest.get("emulated")),
-                "size_bytes": _size(entry),
+                "size_bytes": tree_bytes(entry),
                 "last_used": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(used)),
                 "last_used_ts": used,
                 "path": str(entry),

@@ -24,10 +24,23 @@ from qwenvl_rbln.artifacts import flock
 from qwenvl_rbln.artifacts.manifest import RBLN_CONFIG_NAME, graph_hash, read_manifest, write_json_atomic
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.planning.catalogue.modelinfo import qvl_home
+from qwenvl_rbln.units import fmt_json
 
 FORMAT = "qvl-load-times"
 VERSION = 1
 FILE_NAME = "load-times.json"
+MAX_LOAD_S = 86_400  # a day: no runtime creation takes longer; a figure above it is damage, not a measurement
+
+
+def load_seconds(value: Any) -> float | None:
+    """``value`` as a measured load time in seconds, or None when it is not one: a JSON number (not true/false),
+    finite, above 0 and at most ``MAX_LOAD_S``. The comparison is made on the value as parsed, so NaN, Infinity and
+    an integer too large for a float are refused here rather than crashing a later ``int()`` or ``float()``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not 0 < value <= MAX_LOAD_S:  # False for NaN as well
+        return None
+    return float(value)
 
 
 def load_times_path() -> Path:
@@ -54,11 +67,12 @@ def _compiled_npu(artifact: Path, manifest: dict[str, Any] | None) -> str | None
     return compile_target(cfg, manifest)["npu"] if cfg is not None else None
 
 
-def record_load(artifact: Path, seconds: float, path: Path | None = None) -> Path:
-    """Keep this artifact's measured load (runtimes created on a real NPU) for later deploys."""
+def record_load(artifact: Path, seconds: float, path: Path | None = None, *, key: str | None = None) -> Path:
+    """Keep this artifact's measured load (runtimes created on a real NPU) for later deploys. ``key``: its graph hash
+    when the caller computed it already."""
     path = path or load_times_path()
     manifest = read_manifest(artifact)
-    key = graph_hash(artifact, manifest)
+    key = key or graph_hash(artifact, manifest)
     path.parent.mkdir(parents=True, exist_ok=True)
     with flock.held(path.with_name(f".{path.name}.lock"), blocking=True):
         data = _read(path)
@@ -73,12 +87,21 @@ def record_load(artifact: Path, seconds: float, path: Path | None = None) -> Pat
 
 
 def measured_load(artifact: Path, path: Path | None = None) -> dict[str, Any] | None:
-    """The newest recorded load of this artifact's graphs, or None when load-check never measured one here."""
+    """The newest recorded load of this artifact's graphs, or None when load-check never measured one here. An entry
+    whose seconds are not a load time (NaN, 0, negative, absurd: a damaged file) is refused in one line, never used
+    and never silently read as "not measured"."""
     path = path or load_times_path()
     if not path.is_file():
         return None
     entry = _read(path)["entries"].get(graph_hash(artifact, read_manifest(artifact)))
-    seconds = entry.get("seconds") if isinstance(entry, dict) else None
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+    if entry is None:
         return None
-    return {**entry, "file": str(path)}
+    raw = entry.get("seconds") if isinstance(entry, dict) else entry
+    seconds = load_seconds(raw)
+    if seconds is None:
+        raise InputError(
+            f"load-time file {path}: the entry for {artifact}'s graphs holds seconds={fmt_json(raw)}, not a load time "
+            f"(a number of seconds above 0 and at most {MAX_LOAD_S}); the file is damaged",
+            f"delete {path} (the next `qvl load-check` on the NPU host records the load again), or pass --load-check",
+        )
+    return {**entry, "seconds": seconds, "file": str(path)}

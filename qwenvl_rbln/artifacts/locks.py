@@ -68,19 +68,19 @@ def _live_owner(target: Path) -> dict[str, Any] | None:
     return owner
 
 
-def _busy(target: Path, lp: Path, owner: dict[str, Any] | None) -> BusyError:
+_COMPILE = ("output directory", "wait for that compile to finish, or compile into another directory with -o")
+
+
+def _busy(target: Path, lp: Path, owner: dict[str, Any] | None, what: tuple[str, str] = _COMPILE) -> BusyError:
     owner = owner or {}
     who = f"pid {owner['pid']}" if owner.get("pid") else "another process"
     if owner.get("host") and owner.get("host") != socket.gethostname():
         who += f" on {owner['host']}"
     since = f" since {owner['started']}" if owner.get("started") else ""
-    return BusyError(
-        f"output directory {target} is being written by {who}{since} (lock {lp})",
-        "wait for that compile to finish, or compile into another directory with -o",
-    )
+    return BusyError(f"{what[0]} {target} is being written by {who}{since} (lock {lp})", what[1])
 
 
-def _acquire(target: Path, lp: Path) -> int:
+def _acquire(target: Path, lp: Path, what: tuple[str, str] = _COMPILE) -> int:
     """Take the lock (an fd), or raise BusyError naming the holder.
 
     The holder writes its owner record just after it takes the lock, so a loser that arrives in between
@@ -95,13 +95,16 @@ def _acquire(target: Path, lp: Path) -> int:
         except flock.LockBusy:
             owner = _live_owner(target)
             if owner is not None or time.monotonic() >= deadline:
-                raise _busy(target, lp, owner) from None
+                raise _busy(target, lp, owner, what) from None
         time.sleep(0.02)
 
 
 @contextlib.contextmanager
-def output_lock(target: Path) -> Iterator[Path]:
-    """Non-blocking exclusive lock for ``target``; a second writer gets BusyError naming the holder."""
+def output_lock(target: Path, what: tuple[str, str] = _COMPILE) -> Iterator[Path]:
+    """Non-blocking exclusive lock for ``target``; a second writer gets BusyError naming the holder.
+
+    ``what``: (what ``target`` is, the fix) for that refusal; a compile's output directory by default (a batch
+    job's results file passes its own: ``batch/results.py``)."""
     target = user_path(target).absolute()
     lp = lock_path(target)
     try:
@@ -111,7 +114,7 @@ def output_lock(target: Path) -> Iterator[Path]:
             f"cannot create the lock directory {lp.parent}: {exc.strerror or exc}",
             "set QVL_HOME to a writable directory",
         ) from None
-    fd = _acquire(target, lp)
+    fd = _acquire(target, lp, what)
     owner_file = _owner_path(target)
     try:
         write_json_atomic(

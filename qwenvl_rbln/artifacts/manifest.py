@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import socket
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,25 @@ def list_files(root: Path, *, exclude: tuple[str, ...] = ()) -> list[str]:
                 continue
             found.append(rel)
     return sorted(found)
+
+
+def tree_bytes(root: Path) -> int:
+    """Bytes of the regular files below ``root``, hidden ones included, each file once: a hard link or a symlink to a
+    file already counted adds nothing, a symlink to a file elsewhere counts that file (what a copy of the folder
+    holds), and a file that vanishes mid-walk is skipped. The one folder size: ``qvl deploy`` sizes an artifact with
+    it, the compile cache its entries."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                st = os.stat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+    return total
 
 
 def hash_tree(root: Path, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]:

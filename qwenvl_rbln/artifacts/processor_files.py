@@ -162,7 +162,7 @@ def findings(root: Path, buckets: list[int], patch_size: int, recorded: dict[str
         found.append({**head, "largest_bucket": largest, "cap_pixels": cap, **more, "message": message})
 
     for name, section, kind, _, part in sections(root):
-        where = f"{name} {section}." if section else f"{name} "
+        path = f"{section}." if section else ""  # a key's path inside the file: video_processor.size.longest_edge
         size = part.get("size") if isinstance(part.get("size"), dict) else {}
         longest = _number(part.get("max_pixels")) or _number(size.get("longest_edge"))
         key = "max_pixels" if _number(part.get("max_pixels")) else "size.longest_edge"
@@ -173,21 +173,26 @@ def findings(root: Path, buckets: list[int], patch_size: int, recorded: dict[str
                 "image",
                 key,
                 longest,
-                f"{where}size.longest_edge={longest} lets images exceed the "
+                f"{name} {path}{key}={longest} lets images exceed the "
                 f"largest ViT bucket {largest} (needs <= {cap}); fix: `qvl fix-processor {root}`, or recompile "
                 f"with qvl, or set it to {cap}",
                 min_pixels=_number(size.get("shortest_edge")),
             )
         frame = _number(part.get(FRAME_KEY))
         if kind == "video" and longest is not None and longest > 2 * cap and (frame is None or frame > cap):
-            shown = f"{FRAME_KEY}={frame}" if frame is not None else f"no {FRAME_KEY}"
+            budget = f"{path}{key}={longest}"
+            shown = (
+                f"{path}{FRAME_KEY}={frame} with {budget}"
+                if frame is not None
+                else f"has no {path}{FRAME_KEY} ({budget})"
+            )
             add(
                 name,
                 section,
                 "video",
                 FRAME_KEY,
                 frame,
-                f"{where}{shown} with size.longest_edge={longest}: a "
+                f"{name} {shown}: a "
                 f"short video's frames can exceed the largest ViT bucket {largest} (needs {FRAME_KEY} <= {cap}); "
                 f"fix: `qvl fix-processor {root}`, or recompile with qvl",
                 budget=longest,
@@ -202,7 +207,7 @@ def findings(root: Path, buckets: list[int], patch_size: int, recorded: dict[str
                     "recorded",
                     key,
                     part.get(key),
-                    f"{where}{key}={json.dumps(part.get(key))} "
+                    f"{name} {path}{key}={json.dumps(part.get(key))} "
                     f"differs from the caps the compile recorded ({json.dumps(value)}); fix: restore the file, "
                     f"`qvl fix-processor {root}`, or recompile",
                     recorded=value,

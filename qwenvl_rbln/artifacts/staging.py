@@ -88,14 +88,22 @@ def refuse_to_replace_a_non_artifact(target: Path) -> None:
         raise InputError(f"refusing to replace {target} with --force: {why}; nothing was touched", fix)
 
 
+def is_protected(target: Path) -> bool:
+    """``target`` is the working directory, one of its parents, the home directory or the root: folders no output
+    ever replaces, not even an empty one (renaming a new folder over the working directory leaves the shell in a
+    deleted one). Raises FileNotFoundError when the working directory itself was deleted."""
+    target = Path(target).absolute()
+    cwd = Path.cwd().absolute()
+    protected = {Path(target.anchor), Path.home().absolute(), cwd, *cwd.parents}
+    return target in protected or target.resolve() in {p.resolve() for p in protected}
+
+
 def replace_refusal(target: Path) -> tuple[str, str] | None:
     """Why ``--force`` may not replace ``target``, and the fix (None: it may). An artifact is a directory whose qvl
     manifest lists every file in it, or (compiled without qvl) an optimum-rbln ``rbln_config.json`` beside nothing
     but the kinds of file optimum-rbln writes."""
     target = Path(target).absolute()
-    cwd = Path.cwd().absolute()
-    protected = {Path(target.anchor), Path.home().absolute(), cwd, *cwd.parents}
-    if target in protected or target.resolve() in {p.resolve() for p in protected}:
+    if is_protected(target):
         return (
             "it is the working directory, one of its parents, your home or the root",
             "compile into a new directory with -o DIR",

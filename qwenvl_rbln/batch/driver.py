@@ -1,27 +1,31 @@
 """``qvl infer --batch-file F --output results.jsonl``: the streamed, resumable batch job.
 
 Order (nothing done twice, nothing lost): the output is checked (an existing non-empty file is never overwritten:
-``--resume`` continues it), the artifact is resolved (a wrong directory fails before a worker starts), ``--resume``
-reads the ids already finished (a torn last line is cut and redone), the batch file's ids are checked (duplicates
-refused before any work, naming the lines), then the executor runs: in this process for one NPU (Ray is never
-imported), or ``batch/ray_pool.py``'s pool for ``--workers``/``--devices``/``--ray-address``. Each finished
-request is one line, written as it completes. Ctrl-C or SIGTERM stops the workers and leaves only complete lines.
+``--resume`` continues it; a device, a pipe or an unwritable folder is refused), the results file is locked (one job
+per file: ``results.results_lock``), ``--resume`` reads the ids already finished (a torn last line is cut and
+redone), the batch file's ids are checked (duplicates refused before any work, naming the lines), then, unless
+nothing is left to run, the artifact is resolved (a wrong directory fails before a worker starts) and the executor
+runs: in this process for one NPU (Ray is never imported), or ``batch/ray_pool.py``'s pool for
+``--workers``/``--devices``/``--ray-address``. Each finished request is one line, written as it completes (the
+file is created by the first). Ctrl-C or SIGTERM stops the workers and leaves only complete lines.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.batch import ray_cluster
-from qwenvl_rbln.batch.results import CompletedIds, ResultsWriter, completed_ids
+from qwenvl_rbln.batch.results import CompletedIds, ResultsWriter, completed_ids, results_lock
 from qwenvl_rbln.batch.source import WorkItem, check_unique_ids, iter_items
 from qwenvl_rbln.batch.tally import Tally
 from qwenvl_rbln.batch.worker import WorkerSpec
 from qwenvl_rbln.errors import EXIT_INTERRUPTED, DependencyMissing, InputError, QvlError, sigterm_as_interrupt
+from qwenvl_rbln.inference.requests import shown
 
 RAY_INSTALL = ray_cluster.INSTALL_LINE  # the one install line for Ray (ensure_ray's refusal says it)
 
@@ -51,18 +55,36 @@ class BatchOptions:
         return self.workers is not None or self.devices is not None or self.ray_address is not None
 
 
-def check_output(output: Path, resume: bool) -> None:
-    """Refuse to overwrite results: an existing non-empty ``--output`` needs ``--resume``; its folder must exist."""
+def check_output(output: Path, resume: bool, batch_file: Path | None = None) -> None:
+    """Refuse, before any work, an ``--output`` the job cannot keep: an existing non-empty file without ``--resume``
+    (never overwritten), a directory, a device or a pipe (the job appends, syncs and reads it back), the batch file
+    itself, a missing or unwritable folder."""
     if output.is_dir():
         raise InputError(f"--output {output} is a directory", "pass a file path, e.g. --output results.jsonl")
     if not output.parent.is_dir():
         raise InputError(
             f"--output {output}: folder {output.parent} does not exist", f"create it first: mkdir -p {output.parent}"
         )
+    if output.exists() and not output.is_file():
+        raise InputError(
+            f"--output {output} is not a regular file (a device or a pipe): the job appends to its results file, "
+            "syncs it to disk and --resume reads it back",
+            "pass a file path, e.g. --output results.jsonl (follow it as it grows with tail -f)",
+        )
+    if batch_file is not None and output.exists() and batch_file.is_file() and os.path.samefile(output, batch_file):
+        raise InputError(f"--output {output} is the batch file", "pass another path, e.g. --output results.jsonl")
     if not resume and output.exists() and output.stat().st_size > 0:
         raise InputError(
             f"--output {output} already holds results; qvl never overwrites them",
             "add --resume to continue that run (finished ids are skipped), or pass a new --output path",
+        )
+    target = output if output.exists() else output.parent
+    if not os.access(target, os.W_OK):
+        why = "read-only file system" if os.statvfs(target).f_flag & os.ST_RDONLY else "permission denied"
+        where = "the file" if target == output else f"in {target}"
+        raise InputError(
+            f"--output {output}: cannot write {where} ({why})",
+            "pass an --output in a folder you can write",
         )
 
 
@@ -120,29 +142,34 @@ def run_batch(opts: BatchOptions, *, watch: Watch | None = None, executor: Any =
 
     ``watch(tally, what)`` is called as the job moves (the command's progress view); ``executor`` replaces the
     chosen one (tests, benchmarks)."""
+    check_output(Path(opts.output), opts.resume, Path(opts.batch_file))
+    with results_lock(opts.output):  # one job per results file: from before --resume reads it to its last line
+        return _run_locked(opts, watch, executor)
+
+
+def _run_locked(opts: BatchOptions, watch: Watch | None, executor: Any) -> dict[str, Any]:
     output, batch_file = Path(opts.output), Path(opts.batch_file)
-    check_output(output, opts.resume)
-    devices_per_worker = 1
-    if executor is None:
-        devices_per_worker, directory = _target_check(opts.spec)
-        opts = replace(opts, spec=replace(opts.spec, directory=directory, media_base=_media_base(batch_file)))
     done = completed_ids(output) if opts.resume else CompletedIds.empty()  # a torn last line is cut here
-    torn = done.torn
+    mended = done.torn, done.newline_added
     ids = check_unique_ids(batch_file, done)
     skipped = ids.already
     if ids.shared_hashes and len(done):  # two input ids share a hash (rare): tell them apart exactly
         done = completed_ids(output, ids.shared_hashes)
         skipped = _count_done(batch_file, done)
     tally = Tally(ids.count, skipped)
-    if torn:
-        tally.notes.append(f"{output}: a torn last line ({torn} bytes) was cut; its request runs again")
-    if len(done) > skipped:
-        tally.notes.append(
-            f"{output} holds {len(done) - skipped} results whose ids are not in {batch_file} (another batch file?); "
-            "they are kept, and the lines of this run are appended after them"
-        )
-    ex = executor if executor is not None else make_executor(opts, devices_per_worker)
+    done.torn, done.newline_added = mended  # what the first read did to the file
+    tally.notes.extend(_resume_notes(output, batch_file, done, skipped))
     notify = watch or (lambda t, what: None)
+    if tally.left == 0:  # --resume of a finished job: no worker, no artifact load
+        tally.notes.append(f"nothing left to run: each of the {tally.total} requests of {batch_file} has its line")
+        notify(tally, "start")
+        notify(tally, "end")
+        return tally.summary(str(output))
+    devices_per_worker = 1
+    if executor is None:
+        devices_per_worker, directory = _target_check(opts.spec)
+        opts = replace(opts, spec=replace(opts.spec, directory=directory, media_base=_media_base(batch_file)))
+    ex = executor if executor is not None else make_executor(opts, devices_per_worker)
 
     def emit(record: dict[str, Any]) -> None:
         writer.write(record)
@@ -155,18 +182,18 @@ def run_batch(opts: BatchOptions, *, watch: Watch | None = None, executor: Any =
 
     notify(tally, "start")
     interrupted = False
-    with ResultsWriter(output) as writer, sigterm_as_interrupt():
-        try:
-            ex.run(_pending(iter_items(batch_file, opts.system), done), emit, event)
-        except KeyboardInterrupt:
-            interrupted = True
-        except QvlError as exc:  # a worker that cannot go on: what finished is kept, and says how to continue
-            done_note = f"the {tally.skipped + tally.done} finished requests are in {output}; rerun with --resume"
-            exc.hint = f"{exc.hint}; then {done_note}" if exc.hint else done_note
-            raise
-        finally:
-            with contextlib.suppress(Exception):
-                ex.close()
+    try:
+        with ResultsWriter(output) as writer, sigterm_as_interrupt():  # the file is created by its first line
+            try:
+                ex.run(_pending(iter_items(batch_file, opts.system), done), emit, event)
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                with contextlib.suppress(Exception):
+                    ex.close()
+    except QvlError as exc:  # a worker or the results file cannot go on: what finished is kept, and says how to go on
+        _resume_hint(exc, tally.skipped + tally.done, output)
+        raise
     notify(tally, "end")
     summary = tally.summary(str(output), interrupted=interrupted)
     if interrupted:
@@ -176,6 +203,42 @@ def run_batch(opts: BatchOptions, *, watch: Watch | None = None, executor: Any =
             f"rerun the same command with --resume to finish the other {tally.left}",
         )
     return summary
+
+
+def _resume_notes(output: Path, batch_file: Path, done: CompletedIds, skipped: int) -> list[str]:
+    """What ``--resume`` found in the results file and did about it (the summary's notes)."""
+    notes = []
+    if done.torn:
+        notes.append(f"{output}: a torn last line ({done.torn} bytes) was cut; its request runs again")
+    if done.newline_added:
+        notes.append(f"{output}: the last line was a whole result without its newline; the newline was added")
+    if done.duplicates:
+        named = "; ".join(
+            f"{shown(rid)} on lines {', '.join(map(str, at))}" for rid, at in list(done.duplicates.items())[:5]
+        )
+        more = f" and {len(done.duplicates) - 5} more" if len(done.duplicates) > 5 else ""
+        notes.append(
+            f"{output} holds {len(done.duplicates)} ids on more than one line ({named}{more}): two jobs wrote it at "
+            "once, or files were joined; this run adds none of them again; keep one line of each"
+        )
+    if len(done) > skipped:
+        notes.append(
+            f"{output} holds {len(done) - skipped} results whose ids are not in {batch_file} (another batch file?); "
+            "they are kept, and the lines of this run are appended after them"
+        )
+    return notes
+
+
+def _resume_hint(exc: QvlError, finished: int, output: Path) -> None:
+    """Add to a job's error how many requests finished and that ``--resume`` goes on, only when some did (else
+    the same command is the fix, and no results file was created)."""
+    if not finished:
+        return
+    note = f"the {finished} finished requests are in {output}"
+    if exc.hint and "--resume" in exc.hint:
+        exc.hint = f"{exc.hint} ({note})"
+    else:
+        exc.hint = f"{exc.hint}; then rerun with --resume ({note})" if exc.hint else f"rerun with --resume ({note})"
 
 
 def _media_base(batch_file: Path) -> str:

@@ -17,8 +17,9 @@ _BUCKETS = 256
 
 
 def id_hash(rid: str) -> int:
-    """The 8-byte hash of a request id."""
-    return int.from_bytes(hashlib.blake2b(rid.encode("utf-8"), digest_size=8).digest(), "little")
+    """The 8-byte hash of a request id (any string: a results file may hold a lone surrogate escape that the
+    batch file's ids never have, ``requests.request_id`` refuses those)."""
+    return int.from_bytes(hashlib.blake2b(rid.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
 class HashBuckets:

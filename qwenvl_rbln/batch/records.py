@@ -20,8 +20,6 @@ BAD_REQUEST = "bad-request"  # the line's keys or values (unknown key, empty req
 WORKER_FAILED = "worker-failed"  # the worker running it died (twice, on two different workers)
 INTERNAL = "internal"  # anything else: a bug; the message says what
 
-CAUSES = (MISSING_MEDIA, CORRUPT_MEDIA, TOO_LONG, OVERSIZE, BAD_REQUEST, WORKER_FAILED, INTERNAL)
-
 
 def _base(item: Any, worker: str | None, npu: Any) -> dict[str, Any]:
     return {"id": item.id, "line": item.line, "worker": worker, "npu": npu}

@@ -19,7 +19,7 @@ from typing import Any
 
 from qwenvl_rbln.batch import hashes
 from qwenvl_rbln.errors import InputError, InputErrors, QvlError
-from qwenvl_rbln.inference.requests import line_object
+from qwenvl_rbln.inference.requests import batch_file, line_object, read_lines, request_id, shown
 
 _LINE_HINT = 'one JSON object per line, e.g. {"id": "cat-1", "prompt": "Describe.", "images": ["a.jpg"]}'
 MAX_PROBLEMS = 1000  # bad lines kept for the refusal (the count beyond is still reported)
@@ -39,43 +39,17 @@ def id_hash(rid: str) -> int:
     return hashes.id_hash(rid)
 
 
-def _open(path: Path) -> Any:
-    if not path.is_file():
-        what = "is a directory" if path.is_dir() else "does not exist"
-        raise InputError(f"batch file {path} {what}", "pass a JSONL file with one request per line")
-    try:
-        return path.open("r", encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot be read ({exc.strerror})", "check the file permissions") from None
-
-
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(1-based line number, stripped text) of every request line: blank lines and ``#`` comments skipped."""
-    with _open(path) as fh:
-        lineno = 0
-        while True:
-            try:
-                line = fh.readline()
-            except UnicodeDecodeError as exc:
-                raise InputError(
-                    f"{path}:{lineno + 1}: not UTF-8 text ({exc.reason})", "save the batch file as UTF-8 JSONL"
-                ) from None
-            if not line:
-                return
-            lineno += 1
-            stripped = line.strip()
-            if stripped and not stripped.startswith("#"):
-                yield lineno, stripped
+    """(1-based line number, stripped text) of every request line (``requests.read_lines``: ``\\n`` ends a line).
+    A pipe or a device is refused: the job reads the file twice (the pre-pass, then the job)."""
+    return read_lines(batch_file(path, "the job reads it twice: save it to a file first"))
 
 
 def _parse(path: Path, lineno: int, text: str, position: int) -> tuple[str, dict[str, Any]]:
     """(id, object) of one request line; InputError naming ``file:line``."""
     where = f"{path}:{lineno}"
     obj = line_object(where, text, _LINE_HINT)
-    rid = obj.get("id", position)
-    if isinstance(rid, bool) or not isinstance(rid, str | int) or not str(rid).strip():
-        raise InputError(f"{where}: id={rid!r} must be a non-empty string or an integer", 'write "id": "cat-1"')
-    return str(rid).strip(), obj
+    return request_id(where, obj, position), obj
 
 
 def iter_items(path: str | Path, default_system: str | None = None) -> Iterator[WorkItem]:
@@ -130,7 +104,7 @@ def _duplicates(path: Path, colliding: set[int]) -> tuple[list[QvlError], frozen
             lines.setdefault(rid, []).append(lineno)
     dups: list[QvlError] = [
         InputError(
-            f"{path}:{at[0]}: id '{rid}' is used again on line{'s' if len(at) > 2 else ''} "
+            f"{path}:{at[0]}: id {shown(rid)} is used again on line{'s' if len(at) > 2 else ''} "
             + ", ".join(map(str, at[1:])),
             "give each request its own id (--resume finds finished requests by id)",
         )
@@ -153,13 +127,12 @@ def check_unique_ids(path: str | Path, done: Container[str] = ()) -> IdCheck:
     colliding = set(seen.repeated())
     del seen
     dups, shared = _duplicates(path, colliding) if colliding else ([], frozenset())
-    problems = sorted(problems + dups, key=_line_of)
-    if problems:
-        more = bad - min(bad, MAX_PROBLEMS)
-        what = f"bad lines in {path}" + (f" ({more} more bad lines not listed)" if more else "")
-        if len(problems) == 1 and not more:
-            raise problems[0]
-        raise InputErrors(problems, what, "correct each line listed; nothing ran")
+    total = bad + len(dups)
+    problems = sorted(problems + dups, key=_line_of)[:MAX_PROBLEMS]
+    if total == 1:
+        raise problems[0]
+    if total:
+        raise InputErrors(problems, f"bad lines in {path}", "correct each line listed; nothing ran", total=total)
     if count == 0:
         raise InputError(f"batch file {path} has no requests", "write one JSON object per line")
     return IdCheck(count, shared, already)

@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 from qwenvl_rbln.commands.common import JsonOpt
-from qwenvl_rbln.commands.serve_cmd import DirArg, PassThrough, _split
+from qwenvl_rbln.commands.serve_cmd import DirArg, PassThrough, _split, unshown
 
 
 def register(app: typer.Typer) -> None:
@@ -73,10 +73,11 @@ def register(app: typer.Typer) -> None:
         """Write the Kubernetes / llm-d manifests for a compiled artifact (a kustomize folder), derived and checked."""
         from qwenvl_rbln.deploy.build import build, report
         from qwenvl_rbln.deploy.options import DeployOptions
-        from qwenvl_rbln.deploy.write import check_out, write_folder
+        from qwenvl_rbln.deploy.write import check_out, working_dir, write_folder
         from qwenvl_rbln.views import render
         from qwenvl_rbln.views.deploy import human
 
+        working_dir()  # a deleted working directory is one line, before any relative path is read
         directory, extra = _split(directory, vllm_args)
         opts = DeployOptions(
             directory=directory, target=target, out=out, replicas=replicas, npu=npu, artifact=artifact, image=image,
@@ -87,7 +88,8 @@ def register(app: typer.Typer) -> None:
         if out is not None and not dry_run:
             check_out(out, force)  # an occupied OUT is refused before the artifact is read
         result = build(opts)
-        for line in result["spec"].pod.warnings:
+        pod = result["spec"].pod
+        for line in pod.warnings if as_json else unshown(pod.warnings, pod.checks):  # `# warn` lines say the rest
             render.warn(line)
         written = None
         if not dry_run:

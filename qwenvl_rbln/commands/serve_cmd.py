@@ -74,6 +74,13 @@ def human(console: Any, d: dict[str, Any]) -> None:
     console.print(shlex.join(d["argv"]), markup=False, highlight=False, soft_wrap=True)
 
 
+def unshown(warnings: list[str], checks: list[dict[str, Any]]) -> list[str]:
+    """The warnings no warning check carries already: a human dry run prints every check as a ``# warn`` line, so a
+    warning that is also a check is said once, there (with --json, stdout is data: stderr still says it)."""
+    said = [str(c.get("detail")) for c in checks if not c.get("ok")]
+    return [line for line in warnings if not any(line in detail for detail in said)]
+
+
 def _run(launch: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> None:
     import os
     import shlex
@@ -82,7 +89,7 @@ def _run(launch: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> N
     from qwenvl_rbln.serving.launch import VLLM_INSTALL_HINT, find_vllm
     from qwenvl_rbln.views import render
 
-    for line in warnings:
+    for line in unshown(warnings, launch.checks) if dry_run and not as_json else warnings:
         render.warn(line)
     if dry_run:
         render.emit(launch.to_dict(), as_json=as_json, human=human)

@@ -7,13 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from qwenvl_rbln import __version__
+from qwenvl_rbln.artifacts.manifest import graph_hash, tree_bytes
 from qwenvl_rbln.deploy import llmd, manifests, sizing, source
 from qwenvl_rbln.deploy.options import K8S_VERSION, DeployOptions, default_name
 from qwenvl_rbln.deploy.pod import POD_HOST, pod_launch
+from qwenvl_rbln.deploy.wheel import build_wheel, wheel_name
 from qwenvl_rbln.deploy.yamltext import Note, dump
 from qwenvl_rbln.serving.options import ServeOptions
 
-PACKAGE = "qwenvl-rbln"
 MODEL_PATH = f"{source.MODEL_ROOT}/artifact"  # vllm serve MODEL_PATH in the pod
 
 
@@ -40,7 +41,7 @@ def spec_for(opts: DeployOptions) -> manifests.Spec:
     pod = pod_launch(_served(opts), MODEL_PATH, plugin=opts.plugin)
     served = pod.argv[pod.argv.index("--served-model-name") + 1]
     name = opts.name or default_name(served)
-    size = sizing.artifact_bytes(pod.art.root)
+    size = tree_bytes(pod.art.root)
     measured, measured_from = sizing.measured_load_s(opts.load_check, pod.art.root)
     volume, mount, init = source.artifact_volume(src, size)
     selector = {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "model-server"}
@@ -75,17 +76,24 @@ def _max_model_len(argv: list[str]) -> int:
 
 
 def containerfile(spec: manifests.Spec) -> str:
+    """Build the serving image from --image plus this qvl, installed from the wheel beside the Containerfile (the
+    build context), never from a package index."""
     opts = spec.opts
+    whl = wheel_name()
     return "\n".join(
         [
             f"# Written by qvl deploy {__version__}. The serving image for {spec.name}: the vllm-rbln image you gave",
             "# (--image) with this qvl version inside, because the video frame cap, ViT packing and the KV-pool guard",
-            "# are qvl's vLLM plugin and run in vLLM's own processes. Build it, push it where the cluster pulls from:",
+            "# are qvl's vLLM plugin and run in vLLM's own processes. Build it in this folder (the build context holds",
+            "# the wheel) and push it where the cluster pulls from:",
             f"#   podman build -t {spec.image} -f Containerfile . && podman push {spec.image}",
             "# (docker build / docker push work the same way). deployment.yaml runs that image.",
             f"FROM {opts.image}",
-            "# --no-deps: vllm-rbln, optimum-rbln, torch and transformers stay exactly as the base image pins them.",
-            f'RUN pip install --no-cache-dir --no-deps "{PACKAGE}=={__version__}"',
+            f"# {whl}: the qvl that wrote this folder, as a wheel (qvl deploy writes it beside this file).",
+            f"COPY {whl} /tmp/{whl}",
+            "# --no-index: nothing is fetched; --no-deps: vllm-rbln, optimum-rbln, torch and transformers stay exactly",
+            "# as the base image pins them.",
+            f"RUN pip install --no-cache-dir --no-deps --no-index /tmp/{whl} && rm /tmp/{whl}",
             "# Fails the build, not the pod, when the plugin cannot load in this image's Python.",
             'RUN python -c "import qwenvl_rbln.vllm_plugin"',
             "",
@@ -107,13 +115,16 @@ def _header(spec: manifests.Spec) -> str:
              "--force replaces this folder."]  # fmt: skip
     n = 1
     if spec.opts.plugin:
-        steps.append(f"{n}. Build and push the serving image {spec.image} (see Containerfile).")
+        steps.append(
+            f"{n}. Build and push the serving image {spec.image} from this folder (see Containerfile; the folder "
+            f"holds the qvl wheel it installs, {wheel_name()})."
+        )
         n += 1
     if not spec.opts.no_auth:
         steps.append(f"{n}. {manifests.create_secret(spec)}")
         n += 1
     else:
-        steps.append(f"{n}. --no-auth: no API key; every client that reaches the Service may call /v1.")
+        steps.append(f"{n}. --no-auth: no API key; every client that reaches the Service may call every route.")
         n += 1
     if spec.opts.target == "llm-d":
         steps.append(f"{n}. helm install the llm-d router with the guide's values and -f llm-d/router.values.yaml.")
@@ -123,13 +134,16 @@ def _header(spec: manifests.Spec) -> str:
 
 
 def build(opts: DeployOptions) -> dict[str, Any]:
-    """The files (relative path -> text) and the report: what was derived, the warnings and the next steps."""
+    """The files (relative path -> text, or bytes for the wheel) and the report: what was derived, the warnings and
+    the next steps."""
     spec = spec_for(opts)
     objects: dict[str, dict[str, Any]] = {"deployment.yaml": manifests.deployment(spec)}
     objects["service.yaml"] = manifests.service(spec)
     if opts.npu == "dra":
         objects["resourceclaimtemplate.yaml"] = manifests.claim_template(spec)
-    files = {path: dump(obj, f"qvl deploy: {obj['kind']} {spec.name}.") for path, obj in objects.items()}
+    files: dict[str, str | bytes] = {
+        path: dump(obj, f"qvl deploy: {obj['kind']} {spec.name}.") for path, obj in objects.items()
+    }
     header = _header(spec)
     if not opts.plugin:
         header += "\n--no-plugin: the image has no qvl, so the plugin's variables are left out. That costs: "
@@ -137,7 +151,8 @@ def build(opts: DeployOptions) -> dict[str, Any]:
     files["kustomization.yaml"] = dump(_kustomization(spec, list(objects)), header)
     extra: dict[str, dict[str, Any]] = {}
     if opts.target == "llm-d":
-        prefill = sizing.prefill_throughput(spec.pod.art.model_config, spec.pod.art.cfg, spec.npu)
+        art = spec.pod.art
+        prefill = sizing.prefill_throughput(art.model_config, art.cfg, spec.npu, graph_hash(art.root, art.manifest))
         select = {k: v for k, v in spec.labels.items() if k.startswith("llm-d.ai/")}
         cited = "Follows llm-d/llm-d " + ", ".join(llmd.GUIDE_FILES) + "."
         extra["llm-d/router.values.yaml"] = llmd.router_values(select, _max_model_len(spec.pod.argv), prefill)
@@ -150,16 +165,18 @@ def build(opts: DeployOptions) -> dict[str, Any]:
         )
     if opts.plugin:
         files["Containerfile"] = containerfile(spec)
+        files[wheel_name()] = build_wheel()
     return {"spec": spec, "objects": objects, "extra": extra, "files": dict(sorted(files.items()))}
 
 
 def report(result: dict[str, Any], out: str | None, *, dry_run: bool) -> dict[str, Any]:
     """What the command prints (``--json``: this document)."""
     spec: manifests.Spec = result["spec"]
-    files = [{"path": p, "bytes": len(t.encode())} for p, t in result["files"].items()]
+    files = [{"path": p, "bytes": len(t if isinstance(t, bytes) else t.encode())} for p, t in result["files"].items()]
     if dry_run:
         for row in files:
-            row["text"] = result["files"][row["path"]]
+            content = result["files"][row["path"]]
+            row["text"] = content if isinstance(content, str) else None  # the wheel: binary, listed by size
     notes = []
     if spec.opts.plugin:
         notes.append(f"build and push {spec.image} from {out or 'OUT'}/Containerfile before applying: "

@@ -27,10 +27,19 @@ GUIDE_FILES = (
 EPP_PORT = 9002  # the endpoint picker's ext-proc port (the router chart's default)
 
 
+# The prefix-cache-affinity-filter's parameters in the guide's router/optimized-baseline.values.yaml, kept as they are
+# (affinityThreshold 0.80: sticky at an 80 % prefix match; maxTTFTPenaltyMs 0: always stick, the TTFT load gate off).
+# Its third, maxTokensInFlightPenalty, is left out: it is not a field of the filter in llm-d/llm-d-router (ebab6879,
+# pkg/epp/framework/plugins/scheduling/filter/prefixcacheaffinity), whose strict decoder refuses an unknown key.
+GUIDE_FILTER = {"affinityThreshold": 0.80, "maxTTFTPenaltyMs": 0}
+DROPPED_FILTER_KEYS = ("maxTokensInFlightPenalty",)
+ROUTER_TTFT_PENALTY_MS = 18000  # the filter's own default for maxTTFTPenaltyMs (its README's Config table)
+
+
 def labels(model_label: str) -> dict[str, str]:
-    """The pod labels the guide's kustomization sets and its router selects on."""
+    """The pod labels the guide's NPU kustomization sets (guide, model, accelerator) and its base recipe's role,
+    exactly those five: qvl's own marks are the app.kubernetes.io labels beside them."""
     return {
-        "llm-d.ai/inference-serving": "true",
         "llm-d.ai/guide": GUIDE,
         "llm-d.ai/model": model_label,
         "llm-d.ai/role": "decode",
@@ -42,7 +51,20 @@ def labels(model_label: str) -> dict[str, str]:
 def router_values(select: dict[str, str], max_model_len: int, prefill: dict[str, Any]) -> dict[str, Any]:
     """Values layered after the guide's router values (``helm install ... -f base -f optimized-baseline.values.yaml
     -f THIS``): the model servers to route to, and the prefix-cache filter sized for this artifact."""
-    params: dict[str, Any] = {}
+    params: dict[str, Any] = {
+        key: Note(
+            value,
+            "The guide's value (router/optimized-baseline.values.yaml)"
+            + (
+                f": the TTFT load gate is off (always stick to the replica holding the prefix), so "
+                f"peakPrefillThroughput below is read only once you set this (the router's default is "
+                f"{ROUTER_TTFT_PENALTY_MS} ms: leave a sticky replica whose queue makes its TTFT that much longer)."
+                if key == "maxTTFTPenaltyMs"
+                else "."
+            ),
+        )
+        for key, value in GUIDE_FILTER.items()
+    }
     if prefill.get("tokens_per_s"):
         why = (
             f"Measured by `qvl profile` on the NPU ({prefill['label']}): one replica's first {prefill['chunk']}-token "
@@ -55,7 +77,16 @@ def router_values(select: dict[str, str], max_model_len: int, prefill: dict[str,
             "guide's guides/recipes/router/calibration, and replace this number."
         )
         params["peakPrefillThroughput"] = Note(prefill["tokens_per_s"], why)
-    why_missing = "" if params else f" No prefill estimate: {prefill.get('reason')}; the filter keeps its default."
+    why_missing = (
+        ""
+        if "peakPrefillThroughput" in params
+        else f" No prefill estimate: {prefill.get('reason')}; the filter keeps its default peakPrefillThroughput."
+    )
+    dropped = (
+        f" The filter's parameters are the guide's, except {', '.join(DROPPED_FILTER_KEYS)}, left out: it is not a "
+        "field of the prefix-cache-affinity-filter in llm-d-router, whose strict decoder would refuse the file; and "
+        "peakPrefillThroughput, this artifact's own."
+    )
     config = {
         "apiVersion": "llm-d.ai/v1alpha1",
         "kind": "EndpointPickerConfig",
@@ -63,9 +94,7 @@ def router_values(select: dict[str, str], max_model_len: int, prefill: dict[str,
             {"type": "token-load-scorer"},
             {"type": "inflight-load-producer"},
             {"type": "approx-prefix-cache-producer", "parameters": {"maxPrefixTokensToMatch": max_model_len}},
-            {"type": "prefix-cache-affinity-filter", "parameters": params}
-            if params
-            else {"type": "prefix-cache-affinity-filter"},
+            {"type": "prefix-cache-affinity-filter", "parameters": params},
         ],
         "schedulingProfiles": [
             {
@@ -78,7 +107,8 @@ def router_values(select: dict[str, str], max_model_len: int, prefill: dict[str,
 
     text = dump(
         config,
-        f"maxPrefixTokensToMatch is the --max-model-len the model servers run with ({max_model_len}).{why_missing}",
+        f"maxPrefixTokensToMatch is the --max-model-len the model servers run with ({max_model_len}).{why_missing}"
+        f"{dropped}",
     )
     return {
         "router": {
@@ -86,9 +116,10 @@ def router_values(select: dict[str, str], max_model_len: int, prefill: dict[str,
                 "pluginsConfigFile": "optimized-baseline-plugins.yaml",
                 "pluginsCustomConfig": Note(
                     {"optimized-baseline-plugins.yaml": text},
-                    "The guide's plugin set (router/optimized-baseline.values.yaml) with this artifact's numbers. If "
-                    "the replicas report no prefix-cache hits (vllm-rbln may run without vLLM's prefix cache), drop "
-                    "the filter as router/npu.rbln.values.yaml does and keep the token-load-scorer.",
+                    "The guide's plugin set and filter parameters (router/optimized-baseline.values.yaml) with this "
+                    "artifact's numbers; the file below says what differs from the guide and why. If the replicas "
+                    "report no prefix-cache hits (vllm-rbln may run without vLLM's prefix cache), drop the filter as "
+                    "router/npu.rbln.values.yaml does and keep the token-load-scorer.",
                 ),
             },
             "modelServers": Note(

@@ -12,13 +12,21 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from qwenvl_rbln.deploy.options import DEVICE_CLASS, DEVICE_RESOURCE, PORT, DeployOptions
+from qwenvl_rbln.deploy.options import DEVICE_CLASS, DEVICE_RESOURCE, DEVICE_RESOURCE_NOTE, PORT, DeployOptions
 from qwenvl_rbln.deploy.pod import PodLaunch, api_key_env
 from qwenvl_rbln.deploy.sizing import CACHE_GIB, PROBE_DELAY_S, PROBE_PERIOD_S, PULL_S, SHM_GIB
 from qwenvl_rbln.deploy.yamltext import Note
 
 CACHE_ROOT = "/cache/vllm"
-HEALTH = "/health"  # vLLM answers it without the API key (the key guards /v1 only)
+HEALTH = "/health"  # one of vLLM's public routes: it answers without the API key
+# What vLLM's API key guards (vllm-project/vllm: the route-derived AuthenticationMiddleware of the vLLM that
+# vllm-rbln pins, with its PUBLIC_ENDPOINTS list; up to vLLM 0.14 the middleware checked paths under /v1 only).
+PUBLIC_ROUTES = "/health, /ping, /load, /version, /metrics, /docs"
+KEY_GUARDS = (
+    f"every route except vLLM's public ones ({PUBLIC_ROUTES} and the like, which answer anyone without it); "
+    "vLLM 0.14 and older guarded only /v1"
+)
+ENGINE_READY_ENV = "VLLM_ENGINE_READY_TIMEOUT_S"  # vLLM's wait for its engine to load (default 600 s)
 
 
 @dataclass
@@ -94,11 +102,20 @@ def _env(spec: Spec) -> list:
             "vLLM's cache (and vllm-rbln's compiled_models) on the cache volume, not the read-only artifact.",
         )
     )
+    window = spec.budget["window_s"]
+    env.append(
+        Note(
+            {"name": ENGINE_READY_ENV, "value": str(window)},
+            f"How long vLLM waits for its engine to load the model and create the runtimes before it gives up (its "
+            f"default, 600 s, is shorter than a slow load): the startup probe's whole window ({window} s), so the "
+            "probe, sized from the load below, is what decides.",
+        )
+    )
     if not spec.opts.no_auth:
         env.append(
             Note(
                 api_key_env(spec.secret),
-                f"vLLM requires this key on /v1 when set. It comes from the Secret {spec.secret} (key api-key), which "
+                f"vLLM requires this key on {KEY_GUARDS}. It comes from the Secret {spec.secret} (key api-key), which "
                 f"you create; no key is ever written here: {create_secret(spec)}",
             )
         )
@@ -119,8 +136,9 @@ def _resources(spec: Spec) -> Any:
     out: dict[str, Any] = {"requests": requests, "limits": limits}
     n = spec.pod.devices
     if spec.opts.npu == "device-plugin":
-        why = f"{n} NPU(s) from Rebellions' device plugin (resource {DEVICE_RESOURCE}); extended resources need " + (
-            "the same request and limit."
+        why = (
+            f"{n} NPU(s) from Rebellions' device plugin, as the resource {DEVICE_RESOURCE} (extended resources need "
+            f"the same request and limit). {DEVICE_RESOURCE_NOTE}"
         )
         requests[DEVICE_RESOURCE] = Note(n, why)
         limits[DEVICE_RESOURCE] = n
@@ -210,7 +228,7 @@ def service(spec: Spec) -> dict[str, Any]:
     why = (
         "ClusterIP: reachable inside the cluster only (a gateway, llm-d's router or a port-forward in front)."
         if kind == "ClusterIP"
-        else f"{kind}, as asked (--service-type): reachable from outside the cluster; the API key guards /v1."
+        else f"{kind}, as asked (--service-type): reachable from outside the cluster; the API key guards {KEY_GUARDS}."
     )
     return {
         "apiVersion": "v1",

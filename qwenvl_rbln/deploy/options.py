@@ -13,10 +13,25 @@ NPU_MODES = ("dra", "device-plugin")
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 K8S_VERSION = "1.34"  # the oldest Kubernetes where DRA's resource.k8s.io/v1 is GA: what the manifests target
 DEVICE_CLASS = "npu.rebellions.ai"  # Rebellions' DRA DeviceClass (one for every product)
-DEVICE_RESOURCE = "rebellions.ai/npu"  # the device plugin's generic resource name (the default since v0.4.0)
+DEVICE_RESOURCE = "rebellions.ai/npu"  # the device plugin's generic resource name (RBLN-SW/k8s-device-plugin)
+LEGACY_RESOURCE = "rebellions.ai/REBEL"  # what a plugin without --use-generic-resource-name exposes for Rebel100
+DEVICE_RESOURCE_NOTE = (
+    f"The plugin exposes {DEVICE_RESOURCE} when it runs with --use-generic-resource-name (its Helm chart sets "
+    f"useGenericResourceName: true; the NPU operator ships it so from device plugin v0.4.2). A plugin without that "
+    f"flag (its binary default in older releases, or an older NPU operator such as one shipping v0.3.x) exposes the "
+    f"per-product {LEGACY_RESOURCE} instead, and a pod asking for {DEVICE_RESOURCE} never schedules: "
+    f"`kubectl describe node` lists which one your nodes have; if it is {LEGACY_RESOURCE}, write that name here "
+    "(request and limit) or turn the flag on."
+)
 PORT = 8000  # vLLM's default, and the port llm-d's InferencePool targets
-_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # a DNS-1035 label: what a Service name must be
 MAX_NAME = 40  # room for the suffixes (-npu, -api-key) and the ReplicaSet and pod hashes under 63
+# Kubernetes' own rules (apimachinery's validation): a namespace is a DNS-1123 label (63 characters, may start with a
+# digit); a PersistentVolumeClaim or a Secret name is a DNS-1123 subdomain (253 characters, dots between labels).
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+MAX_LABEL = 63
+MAX_SUBDOMAIN = 253
 
 
 @dataclass
@@ -51,11 +66,23 @@ class DeployOptions:
             raise InputError(f"--replicas {self.replicas}: at least one replica", "pass --replicas 1 or more")
         if self.out is None and not self.dry_run:
             raise InputError("no output folder", "pass -o OUT (the kustomize folder to write), or --dry-run")
-        for flag, value in (("--name", self.name), ("--namespace", self.namespace)):
-            if value is not None:
-                check_name(flag, value)
+        if self.name is not None:
+            check_name("--name", self.name)
+        if self.namespace is not None:
+            check_namespace(self.namespace)
         if self.api_key_secret is not None:
-            check_name("--api-key-secret", self.api_key_secret)
+            if self.no_auth:
+                raise InputError(
+                    f"conflicting flags: --api-key-secret {self.api_key_secret} names the Secret that holds the API "
+                    "key, and --no-auth serves without one",
+                    "drop --no-auth (the pods then require the key from that Secret), or drop --api-key-secret",
+                )
+            check_subdomain(
+                "--api-key-secret",
+                self.api_key_secret,
+                "a Secret",
+                "pass the Secret's name as `kubectl get secrets` lists it",
+            )
 
 
 def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -69,6 +96,27 @@ def check_name(flag: str, value: str) -> str:
             f"{flag} {value!r}: not a Kubernetes name (lowercase letters, digits and '-', starting with a letter, "
             f"at most {MAX_NAME} characters here)",
             f"pass e.g. {flag} qwen3-vl-2b",
+        )
+    return value
+
+
+def check_namespace(value: str) -> str:
+    if not DNS_LABEL.fullmatch(value) or len(value) > MAX_LABEL:
+        raise InputError(
+            f"--namespace {value!r}: not a Kubernetes namespace name (a DNS-1123 label: lowercase letters, digits "
+            f"and '-', starting and ending with a letter or digit, at most {MAX_LABEL} characters)",
+            "pass the namespace as `kubectl get namespaces` lists it, e.g. --namespace serving",
+        )
+    return value
+
+
+def check_subdomain(flag: str, value: str, what: str, fix: str) -> str:
+    """A PersistentVolumeClaim or Secret name: Kubernetes' DNS-1123 subdomain (dots allowed between labels)."""
+    if not DNS_SUBDOMAIN.fullmatch(value) or len(value) > MAX_SUBDOMAIN:
+        raise InputError(
+            f"{flag} {value!r}: not {what} name (a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', "
+            f"starting and ending with a letter or digit, at most {MAX_SUBDOMAIN} characters)",
+            fix,
         )
     return value
 

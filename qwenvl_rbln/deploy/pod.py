@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from qwenvl_rbln.deploy.options import PORT
+from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.serving.options import (
     API_KEY_ENV,
     FRAME_CAP_ENV,
@@ -57,10 +59,41 @@ def pod_numbering(where: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# Pass-through flags a pod cannot take, with deploy's own fix (serve's would name serve's options): checked before
+# serve's pass-through check, which refuses the same flags with serve's wording.
+DEPLOY_OWNED = {
+    "--api-key": "the pods read the key from a Secret: create it and pass --api-key-secret NAME (key api-key; "
+    "default NAME-api-key), so no key is ever written into a manifest",
+    "--host": "drop it: the pod listens on 0.0.0.0, where its Service and probes reach it (who may call is the "
+    "Service's --service-type and the API key)",
+    "--port": f"drop it: the container listens on {PORT}, the port the Service, the probes and llm-d's InferencePool "
+    "target; clients use the Service's address",
+    "--served-model-name": "use qvl deploy --served-model-name instead",
+    "--rbln-optimum-overrides": "drop it: the placement comes from the artifact, renumbered as the pod sees its "
+    "claimed NPUs",
+    "--model": "pass the artifact as qvl deploy DIR (the pod mounts it with --artifact)",
+}
+
+
+def check_deploy_flags(extra: list[str]) -> None:
+    """Refuse pass-through flags that qvl deploy sets for the pod, with deploy's fix; nothing is written."""
+    from qwenvl_rbln.serving.flags import parse_flags
+
+    for flag, value, _, _ in parse_flags(extra):
+        base = flag.split(".", 1)[0]
+        if base in DEPLOY_OWNED:
+            value = "<hidden>" if base == "--api-key" and value is not None else value
+            shown = flag if value is None else f"{flag} {value}"
+            raise InputError(
+                f"pass-through flag `{shown}` is set by qvl deploy; nothing was written", DEPLOY_OWNED[base]
+            )
+
+
 def pod_launch(opts: ServeOptions, model_path: str, *, plugin: bool) -> PodLaunch:
     """``qvl serve --dry-run``'s launch for ``opts`` (host 0.0.0.0), renumbered and moved into the pod."""
     from qwenvl_rbln.serving.command import checked_launch
 
+    check_deploy_flags(list(opts.extra))
     art, launch, warnings = checked_launch(opts, {}, command="deploy", remap=pod_numbering)
     argv = [model_path if i == 2 else a for i, a in enumerate(launch.argv)]  # vllm serve DIR ...
     env = {k: v for k, v in launch.env.items() if v is not None}
@@ -79,14 +112,18 @@ PLUGIN_CHECKS = {"video frame cap": 0, "video cap": 0, "vit packing": 1}  # chec
 
 
 def _without_plugin(checks: list[dict[str, Any]], costs: list[str]) -> list[dict[str, Any]]:
-    """Serve's checks with the plugin's own ones turned into what --no-plugin costs (a warning, never "ok")."""
+    """Serve's checks with the plugin's own ones turned into what --no-plugin costs (a warning, never "ok"): one
+    warning per cost, however many of serve's checks it replaces (the frame cap and the processor's video cap are
+    one cause)."""
     out: list[dict[str, Any]] = []
+    said: set[int] = set()
     for check in checks:
-        if check["check"] in PLUGIN_CHECKS:
-            detail = f"off (--no-plugin: the image has no qvl): {costs[PLUGIN_CHECKS[check['check']]]}"
-            warn(out, check["check"], detail)
-        else:
+        cost = PLUGIN_CHECKS.get(check["check"])
+        if cost is None:
             out.append(check)
+        elif cost not in said:
+            said.add(cost)
+            warn(out, check["check"], f"off (--no-plugin: the image has no qvl): {costs[cost]}")
     if len(costs) > 2:
         warn(out, "pool guard", f"off (--no-plugin): {costs[2]}")
     return out

@@ -7,9 +7,7 @@ creation took); the rest are estimates and are labelled so in every comment that
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -26,39 +24,6 @@ CACHE_GIB = 20  # vLLM's cache root (compiled graphs vllm-rbln writes, torch.com
 BASE_HOST_GIB = 6  # the API server and the engine core (Python, torch, transformers, the tokenizer and processor)
 
 
-def artifact_bytes(root: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            try:
-                total += (Path(dirpath) / name).stat().st_size
-            except OSError:
-                continue
-    return total
-
-
-def read_load_check(path: Path) -> float:
-    """The measured load time from ``qvl load-check DIR --json``: the runtime creation on a real NPU only."""
-    from qwenvl_rbln.paths import user_path
-
-    path = user_path(path, "--load-check")
-    fix = "run `qvl load-check DIR --json > load-check.json` on the NPU host (without --no-runtime) and pass that file"
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"--load-check {path}: not a readable JSON report ({exc})", fix) from None
-    runtime = report.get("runtime") if isinstance(report, dict) else None
-    if not isinstance(runtime, dict):
-        raise InputError(f"--load-check {path}: no 'runtime' section (not a `qvl load-check --json` report)", fix)
-    if report.get("emulated"):
-        raise InputError(f"--load-check {path}: the load ran on the emulator, not an NPU (no load time to use)", fix)
-    seconds = runtime.get("seconds")
-    if runtime.get("ok") is not True or not runtime.get("create_runtimes") or not isinstance(seconds, int | float):
-        why = runtime.get("reason") or runtime.get("error") or "no runtime was created"
-        raise InputError(f"--load-check {path}: the report has no measured load ({why})", fix)
-    return float(seconds)
-
-
 def _round_up(seconds: float, step: int = 60) -> int:
     return int(math.ceil(seconds / step) * step)
 
@@ -67,7 +32,9 @@ def measured_load_s(load_check: Path | None, artifact: Path) -> tuple[float | No
     """(seconds, where it came from): the --load-check report when given, else the load ``qvl load-check``
     recorded for this artifact's graphs on this machine ($QVL_HOME/load-times.json), else (None, "")."""
     if load_check is not None:
-        return read_load_check(load_check), f"the report {load_check}"
+        from qwenvl_rbln.deploy.load_report import read_load_check
+
+        return read_load_check(load_check, artifact), f"the report {load_check}"
     from qwenvl_rbln.artifacts.load_times import measured_load
 
     entry = measured_load(artifact)
@@ -96,13 +63,15 @@ def load_budget(measured_s: float | None, size_bytes: int, source: str = "") -> 
             "compiles. Pass --load-check with `qvl load-check --json` from the NPU host to size it from a measurement."
         )
     threshold = math.ceil((budget - PROBE_DELAY_S) / PROBE_PERIOD_S)
+    window = PROBE_DELAY_S + threshold * PROBE_PERIOD_S  # from the container's start until the probe gives up
     return {
         "budget_s": budget,
         "measured_s": measured_s,
         "measured_from": source or None,
         "why": why,
         "failure_threshold": threshold,
-        "progress_deadline_s": PROBE_DELAY_S + threshold * PROBE_PERIOD_S + PULL_S,
+        "window_s": window,
+        "progress_deadline_s": window + PULL_S,
     }
 
 
@@ -130,10 +99,13 @@ def host_resources(cfg: dict[str, Any], size_bytes: int) -> dict[str, Any]:
     }
 
 
-def prefill_throughput(model_config: dict[str, Any], cfg: dict[str, Any], npu: str | None) -> dict[str, Any]:
+def prefill_throughput(
+    model_config: dict[str, Any], cfg: dict[str, Any], npu: str | None, graph_hash: str | None = None
+) -> dict[str, Any]:
     """Peak prefill tokens/s of one replica, the first prefill chunk (where the fewest tokens are attended to), from
     ``qvl tune``'s cost model: the chunk ``qvl profile`` measured on this NPU when timings.json has it (real NPU
-    entries only), else the roofline bound. ``measured`` says which."""
+    entries of this artifact only, by ``graph_hash``), else the roofline bound. ``measured`` says which. A timings
+    file that cannot be used (a value no graph call can have) gives no figure, with the reason, as a missing one."""
     from qwenvl_rbln.memory.calibration import model_key, prefill_key
     from qwenvl_rbln.planning.catalogue.devices import compute_spec
     from qwenvl_rbln.planning.catalogue.modelinfo import geometry_from_config
@@ -143,13 +115,14 @@ def prefill_throughput(model_config: dict[str, Any], cfg: dict[str, Any], npu: s
     try:
         compute = compute_spec(npu or "")
         geometry = geometry_from_config(model_config, "artifact", "config.json")
-        measured = load_measured(model_key(geometry), compute.sku)
+        measured = load_measured(model_key(geometry), compute.sku, graph_hash=graph_hash)
+        chunk = cfg.get("prefill_chunk_size") if type(cfg.get("prefill_chunk_size")) is int else 128
+        # the calibration key's block, as qvl profile writes it (profiling.graphs.Shapes.block)
+        block = next((v for v in (cfg.get("kvcache_partition_len"), cfg.get("max_seq_len")) if type(v) is int), 0)
+        roof = MeasuredRoofline(geometry, compute, chunk=chunk, measured=measured)
+        seconds = roof.prefill_chunk(0, block)
     except InputError as exc:
         return {"tokens_per_s": None, "label": None, "reason": exc.message}
-    chunk = cfg.get("prefill_chunk_size") if type(cfg.get("prefill_chunk_size")) is int else 128
-    block = cfg.get("kvcache_block_size") if type(cfg.get("kvcache_block_size")) is int else cfg.get("max_seq_len", 0)
-    roof = MeasuredRoofline(geometry, compute, chunk=chunk, measured=measured)
-    seconds = roof.prefill_chunk(0, block)
     source = roof.sources.get(prefill_key(chunk, block), ROOFLINE)
     is_measured = source != ROOFLINE
     label = source if is_measured else roof.label()

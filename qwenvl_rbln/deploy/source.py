@@ -11,13 +11,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from qwenvl_rbln.deploy.options import check_subdomain
 from qwenvl_rbln.deploy.yamltext import Note
 from qwenvl_rbln.errors import InputError
 
 MODEL_ROOT = "/models"  # the artifact appears in the pod at /models/artifact
 ARTIFACT_IN_IMAGE = "/artifact"  # where an --artifact image:REF holds the artifact
 ARTIFACT_FIX = "pass --artifact pvc:CLAIM[/SUBPATH], hostpath:/ABS/PATH or image:REF"
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]*")
 
 
@@ -34,16 +34,18 @@ class ArtifactSource:
 def parse_artifact(value: str | None) -> ArtifactSource:
     """``--artifact``: one of the three forms, each checked so kubectl never sees a malformed name."""
     if not value or ":" not in value:
-        raise InputError(f"--artifact {value!r}: say where the pods find the compiled artifact", ARTIFACT_FIX)
+        given = f"--artifact {value!r}" if value else "no --artifact"  # never Python's None in a message
+        raise InputError(f"{given}: say where the pods find the compiled artifact", ARTIFACT_FIX)
     kind, _, rest = value.partition(":")
     if kind == "pvc":
         claim, _, sub = rest.partition("/")
         sub = sub.strip("/")
-        if not _DNS_LABEL.fullmatch(claim) or len(claim) > 253:
-            raise InputError(
-                f"--artifact {value}: {claim!r} is not a PersistentVolumeClaim name (lowercase letters, digits, '-')",
-                "pass the claim's name as `kubectl get pvc` lists it, e.g. --artifact pvc:qwen3-vl/rebel100-1npu",
-            )
+        check_subdomain(
+            f"--artifact {value}: claim",
+            claim,
+            "a PersistentVolumeClaim",
+            "pass the claim's name as `kubectl get pvc` lists it, e.g. --artifact pvc:qwen3-vl/rebel100-1npu",
+        )
         if ".." in sub.split("/"):
             raise InputError(f"--artifact {value}: the sub-path may not contain '..'", "name a folder inside the claim")
         return ArtifactSource("pvc", claim, sub)
@@ -64,7 +66,7 @@ def parse_artifact(value: str | None) -> ArtifactSource:
 def check_image(value: str | None, flag: str) -> str:
     if not value or not _REF.fullmatch(value):
         raise InputError(
-            f"{flag} {value!r}: not an image reference",
+            f"{flag} {value!r}: not an image reference" if value is not None else f"no {flag}: the image is required",
             f"pass {flag} REGISTRY/REPO:TAG (the vllm-rbln serving image your cluster pulls)",
         )
     return value

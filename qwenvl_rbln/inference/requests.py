@@ -9,7 +9,9 @@ A batch file holds one JSON object per line::
 Keys: ``prompt`` (string), ``images`` (list of paths, or ``image``: one path), ``videos`` (list, or
 ``video``: one path), ``system`` (string), ``id`` (string or integer; default: the request's 1-based
 position). Relative paths are resolved against the batch file's directory. Blank lines and lines
-starting with ``#`` are skipped. Every problem names ``file:line`` and the key.
+starting with ``#`` are skipped. Lines end at ``\\n`` only (a CR before it is stripped; a lone CR is JSON
+whitespace, not a line break), and a UTF-8 byte-order mark is read as one. Every problem names ``file:line``
+and the key; a value is quoted as ``shown`` spells it (never a raw control character, never a screenful).
 
 Nothing here imports torch: media are probed header-only (``media.probe_image`` / ``probe_video``),
 so a missing or damaged file fails in milliseconds, before a model is loaded (nothing half-done).
@@ -18,6 +20,8 @@ so a missing or damaged file fails in milliseconds, before a model is loaded (no
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,18 +95,60 @@ def from_flags(
     ]
 
 
+SHOWN_CHARS = 80  # a value quoted in a message is cut here (a line may hold a megabyte)
+
+
+def shown(value: Any) -> str:
+    """A value of a batch-file line as a message quotes it: a string as Python writes it (``'cat-1'``, a control
+    character escaped: ``'a\\x1b[31m'``, so an id never recolours the terminal), anything else in JSON spelling
+    (``null``, ``true``, ``[1]``), cut at ``SHOWN_CHARS``."""
+    if isinstance(value, str):
+        text = repr(value)
+    else:
+        try:
+            text = json.dumps(value, ensure_ascii=True)
+        except (ValueError, TypeError, RecursionError):
+            text = f"<{type(value).__name__}>"
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+
+
 def _paths(where: str, key: str, value: Any, base: Path) -> list[Path]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not all(isinstance(v, str) and v.strip() for v in items):
         raise InputError(
-            f"{where}: {key}={value!r} must be a path or a list of paths",
+            f"{where}: {key}={shown(value)} must be a path or a list of paths",
             f'write "{key}": ["a.jpg", "b.png"]' if key.endswith("s") else f'write "{key}": "file"',
         )
     out = []
+    fix = f'list the {"video" if key.startswith("video") else "image"} files themselves under "{key}"'
     for v in items:
         p = user_path(v, f"{where}: {key}")
-        out.append(p if p.is_absolute() else base / p)
+        p = p if p.is_absolute() else base / p
+        try:
+            directory = p.is_dir()
+        except OSError as exc:  # a name too long for the filesystem: a value of the line, as the directory below
+            raise InputError(f"{where}: {key}: {shown(v)} is not a usable path ({exc.strerror})", fix) from None
+        if directory:  # a value of the line, not a damaged file: said here, before any probe
+            raise InputError(f"{where}: {key}: {shown(v)} is a directory, not a file", fix)
+        out.append(p)
     return out
+
+
+def request_id(where: str, obj: dict[str, Any], position: int) -> str:
+    """The one id rule of a batch-file line: its ``"id"`` (a string, or an integer as a string), else its 1-based
+    ``position`` among the request lines; InputError naming ``where`` for any other value."""
+    rid = obj.get("id", position)
+    if isinstance(rid, bool) or not isinstance(rid, str | int) or not str(rid).strip():
+        raise InputError(f"{where}: id={shown(rid)} must be a non-empty string or an integer", 'write "id": "cat-1"')
+    text = str(rid).strip()
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone \ud800-\udfff escape: JSON allows it, no text holds it
+        raise InputError(
+            f"{where}: id {shown(text)} is not valid Unicode (a lone surrogate {shown(text[exc.start])[1:-1]})",
+            "write the id as plain text (a \\ud800-\\udfff escape is only valid as the first of a pair)",
+        ) from None
+    return text
 
 
 def _one(where: str, obj: dict[str, Any], base: Path, position: int, default_system: str | None) -> Request:
@@ -112,23 +158,21 @@ def _one(where: str, obj: dict[str, Any], base: Path, position: int, default_sys
         if key not in ALLOWED_KEYS:
             near = closest(str(key), list(ALLOWED_KEYS))
             hint = f"did you mean '{near}'?" if near else f"use only {', '.join(ALLOWED_KEYS)}"
-            raise InputError(f"{where}: unknown key '{key}'", hint)
+            raise InputError(f"{where}: unknown key {shown(str(key))}", hint)
     prompt = obj.get("prompt", "")
     if not isinstance(prompt, str):
-        raise InputError(f"{where}: prompt={prompt!r} must be a string", 'write "prompt": "Describe this image."')
+        raise InputError(f"{where}: prompt={shown(prompt)} must be a string", 'write "prompt": "Describe this image."')
     system = obj.get("system", default_system)
     if system is not None and not isinstance(system, str):
-        raise InputError(f"{where}: system={system!r} must be a string", 'write "system": "You are ..."')
-    rid = obj.get("id", str(position))
-    if isinstance(rid, bool) or not isinstance(rid, str | int) or not str(rid).strip():
-        raise InputError(f"{where}: id={rid!r} must be a non-empty string or an integer", 'write "id": "cat-1"')
+        raise InputError(f"{where}: system={shown(system)} must be a string", 'write "system": "You are ..."')
+    rid = request_id(where, obj, position)
     for single, plural in (("image", "images"), ("video", "videos")):
         if single in obj and plural in obj:
             raise InputError(f"{where}: both '{single}' and '{plural}' are given", f"list every file under '{plural}'")
     images = _paths(where, "image" if "image" in obj else "images", obj.get("image", obj.get("images", [])), base)
     videos = _paths(where, "video" if "video" in obj else "videos", obj.get("video", obj.get("videos", [])), base)
     return Request(
-        id=str(rid).strip(),
+        id=rid,
         prompt=prompt.strip(),
         system=(system or "").strip() or None,
         images=images,
@@ -140,15 +184,72 @@ def _one(where: str, obj: dict[str, Any], base: Path, position: int, default_sys
 _LINE_HINT = 'one JSON object per line, e.g. {"prompt": "Describe.", "images": ["a.jpg"]}'
 
 
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "true/false"}
+
+
 def line_object(where: str, text: str, hint: str = _LINE_HINT) -> dict[str, Any]:
-    """The JSON object on one batch-file line (``where`` is ``file:line``); InputError naming it otherwise."""
+    """The JSON object on one batch-file line (``where`` is ``file:line``); InputError naming it otherwise, for
+    every text (a number past Python's digit limit and nesting past its depth limit included)."""
     try:
         obj = json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})", hint) from None
+    except ValueError:  # int(): a number longer than Python converts
+        raise InputError(
+            f"{where}: a number with more than {sys.get_int_max_str_digits()} digits, more than qvl reads", hint
+        ) from None
+    except RecursionError:
+        raise InputError(
+            f"{where}: arrays/objects nested too deeply (about 1000 levels) for qvl to read", hint
+        ) from None
     if not isinstance(obj, dict):
-        raise InputError(f"{where}: expected a JSON object, got {type(obj).__name__}", hint)
+        kind = "null" if obj is None else _JSON_TYPES.get(type(obj), type(obj).__name__)
+        raise InputError(f"{where}: expected a JSON object, got {kind}", hint)
     return obj
+
+
+def batch_file(path: Path, why: str) -> Path:
+    """``path`` if it is a regular file; InputError otherwise (``why``: why a pipe or a device will not do)."""
+    if path.is_file():
+        return path
+    if path.is_dir():
+        what = "is a directory"
+    elif path.exists():
+        what = f"is not a regular file ({why})"
+    else:
+        what = "does not exist"
+    raise InputError(f"batch file {path} {what}", "pass a JSONL file with one request per line")
+
+
+def read_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(1-based line number, stripped text) of every request line of a batch file, read as it is consumed.
+
+    Lines end at ``\\n`` only, as ``wc -l`` and editors count them (a lone CR is JSON whitespace inside a line);
+    a byte-order mark (Notepad, PowerShell 5) is skipped; blank lines and ``#`` comments are not requests."""
+    try:
+        fh = path.open("rb")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror})", "check the file permissions") from None
+    with fh:
+        lineno = 0
+        while True:
+            try:
+                raw = fh.readline()
+            except OSError as exc:
+                raise InputError(f"{path}:{lineno + 1}: cannot be read ({exc.strerror})", "check the disk") from None
+            if not raw:
+                return
+            lineno += 1
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(
+                    f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start} of the line)",
+                    "save the batch file as UTF-8 JSONL",
+                ) from None
+            stripped = text.lstrip("\ufeff").strip()
+            if stripped and not stripped.startswith("#"):
+                yield lineno, stripped
 
 
 def _line_request(
@@ -158,7 +259,9 @@ def _line_request(
     obj = line_object(where, text)
     req = _one(where, obj, base, position, default_system)
     if req.id in seen:
-        raise InputError(f"{where}: id '{req.id}' was already used at {seen[req.id]}", "give each request its own id")
+        raise InputError(
+            f"{where}: id {shown(req.id)} was already used at {seen[req.id]}", "give each request its own id"
+        )
     seen[req.id] = where
     return req
 
@@ -170,28 +273,12 @@ def parse_batch_file(
 
     Every bad line is reported, not only the first: raised together, or appended to ``problems`` (then the
     good lines are returned, for the caller to check further and report everything at once)."""
-    path = user_path(path, "batch file")
-    if not path.is_file():
-        what = "is a directory" if path.is_dir() else "does not exist"
-        raise InputError(f"batch file {path} {what}", "pass a JSONL file with one request per line")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(
-            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})", "save it as UTF-8 JSONL"
-        ) from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot be read ({exc.strerror})", "check the file permissions") from None
+    path = batch_file(user_path(path, "batch file"), "a pipe or a device: save it to a file first")
     base = path.parent
     requests: list[Request] = []
     seen: dict[str, str] = {}
     bad: list[InputError] = []  # every bad line, reported together
-    position = 0
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        position += 1
+    for position, (lineno, stripped) in enumerate(read_lines(path), start=1):
         try:
             req = _line_request(f"{path}:{lineno}", stripped, base, position, default_system, seen)
         except InputError as exc:

@@ -493,11 +493,14 @@ def _run_and_judge(
 
 
 def _record_load(root: Path, runtime: dict[str, Any]) -> None:
-    """Keep the measured load (``qvl deploy`` sizes its startup probe from it); a damaged file is only a note."""
+    """Keep the measured load (``qvl deploy`` sizes its startup probe from it); a damaged file is only a note. The
+    report carries the graphs' hash beside the seconds, so ``qvl deploy --load-check`` uses it for these graphs only."""
     from qwenvl_rbln.artifacts.load_times import record_load
+    from qwenvl_rbln.artifacts.manifest import graph_hash, read_manifest
 
     try:
-        where = record_load(root, runtime["seconds"])
+        runtime["graph_hash"] = graph_hash(root, read_manifest(root))
+        where = record_load(root, runtime["seconds"], key=runtime["graph_hash"])
         runtime["recorded"] = str(where)
     except (QvlError, OSError) as exc:
         runtime["recorded"] = None

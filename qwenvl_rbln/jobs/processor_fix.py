@@ -229,14 +229,24 @@ def _backup_name(root: Path, name: str) -> str:
     return candidate
 
 
-def _key_changes(before: Any, after: Any, prefix: str = "") -> dict[str, list[Any]]:
-    """``{dotted.key: [old, new]}`` for every key whose value differs."""
+_ABSENT = object()  # a key the old file did not have (not the same as a key set to null)
+
+
+def _key_changes(before: Any, after: Any, prefix: str = "") -> tuple[dict[str, list[Any]], list[str]]:
+    """(``{dotted.key: [old, new]}`` for every key whose value differs, the keys the old file did not have; their
+    old value is null in the first)."""
     if isinstance(before, dict) and isinstance(after, dict):
         out: dict[str, list[Any]] = {}
+        added: list[str] = []
         for key in after:
-            out.update(_key_changes(before.get(key), after[key], f"{prefix}{key}."))
-        return out
-    return {} if before == after else {prefix.rstrip("."): [before, after]}
+            changed, new_keys = _key_changes(before.get(key, _ABSENT), after[key], f"{prefix}{key}.")
+            out.update(changed)
+            added += new_keys
+        return out, added
+    key = prefix.rstrip(".")
+    if before is _ABSENT:
+        return {key: [None, after]}, [key]
+    return ({}, []) if before == after else ({key: [before, after]}, [])
 
 
 def plan_fix(root: Path) -> dict[str, Any]:
@@ -260,9 +270,10 @@ def plan_fix(root: Path) -> dict[str, Any]:
     if warnings:
         written, changed = edited(root, caps)
         for name, data in changed.items():
-            keys = _key_changes(read_json_quiet(root / name) or {}, data)
+            keys, added = _key_changes(read_json_quiet(root / name) or {}, data)
             if keys:
-                files.append({"file": name, "backup": _backup_name(root, name), "keys": keys, "data": data})
+                entry = {"file": name, "backup": _backup_name(root, name), "keys": keys, "added": added}
+                files.append({**entry, "data": data})
     return {
         "artifact_dir": str(root),
         "caps": caps,
@@ -275,7 +286,8 @@ def plan_fix(root: Path) -> dict[str, Any]:
 
 def _new_manifest(root: Path, stage: Path, plan: dict[str, Any]) -> Path | None:
     """The manifest with the new files' and backups' hashes and the caps, written into ``stage`` (None: none)."""
-    from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME, now, sha256_file, write_manifest
+    from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME, now, write_manifest
+    from qwenvl_rbln.artifacts.processor_files import rehash
     from qwenvl_rbln.jobs.load_check_fixes import recompile_command
 
     manifest = plan["manifest"]
@@ -289,9 +301,8 @@ def _new_manifest(root: Path, stage: Path, plan: dict[str, Any]) -> Path | None:
             f"{root / MANIFEST_NAME}: damaged (a files entry without an integer size and a sha256); not rewritten",
             f"`qvl load-check {root}` names the problem; recompile with `{recompile_command(root, manifest)}`",
         )
-    for entry in plan["files"]:
-        for rel, path in ((entry["file"], stage / entry["file"]), (entry["backup"], stage / entry["backup"])):
-            files[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+    staged = [name for entry in plan["files"] for name in (entry["file"], entry["backup"])]
+    files = rehash(stage, files, dict.fromkeys(staged)) or {}  # the new files and the backups, as staged
     body = {k: v for k, v in manifest.items() if k not in ("artifact", "files")}
     fixes = list(body.get("processor_fixes") or [])
     fixes.append({"at": now(), "backups": {e["file"]: e["backup"] for e in plan["files"]}, "caps": plan["caps"]})

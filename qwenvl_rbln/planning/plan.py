@@ -537,10 +537,11 @@ def _processor(
 
 def _bucket_below_min_pixels(chk: _Checker, buckets: list[int], min_px: int, min_from_preset: bool) -> None:
     """max_pixels was derived from the largest ViT bucket: that bucket is what to raise, so name it."""
+    from qwenvl_rbln.planning.catalogue import modelinfo
+
     largest = buckets[-1]
     shown = largest if len(buckets) == 1 else buckets
-    need = -(-min_px // 256)
-    need += -need % 4  # patches come in 2x2 merge groups
+    need = modelinfo.min_pixels_bucket(min_px)  # patches come in 2x2 merge groups
     where = "the model's processor default"
     if min_from_preset:
         where = f"from {chk.loaded.source_of('processor.min_pixels')}"

@@ -9,6 +9,7 @@ file's ``emulated`` section and labelled emulated everywhere; nothing reads them
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from qwenvl_rbln.profiling.compare import compare, roofline_seconds
 from qwenvl_rbln.profiling.graphs import Graph, Shapes, contexts, discover, synthetic_inputs
 from qwenvl_rbln.profiling.timer import time_call
 from qwenvl_rbln.tuning.fit import fit_quadratic
-from qwenvl_rbln.tuning.measured import SPREAD, entry_key, write_entry
+from qwenvl_rbln.tuning.measured import SPREAD, check_writable, entry_key, write_entry
 
 
 @dataclass(frozen=True)
@@ -69,21 +70,55 @@ def _time_graph(rebel: Any, art: Path, graph: Graph, shapes: Shapes, opts: Profi
 
 
 def _versions(rebel: Any) -> dict[str, str]:
-    from qwenvl_rbln.artifacts.manifest import collect_versions
+    """The rebel and optimum-rbln versions an entry is keyed by. rebel's from its package metadata (what pip
+    installed: ``rebel-compiler``), since no upstream source shows a ``rebel.__version__``; the emulator, which is
+    no installed package, says its own (``0.12.0+qvl.emulated``)."""
+    from qwenvl_rbln.artifacts.manifest import NOT_INSTALLED, collect_versions
 
-    return {"rebel": str(getattr(rebel, "__version__", "unknown")), "optimum_rbln": collect_versions()["optimum-rbln"]}
+    installed = collect_versions()
+    version = installed["rebel-compiler"]
+    if getattr(rebel, "EMULATED", False) or version == NOT_INSTALLED:
+        version = str(getattr(rebel, "__version__", None) or "unknown")
+    return {"rebel": version, "optimum_rbln": installed["optimum-rbln"]}
 
 
 def _load(opts: ProfileOptions) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     from qwenvl_rbln.artifacts.manifest import read_manifest
 
     art = opts.directory
+    if opts.check is not None and not (math.isfinite(opts.check) and opts.check >= 0):
+        raise InputError(f"--check {opts.check}: not a tolerance", "pass a finite TOL >= 0, e.g. --check 0.5 (+-50 %)")
     if not art.is_dir():
         raise InputError(f"artifact directory {art} does not exist", "pass the directory `qvl compile` wrote")
     manifest = read_manifest(art)
     if (manifest or {}).get("emulated") and not opts.emulate:
         raise InputError(f"{art} was compiled on the CPU emulator", f"profile it with `qvl profile {art} --emulate`")
     return manifest, (manifest or {}).get("placement") or {"device": 0, "visual_device": 0}
+
+
+def _intact(art: Path, manifest: dict[str, Any] | None, graphs: list[Graph]) -> str:
+    """Refuse what would record wrong figures under a good key: a graph file that is not there, or any file changed
+    since compile (the manifest's sha256, the check load-check and serve run). Returns the manifest's verdict."""
+    from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME, verify_manifest
+    from qwenvl_rbln.jobs.load_check_fixes import recompile_command
+
+    fix = f"restore it, or recompile with `{recompile_command(art, manifest)}`"
+    for g in graphs:
+        if not (art / g.file).is_file():
+            raise InputError(f"{art}: {g.file} is missing (the compiled graph of {g.key})",
+                             f"{fix}; `qvl load-check {art} --no-runtime` lists every problem")  # fmt: skip
+    if manifest is None:
+        return f"no {MANIFEST_NAME} (not compiled by qvl): edits after compile cannot be detected"
+    verdict = verify_manifest(art, manifest)
+    bad = verdict["modified"] + verdict["missing"] + verdict["unsafe"]
+    if bad:
+        raise InputError(
+            f"{art}: {', '.join(bad[:4])} changed or missing since compile (sha256 differs from {MANIFEST_NAME}); "
+            "its timings would be recorded under the compiled graphs' key",
+            f"{fix.replace('restore it', 'restore the files')}; `qvl load-check {art} --no-runtime` lists every "
+            "difference",
+        )
+    return f"{len(manifest.get('files') or {})} files match {MANIFEST_NAME}"
 
 
 def run_profile(opts: ProfileOptions) -> dict[str, Any]:
@@ -99,12 +134,17 @@ def run_profile(opts: ProfileOptions) -> dict[str, Any]:
         if not graphs:
             raise InputError(f"--only {', '.join(opts.only)} names no graph of {art}", "name vit, prefill, decoder or "
                              "a graph key that `qvl profile --json` lists")  # fmt: skip
+    integrity = _intact(art, manifest, graphs)
+    ghash = graph_hash(art, manifest)
     with emulator.active() if opts.emulate else contextlib.nullcontext():
         rebel = _import_rebel()
         npu = str(rebel.get_npu_name(graphs[0].device if graphs else 0) or "unknown")
         roof, mkey = _roofline(art, npu, shapes)
-        timed = [_time_graph(rebel, art, g, shapes, opts) for g in graphs]
         versions = _versions(rebel)
+        key = entry_key(npu, versions["rebel"], versions["optimum_rbln"], ghash)
+        if opts.save:  # a file or an entry that cannot take the new figures is refused before any is measured
+            check_writable(key, emulated=opts.emulate)
+        timed = [_time_graph(rebel, art, g, shapes, opts) for g in graphs]
     for g, rec in zip(graphs, timed, strict=True):
         for p in rec["points"]:
             p["roofline_s"] = roofline_seconds(roof, g, shapes, p["context"] if g.kind != "vit" else None)
@@ -116,8 +156,6 @@ def run_profile(opts: ProfileOptions) -> dict[str, Any]:
         else:
             rec["fit"] = None
     check = compare(timed, opts.check)
-    ghash = graph_hash(art, manifest)
-    key = entry_key(npu, versions["rebel"], versions["optimum_rbln"], ghash)
     from qwenvl_rbln.artifacts.manifest import now
 
     entry = {
@@ -132,7 +170,7 @@ def run_profile(opts: ProfileOptions) -> dict[str, Any]:
         "spread": SPREAD,
         "graphs": {g["key"]: {k: v for k, v in g.items() if k != "key"} for g in timed},
     }
-    path = write_entry(key, entry, emulated=opts.emulate) if opts.save else None
+    path, kept = write_entry(key, entry, emulated=opts.emulate) if opts.save else (None, [])
     return {
         "artifact": str(art),
         "emulated": opts.emulate,
@@ -146,7 +184,9 @@ def run_profile(opts: ProfileOptions) -> dict[str, Any]:
         "roofline": roof.label(),
         "graphs": timed,
         "check": check,
+        "manifest": integrity,
         "timings_file": str(path) if path else None,
+        "kept_graphs": kept,  # timed before into this entry and not now (--only): kept, each with its own date
         "timings_section": ("emulated" if opts.emulate else "entries") if path else None,
         "default_timings_file": str(timings_path()),
     }

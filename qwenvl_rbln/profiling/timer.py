@@ -1,6 +1,9 @@
-"""Time one runtime call: device time from ``rebel.capture_reports()`` where the runtime offers it (the report
-vllm-rbln 0.12 reads: ``total_device`` in microseconds), else wall time around the call; warm-up, repeats, and
-the median with its spread (p10-p90, plus min and max).
+"""Time one runtime call: device time from ``rebel.capture_reports()`` where the runtime offers it, else wall time
+around the call; warm-up, repeats, and the median with its spread (p10-p90, plus min and max).
+
+The report is read as vllm-rbln's model runner reads it (``CAPTURE_SOURCE``): ``reports[0]["total_device"]``, in
+microseconds. No public rebel document describes it and optimum-rbln 0.12 does not call it; vllm-rbln v0.11.0 does
+(the newest release it was checked against), and so did its 0.10 line: that is the version named, never a "0.12".
 """
 
 from __future__ import annotations
@@ -9,6 +12,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+CAPTURE_SOURCE = (
+    "vllm-rbln v0.11.0 (RBLN-SW/vllm-rbln 95c7a25a): v1/worker/optimum_model_runner.py wraps each model call in "
+    "rebel.capture_reports() and v1/worker/metrics.py reads reports[0]['total_device'] as microseconds"
+)
 DEVICE = "device time (rebel.capture_reports total_device)"
 WALL = "wall time around the runtime call (the runtime has no capture_reports)"
 

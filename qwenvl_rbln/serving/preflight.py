@@ -28,6 +28,7 @@ from qwenvl_rbln.artifacts.manifest import (
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.paths import user_path
 from qwenvl_rbln.serving.options import Artifact
+from qwenvl_rbln.units import fmt_json
 
 REQUIRED_KEYS = ("batch_size", "max_seq_len", "kvcache_num_blocks", "prefill_chunk_size")
 # vLLM loads tokenizer, processor and chat template from --model, i.e. the artifact directory.
@@ -161,7 +162,7 @@ def _check_config(cfg: dict[str, Any], path: Path, checks: list[dict[str, Any]])
     if not (_positive(cfg, "kvcache_block_size") or _positive(cfg, "kvcache_partition_len")):
         missing.append("kvcache_block_size or kvcache_partition_len")
     if missing:
-        shown = ", ".join(f"{k}={cfg.get(k)!r}" if k in cfg else k for k in missing)
+        shown = ", ".join(f"{k}={fmt_json(cfg.get(k))}" if k in cfg else k for k in missing)  # JSON: null, not None
         raise InputError(
             f"{path}: missing or not a positive integer: {shown} (vllm-rbln asserts on these at start-up)", RECOMPILE
         )

@@ -16,6 +16,7 @@ Two corrections to a single figure (docs/tuning.md, "The cost model"):
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from qwenvl_rbln.tuning.roofline import Roofline
@@ -119,7 +120,7 @@ def estimate(
     low = _one_end(work, roof, batch, ordered, vit_s, block, shared, load)
     high = _one_end(work, high_roof, batch, ordered, vit_s, block, shared, load) if high_roof is not roof else low
     for g_low, g_high in zip(low["decode_graphs"], high["decode_graphs"], strict=True):
-        g_high["tokens_per_s"] = g_high["graph"] / g_high["step_s"]
+        g_high["tokens_per_s"] = g_high["graph"] / g_high["step_s"] if g_high["step_s"] > 0 else None
         differ = abs(g_low["step_s"] - g_high["step_s"]) > 1e-15  # not a dense model, nor a measured graph
         g_high["step_s_range"] = _span(g_low["step_s"], g_high["step_s"]) if differ else None
     moe_range = _ranges(low, high) if high is not low else None
@@ -141,6 +142,8 @@ def score(est: dict[str, Any], objective: str) -> float:
     """Lower is better: seconds per request for latency (at the full batch: the slowest TPOT the batch can see),
     the inverse of throughput for throughput, at the lighter load when there is one (else at the trace)."""
     if objective == "latency":
-        return est["latency_s"]
-    tokens = (est.get("lighter_load") or est)["output_tokens_per_s"]
-    return 1.0 / tokens if tokens else float("inf")
+        value = est["latency_s"]
+    else:
+        tokens = (est.get("lighter_load") or est)["output_tokens_per_s"]
+        value = 1.0 / tokens if tokens else float("inf")
+    return value if math.isfinite(value) else float("inf")  # a figure that is not a number never ranks first

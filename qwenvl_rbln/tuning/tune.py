@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import DoesNotFit
-from qwenvl_rbln.tuning.measured_roofline import ROOFLINE, MeasuredRoofline, row_timing
+from qwenvl_rbln.tuning.measured_roofline import KINDS, ROOFLINE, SCALED, MeasuredRoofline, kind_of, row_timing
 from qwenvl_rbln.tuning.neighbours import nearest, neighbours
 from qwenvl_rbln.tuning.result import HEADER, commands, output_dir_for, preset_data, preset_yaml
 from qwenvl_rbln.tuning.roofline import LABEL
@@ -60,6 +60,7 @@ def _setup(needs: Needs, workload: Path, trace: Path | None, prompt_tokens: int,
         compute_spec(base.npu),
         chunk=base.resolved.prefill_chunk_size,
         measured=load_measured(model_key(base.geometry), base.npu),  # real NPU entries only, never emulated
+        scale_unmeasured=True,  # rank every row on one footing (measured_roofline)
     )
     return Checker(needs, work, roof, base)
 
@@ -199,6 +200,7 @@ def _timing_sources(checker: Checker, doc: dict[str, Any]) -> dict[str, Any]:
         if isinstance(row, dict) and row.get("estimate") and "kvcache_partition_len" in row:
             row["timing"] = row_timing(row, roof)
     on_estimates = sum(1 for r in doc["candidates"] if (r.get("timing") or {}).get("rests_on_estimates", True))
+    extrapolated = sum(1 for r in doc["candidates"] if (r.get("timing") or {}).get("extrapolated"))
     label = (
         LABEL
         if not roof.used_measured
@@ -209,10 +211,24 @@ def _timing_sources(checker: Checker, doc: dict[str, Any]) -> dict[str, Any]:
         "measured_graphs": sorted(roof.used_measured),
         "sources": dict(sorted(roof.sources.items())),
         "rows_on_estimates": on_estimates,
-        "ranked_by": "measured figures where timings.json has them, the roofline bound elsewhere"
-        if roof.used_measured
-        else "the roofline bound (no measured timings for this model and NPU)",
+        "rows_extrapolated": extrapolated,
+        "scaled_by": roof.scales(),
+        "ranked_by": _ranked_by(roof),
     }
+
+
+def _ranked_by(roof: MeasuredRoofline) -> str:
+    """The footing every row is ranked on, in one line (the table prints it under itself)."""
+    if not roof.used_measured:
+        return "the roofline bound in every row (no measured timings for this model and NPU)"
+    scaled = ", ".join(f"{kind} x{factor:.2f}" for kind, factor in roof.scales().items())
+    bare = sorted({KINDS[p[0]] for key, s in roof.sources.items() if s == ROOFLINE and (p := kind_of(key))})
+    text = "one footing: measured figures where timings.json has them"
+    if scaled and any(s.startswith(SCALED) for s in roof.sources.values()):
+        text += f"; the other graphs of a measured kind at their bound times its measured/bound ratio ({scaled})"
+    if bare:
+        text += f"; {', '.join(bare)}: nothing measured, the roofline bound in every row"
+    return text
 
 
 def _description(checker: Checker, best: dict[str, Any]) -> str:

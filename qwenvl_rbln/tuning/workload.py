@@ -122,11 +122,12 @@ def read_work(
 
 
 def min_pixels_bucket(plan: Any) -> int:
-    """The smallest largest-bucket the plan accepts: it must hold an image of processor.min_pixels (the plan
-    refuses a lower one: "no image fits"), in whole 2x2 merge groups."""
+    """The smallest largest-bucket the plan accepts (the plan refuses a lower one: "no image fits"): the planning
+    catalogue's one floor, for this plan's processor and patch geometry."""
+    from qwenvl_rbln.planning.catalogue import modelinfo
+
     v = plan.geometry.vision
-    need = -(-plan.processor.min_pixels // v.patch_size**2)
-    return need + -need % (v.spatial_merge_size**2)
+    return modelinfo.min_pixels_bucket(plan.processor.min_pixels, v.patch_size, v.spatial_merge_size)
 
 
 def above_min_pixels(buckets: list[int], plan: Any, k: int) -> tuple[list[int], str | None]:

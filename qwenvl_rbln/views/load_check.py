@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from qwenvl_rbln.units import fmt_json
+
 OK = "[green]ok[/green]"
 BAD = "[red bold]problem[/red bold]"
 
@@ -232,8 +234,10 @@ def fix_processor_human(console: Any, d: dict[str, Any]) -> None:
             f"[bold]{escape(entry['file'])}[/bold] ({verb}; old file {'to be ' if d['dry_run'] else ''}"
             f"kept as {escape(entry['backup'])})"
         )
+        added = set(entry.get("added") or ())
         for key, (old, new) in entry["keys"].items():
-            console.print(f"  {escape(key)}: {escape(str(old))} -> {escape(str(new))}")
+            before = "(not set)" if key in added else fmt_json(old)  # JSON's spelling (null, true), never Python's
+            console.print(f"  {escape(key)}: {escape(before)} -> {escape(fmt_json(new))}")
     if d["manifest"] != "none":
         console.print(
             f"[dim]qvl-manifest.json: {'to be ' if d['dry_run'] else ''}rehashed (new files, backups, caps)[/dim]"

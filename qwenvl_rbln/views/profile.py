@@ -69,6 +69,8 @@ def print_human(console: Any, data: dict[str, Any]) -> None:
     )
     for clock in clocks:
         console.print(markup("  [dim]time: {}{}[/dim]", clock, " (emulated: CPU time)" if data["emulated"] else ""))
+    if data.get("manifest"):
+        console.print(markup("  [dim]artifact: {}[/dim]", data["manifest"]), highlight=False)
     measured = "emulated ms" if data["emulated"] else "measured ms"
     cols = [
         Col("graph", justify="left", fold=True),
@@ -95,6 +97,10 @@ def print_human(console: Any, data: dict[str, Any]) -> None:
     if data.get("timings_file"):
         console.print(markup("[bold]recorded[/bold] {} [{}] as {}", data["timings_file"], data["timings_section"],
                              data["entry_key"]), highlight=False)  # fmt: skip
+        if data.get("kept_graphs"):
+            kept = data["kept_graphs"]
+            console.print(markup("  kept {} graph(s) this run did not time, each with its own date: {}", len(kept),
+                                 ", ".join(kept)), highlight=False)  # fmt: skip
         if data["emulated"]:
             console.print("  [dim]emulated entries are kept apart: tune never reads them for an NPU[/dim]")
     else:

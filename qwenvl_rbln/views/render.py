@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from qwenvl_rbln.errors import CONTROL_PICTURES
 from qwenvl_rbln.units import fmt_bytes  # noqa: F401  (re-exported: views format bytes through render)
 
 _stdout: Console | None = None
@@ -94,8 +95,7 @@ def markup(template: str, *values: Any) -> Text:
     return out
 
 
-_CONTROL = {c: chr(0x2400 + c) for c in range(0x20)} | {0x7F: "\u2421"}
-_CONTROL |= {c: "\u2424" for c in (0x85, 0x2028, 0x2029)}  # the other line breaks: the newline picture
+_CONTROL = CONTROL_PICTURES | {c: "\u2424" for c in (0x85, 0x2028, 0x2029)}  # other line breaks: the newline picture
 
 
 def one_line(value: Any) -> str:

@@ -187,7 +187,8 @@ def _timing_sources(console: Any, data: dict[str, Any]) -> None:
     for i, row in enumerate(data["candidates"], 1):
         label = (row.get("timing") or {}).get("label", "roofline bound")
         parts.append(f"#{i} {label}")
-    console.print(markup("[bold]figures[/bold] {}", "; ".join(parts)), highlight=False)
+    console.print(markup("[bold]ranked on[/bold] {}", cm.get("ranked_by") or "the roofline bound"), highlight=False)
+    console.print(markup("[bold]figures[/bold] {}", " | ".join(parts)), highlight=False)
     if cm.get("measured_graphs"):
         for key, label in (cm.get("sources") or {}).items():
             if label != "roofline bound":
@@ -195,10 +196,17 @@ def _timing_sources(console: Any, data: dict[str, Any]) -> None:
         if cm.get("rows_on_estimates"):
             console.print(
                 markup(
-                    "  [yellow]{} row(s) rest on roofline bounds[/yellow] (faster than any real call): a bound ranked "
-                    "above a measured row may not be faster; profile their graphs (qvl profile) to compare like "
-                    "with like",
+                    "  [yellow]{} row(s) rest partly on bounds[/yellow] (scaled by the measured ratio where their "
+                    "kind was measured, else bare): profile their graphs (qvl profile) to measure them",
                     cm["rows_on_estimates"],
+                )
+            )
+        if cm.get("rows_extrapolated"):
+            console.print(
+                markup(
+                    "  [yellow]{} row(s) use figures extrapolated[/yellow] past the contexts qvl profile measured "
+                    "(never below the last measured time): profile an artifact compiled for that context",
+                    cm["rows_extrapolated"],
                 )
             )
 

@@ -21,9 +21,10 @@ Entry points and where optimum-rbln calls them (paths inside ``optimum/rbln/``):
   ``qwen3_vl/qwen3_vl_runtime_utils.py:266-269``, ``qwen3_vl/modeling_qwen3_vl.py:219-224``): it gets the
   non-static inputs in ``input_info`` order, supplies the static buffers itself, picks the graph whose input
   shapes match, writes into ``out`` when given and returns a tensor or a list.
-* ``capture_reports()`` (vllm-rbln 0.12 ``v1/worker/optimum_model_runner.py`` wraps every model call in it and
-  reads ``reports[0]["total_host"]`` / ``["total_device"]`` / ``["total_ccl"]`` in microseconds,
-  ``v1/worker/metrics.py``): a context manager yielding a list that holds one report when it exits. Here
+* ``capture_reports()`` (not optimum-rbln's: vllm-rbln v0.11.0, RBLN-SW/vllm-rbln 95c7a25a,
+  ``v1/worker/optimum_model_runner.py`` wraps every model call in it and ``v1/worker/metrics.py`` reads
+  ``reports[0]["total_host"]`` / ``["total_device"]`` / ``["total_ccl"]`` in microseconds; read the same way since
+  its 0.10 line): a context manager yielding a list that holds one report when it exits. Here
   "device" time is the time inside emulated graph calls (CPU compute plus the hold below) and "host" the rest
   of the block; each report says ``"emulated": True``.
 * ``QVL_EMULATE_CALL_MS``: every graph call takes at least that many milliseconds (it sleeps the rest, without

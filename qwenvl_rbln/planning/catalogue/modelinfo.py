@@ -469,3 +469,11 @@ def processor_defaults(model: str) -> dict[str, int]:
             caps[lo] = int(size.get("shortest_edge", data.get("min_pixels", caps[lo])))
             caps[hi] = int(size.get("longest_edge", data.get("max_pixels", caps[hi])))
     return caps
+
+
+def min_pixels_bucket(min_pixels: int, patch_size: int = 16, merge_size: int = 2) -> int:
+    """The smallest largest-ViT-bucket (patches) that holds an image of ``min_pixels``: the processor never resizes
+    below min_pixels, so a lower bucket leaves no image that fits. Whole merge groups (2x2 patches). The one floor
+    the plan's refusal and tune's bucket choice both use."""
+    need = -(-min_pixels // patch_size**2)
+    return need + -need % (merge_size**2)

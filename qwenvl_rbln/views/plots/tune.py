@@ -109,7 +109,7 @@ def from_tune_report(doc: dict[str, Any]) -> dict[str, Any]:
     cost = doc["cost_model"]
     label = cost["label"] + (", some graphs measured (qvl profile)" if cost.get("measured_graphs") else "")
     if cost.get("measured_graphs") and cost.get("rows_on_estimates"):
-        label += f"; {cost['rows_on_estimates']} row(s) on roofline bounds"
+        label += f"; {cost['rows_on_estimates']} row(s) partly on bounds"
     light = (cost.get("load") or {}).get("lighter_load")
     label += f", at {light} requests in flight" if light else ""
     return {"throughput_unit": f"output tokens/s, {label}", "objective": doc["needs"]["objective"], "candidates": cands}
@@ -121,7 +121,7 @@ def _source_tag(row: dict[str, Any]) -> str:
     label = (row.get("timing") or {}).get("label", "roofline bound")
     if label == "roofline bound":
         return ""
-    return f" [{label.split(':')[0]}]"
+    return f" [{label.split(':')[0].split(';')[0]}]"
 
 
 def _short(why: str) -> str:
