@@ -20,6 +20,8 @@ EXIT_DOES_NOT_FIT = 4
 EXIT_BACKEND = 5
 EXIT_BUSY = 6
 EXIT_DIVERGED = 7  # qvl compare: the two runs differ
+EXIT_ACCURACY = 8  # qvl eval --min-accuracy: accuracy below the threshold
+EXIT_ACCURACY_DROP = 9  # qvl eval --max-drop: a significant drop larger than the allowance
 EXIT_INTERRUPTED = 130
 
 

@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("qwenvl_rbln.inference",),
     ("qwenvl_rbln.jobs",),
     ("qwenvl_rbln.batch",),
+    ("qwenvl_rbln.evaluation",),
     ("qwenvl_rbln.serving",),
     ("qwenvl_rbln.tuning",),
     ("qwenvl_rbln.profiling",),

@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "tune_cmd",
     "profile_cmd",
     "compare_cmd",
+    "eval_cmd",
     "serve_cmd",
     "deploy_cmd",
     "presets_cmd",

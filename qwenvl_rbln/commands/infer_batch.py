@@ -28,7 +28,7 @@ RayAddressOpt = typer.Option(
 )
 
 
-def run_job(
+def prepare_job(
     opts: Any,
     *,
     output: Path,
@@ -36,13 +36,12 @@ def run_job(
     workers: int | None,
     devices: str | None,
     ray_address: str | None,
-    as_json: bool,
-) -> None:
-    """Check the flags, run the job with its progress view, print the summary (or the --json document)."""
+) -> Any:
+    """Check the flags and build the job (``batch.driver.BatchOptions``); nothing is read or written yet, so a
+    caller that writes the batch file itself (``qvl eval``) can refuse bad flags before it does."""
     from qwenvl_rbln.batch import options
-    from qwenvl_rbln.batch.driver import BatchInterrupted, BatchOptions, run_batch
+    from qwenvl_rbln.batch.driver import BatchOptions
     from qwenvl_rbln.batch.worker import WorkerSpec
-    from qwenvl_rbln.views import batch_live, render
 
     device_ids = options.parse_devices(devices)
     options.check_workers(workers)
@@ -66,10 +65,35 @@ def run_job(
         )
     worker_opts = replace(opts, images=[], videos=[], prompt=None, batch_file=None)  # requests come from the file
     spec = WorkerSpec(worker_opts, batch_file=str(opts.batch_file))
-    job = BatchOptions(spec, opts.batch_file, output, resume, opts.system, workers, device_ids, address)
+    return BatchOptions(spec, opts.batch_file, output, resume, opts.system, workers, device_ids, address)
+
+
+def execute(job: Any, *, as_json: bool) -> dict[str, Any]:
+    """Run a prepared job with its progress view (stderr); its summary."""
+    from qwenvl_rbln.batch.driver import run_batch
+    from qwenvl_rbln.views import batch_live
+
+    with batch_live.batch_watch(as_json) as watch:
+        return run_batch(job, watch=watch)
+
+
+def run_job(
+    opts: Any,
+    *,
+    output: Path,
+    resume: bool,
+    workers: int | None,
+    devices: str | None,
+    ray_address: str | None,
+    as_json: bool,
+) -> None:
+    """Check the flags, run the job with its progress view, print the summary (or the --json document)."""
+    from qwenvl_rbln.batch.driver import BatchInterrupted
+    from qwenvl_rbln.views import batch_live, render
+
+    job = prepare_job(opts, output=output, resume=resume, workers=workers, devices=devices, ray_address=ray_address)
     try:
-        with batch_live.batch_watch(as_json) as watch:
-            summary = run_batch(job, watch=watch)
+        summary = execute(job, as_json=as_json)
     except BatchInterrupted as stop:  # the counts so far, with the error beside them (--json: one document)
         if stop.summary is not None:
             render.emit(stop.summary, as_json=as_json, human=batch_live.human, error=stop)
