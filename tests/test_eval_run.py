@@ -58,7 +58,9 @@ def test_a_reference_run_writes_one_scored_line_per_question_with_the_batch_reco
     assert doc["n"] == 5 and set(doc["by_category"]) == {"color", "shape", "yes/no"} and doc["backend"] == "torch"
     assert any("tiny model" in n for n in doc["notes"])  # the batch job's notes reach the report
     beside = reference["out"].parent
-    assert sorted(p.name for p in beside.iterdir()) == ["ref.batch.jsonl", "ref.jsonl", "ref.requests.jsonl"]
+    # the batch job's own results and its job record (what --resume checks), the questions asked, the scored lines
+    want = ["ref.batch.jsonl", "ref.batch.jsonl.qvl-job.json", "ref.jsonl", "ref.requests.jsonl"]
+    assert sorted(p.name for p in beside.iterdir()) == want
 
 
 def test_the_emulated_artifact_matches_the_reference_backend(reference, tiny_rbln, emulated, tmp_path, capsys):
