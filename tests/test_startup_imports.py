@@ -55,10 +55,11 @@ def test_help_and_the_dry_run_import_none_of_the_heavy_modules(argv):
 
 
 def test_the_dry_run_imports_only_its_own_command_module_and_no_terminal():
-    """``qvl compile ...`` registers compile_cmd alone; with --json nothing is drawn, so rich is never loaded."""
+    """``qvl compile ...`` registers compile_cmd alone; with --json nothing is drawn, so rich is never loaded, and
+    a dry run shows no compile progress."""
     modules = _modules_after(DRY_RUN)
     assert _command_modules(modules) == {"compile_cmd"}
-    assert not sorted(m for m in modules if m == "rich.console" or m == "typer.rich_utils")
+    assert not sorted(m for m in modules if m in ("rich.console", "typer.rich_utils", "qwenvl_rbln.views.live"))
 
 
 def test_help_imports_no_planner_and_no_preset_reader():
