@@ -240,14 +240,17 @@ def _closed_pipe() -> None:
     sys.exit(EXIT_CLOSED_PIPE)
 
 
-def main() -> None:
-    """Entry point: one line per error, a documented exit code, no traceback; with --json, also the error as JSON."""
+def main(app: typer.Typer | None = None) -> None:
+    """Entry point: one line per error, a documented exit code, no traceback; with --json, also the error as JSON.
+
+    ``app``: what ``app_for(sys.argv[1:])`` gave (entry.main builds it while it still reports a Ctrl-C as one
+    line); by default it is built here."""
     from qwenvl_rbln.views import render
 
     argv = sys.argv[1:]
     as_json = wants_json(argv)
     render.reset_emitted()
-    app = app_for(argv)
+    app = app or app_for(argv)
     try:
         code = app(standalone_mode=False)
     except QvlError as exc:

@@ -15,13 +15,16 @@ import sys
 def main() -> None:
     gc.disable()
     try:
+        from qwenvl_rbln.cli import app_for
         from qwenvl_rbln.cli import main as cli_main
+
+        app = app_for(sys.argv[1:])  # imports the command's module: still starting
     except KeyboardInterrupt:
         gc.enable()
         sys.stderr.write("qvl: interrupted before it started; nothing was done\n")
         sys.exit(130)
     try:
-        cli_main()
+        cli_main(app)
     finally:  # the process is about to exit: the work is done (or its error printed)
         gc.enable()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
