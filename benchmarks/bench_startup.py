@@ -8,9 +8,13 @@ paired with a bare run right before it (bare, qvl, bare, qvl, ...) and the figur
 per-pair ratios, each run a fresh process. One warm-up pair per case is not counted.
 
 qvl is run through its console script (`qvl`, next to this Python) when there is one, as a user runs it;
-PYTHONPATH set to a checkout makes it run that checkout's package.
+PYTHONPATH set to a checkout makes it run that checkout's package. typer, rich and yaml load the .pyc files their
+install wrote; qvl gets the same: every process reads and writes bytecode under one temporary PYTHONPYCACHEPREFIX
+(the warm-up fills it), as for an installed package or an editable one run without PYTHONDONTWRITEBYTECODE.
+--from-source keeps the caller's settings: with PYTHONDONTWRITEBYTECODE=1 and an editable install, every qvl
+module is compiled from source on every run, a cost the bare imports never pay.
 
-Usage: python benchmarks/bench_startup.py [--pairs N] [--json]
+Usage: python benchmarks/bench_startup.py [--pairs N] [--from-source] [--json]
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,10 +47,13 @@ def qvl_command() -> list[str]:
     return [sys.executable, str(script)] if script.is_file() else [sys.executable, "-m", "qwenvl_rbln"]
 
 
+ENV = dict(os.environ)
+
+
 def wall(cmd: list[str]) -> float:
     """Seconds one fresh process takes; a non-zero exit is an error (a broken run would look fast)."""
     start = time.perf_counter()
-    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False, env=ENV)
     elapsed = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.decode()[-500:]}")
@@ -59,7 +67,7 @@ def paired(cmd: list[str], pairs: int) -> dict[str, object]:
     for _ in range(pairs):
         bare_s.append(wall(BARE))
         cmd_s.append(wall(cmd))
-    ratios = [c / b for b, c in zip(bare_s, cmd_s)]
+    ratios = [c / b for b, c in zip(bare_s, cmd_s, strict=True)]
     return {
         "median_ratio": round(statistics.median(ratios), 2),
         "ratios": [round(r, 2) for r in ratios],
@@ -71,20 +79,32 @@ def paired(cmd: list[str], pairs: int) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=15, help="paired runs per case (at least 9)")
+    parser.add_argument("--from-source", action="store_true", help="keep the caller's bytecode settings")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args()
     if args.pairs < 9:
         parser.error("--pairs: at least 9 pairs")
+    with tempfile.TemporaryDirectory(prefix="qvl-bench-pyc-") as pyc:
+        if not args.from_source:
+            ENV.pop("PYTHONDONTWRITEBYTECODE", None)
+            ENV["PYTHONPYCACHEPREFIX"] = pyc
+        report(args)
+
+
+def report(args: argparse.Namespace) -> None:
+    """Run the cases, print the figures, exit 1 when a target is missed."""
     qvl = qvl_command()
     results = {}
     for name, (argv, target) in TARGETS.items():
         results[name] = {**paired([*qvl, *argv], args.pairs), "target": target}
         results[name]["met"] = results[name]["median_ratio"] <= target
     machine = f"{platform.machine()}, {os.cpu_count()} CPU, Python {platform.python_version()}"
+    bytecode = "from source" if args.from_source else "cached"
     if args.json:
-        print(json.dumps({"baseline": BARE_NAME, "pairs": args.pairs, "machine": machine, "cases": results}, indent=2))
+        doc = {"baseline": BARE_NAME, "pairs": args.pairs, "bytecode": bytecode, "machine": machine}
+        print(json.dumps({**doc, "cases": results}, indent=2))
     else:
-        print(f"baseline: {BARE_NAME}; {args.pairs} pairs each; {machine}")
+        print(f"baseline: {BARE_NAME}; {args.pairs} pairs each; bytecode {bytecode}; {machine}")
         for name, r in results.items():
             verdict = "met" if r["met"] else "NOT met"
             print(
