@@ -1,8 +1,12 @@
 """The Typer app. Thin on purpose: each command module registers itself and holds no
-heavy imports at module level, so ``qvl --help`` never imports torch or transformers."""
+heavy imports at module level, so ``qvl --help`` never imports torch or transformers.
+
+A run registers only the module of the command it names (``qvl compile ...``: ``commands/compile_cmd.py``);
+help, an unknown name and ``from qwenvl_rbln.cli import app`` get every command."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from typing import Any
@@ -10,17 +14,9 @@ from typing import Any
 import typer
 
 from qwenvl_rbln import __version__
+from qwenvl_rbln.commands import module_for, register_all, register_module
+from qwenvl_rbln.commands.startup import defer_help_imports, defer_value_adapters, resolve_annotations
 from qwenvl_rbln.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, QvlError
-
-app = typer.Typer(
-    name="qvl",
-    help="Compile and run Qwen3-VL on Rebellions Rebel100 NPUs (optimum-rbln), with bucket "
-    "and memory answers before the compile.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-    rich_markup_mode="rich",
-)
 
 
 def _version_callback(value: bool) -> None:
@@ -29,22 +25,70 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
     """qvl: Qwen3-VL on Rebel100, with the answers before the compile."""
+    gc.enable()  # entry.main paused it for the start-up; a command's own work runs with it
 
 
-def _register_all() -> None:
-    from qwenvl_rbln.commands import register_all
+def new_app() -> typer.Typer:
+    """The app with its options and no command yet."""
+    app = typer.Typer(
+        name="qvl",
+        help="Compile and run Qwen3-VL on Rebellions Rebel100 NPUs (optimum-rbln), with bucket "
+        "and memory answers before the compile.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+        rich_markup_mode="rich",
+    )
+    app.callback()(_root)
+    return app
 
-    register_all(app)
+
+_full_app: typer.Typer | None = None
 
 
-_register_all()
+def full_app() -> typer.Typer:
+    """The app with every command, built once."""
+    global _full_app
+    if _full_app is None:
+        app = new_app()
+        register_all(app)
+        resolve_annotations(app)
+        _full_app = app
+    return _full_app
+
+
+def _registered_names(app: typer.Typer) -> set[str]:
+    from typer.main import get_command_name
+
+    names = {info.name or get_command_name(info.callback.__name__) for info in app.registered_commands if info.callback}
+    return names | {info.name for info in app.registered_groups if info.name}
+
+
+def app_for(argv: list[str]) -> typer.Typer:
+    """The app ``argv`` needs: when its first word is a command (no root option before it), an app with only
+    the module that registers it (``commands.module_for``); otherwise (help, --version, a typo) every command."""
+    module = module_for(argv[0]) if argv and not argv[0].startswith("-") else None
+    if module is None:
+        return full_app()
+    app = new_app()
+    register_module(app, module)
+    if argv[0] not in _registered_names(app):
+        return full_app()
+    resolve_annotations(app)
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    """``from qwenvl_rbln.cli import app``: the app with every command (tests, scripts)."""
+    if name == "app":
+        return full_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _click_classes(name: str) -> tuple[type, ...]:
@@ -74,14 +118,14 @@ def _flag_names(exc: Exception) -> list[str]:
     return [word.strip("'\"") for word in message.split() if word.strip("'\"").startswith("--")][:1]
 
 
-def command_path(argv: list[str]) -> str:
+def command_path(argv: list[str], app: typer.Typer | None = None) -> str:
     """``qvl compile`` for ``compile --dry-run=true``: the (sub)command the arguments name, for the help pointer.
 
     click does not attach a context to an error its parser raises, so the path is read from the arguments."""
     import typer.main
 
     path = ["qvl"]
-    command = typer.main.get_command(app)
+    command = typer.main.get_command(app or full_app())
     for arg in argv:
         if arg.startswith("-"):
             continue
@@ -93,7 +137,7 @@ def command_path(argv: list[str]) -> str:
     return " ".join(path)
 
 
-def _usage_line(exc: Exception, argv: list[str] | None = None) -> tuple[str, str]:
+def _usage_line(exc: Exception, argv: list[str] | None = None, app: typer.Typer | None = None) -> tuple[str, str]:
     """A usage error as (message, hint): click's message in one line, then where the right flags are listed."""
     message = " ".join(str(exc.format_message() if hasattr(exc, "format_message") else exc).split())
     names = []
@@ -102,7 +146,7 @@ def _usage_line(exc: Exception, argv: list[str] | None = None) -> tuple[str, str
         names.insert(0, ctx.info_name)
         ctx = ctx.parent
     args = list(argv if argv is not None else sys.argv[1:])
-    command = " ".join(["qvl", *names]) if names else command_path(args)
+    command = " ".join(["qvl", *names]) if names else command_path(args, app)
     hint = f"see `{command} --help`"
     flags = _flag_names(exc)
     if flags:
@@ -172,6 +216,8 @@ def _single_brackets() -> None:
 
 _hide_bool_metavar()
 _single_brackets()
+defer_value_adapters()
+defer_help_imports()
 
 
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what `cmd | head` reports for a tool the closed pipe ended
@@ -194,13 +240,17 @@ def _closed_pipe() -> None:
     sys.exit(EXIT_CLOSED_PIPE)
 
 
-def main() -> None:
-    """Entry point: one line per error, a documented exit code, no traceback; with --json, also the error as JSON."""
+def main(app: typer.Typer | None = None) -> None:
+    """Entry point: one line per error, a documented exit code, no traceback; with --json, also the error as JSON.
+
+    ``app``: what ``app_for(sys.argv[1:])`` gave (entry.main builds it while it still reports a Ctrl-C as one
+    line); by default it is built here."""
     from qwenvl_rbln.views import render
 
     argv = sys.argv[1:]
     as_json = wants_json(argv)
     render.reset_emitted()
+    app = app or app_for(argv)
     try:
         code = app(standalone_mode=False)
     except QvlError as exc:
@@ -226,7 +276,7 @@ def main() -> None:
         if _is_click_error(exc) and not str(exc.format_message()).strip():
             sys.exit(0)  # `qvl` or `qvl presets` alone: the help was printed, and help is what was asked for
         if _is_click_error(exc):
-            message, hint = _usage_line(exc, argv)
+            message, hint = _usage_line(exc, argv, app)
             _fail(message, hint, getattr(exc, "exit_code", 2) or 2, as_json=as_json)
         if os.environ.get("QVL_DEBUG"):
             raise

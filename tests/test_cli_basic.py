@@ -174,6 +174,25 @@ def test_ctrl_c_while_the_cli_is_still_importing_is_one_line_exit_130():
     assert proc.stderr == "qvl: interrupted before it started; nothing was done\n"
 
 
+@pytest.mark.parametrize("argv", [["compile", "--dry-run"], ["--help"]], ids=" ".join)
+def test_ctrl_c_while_the_command_module_is_still_importing_is_one_line_exit_130(argv):
+    """A run imports its command's module after the CLI itself (cli.app_for): a Ctrl-C there is still the start."""
+    code = (
+        "import sys\n"
+        "class Stop:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'qwenvl_rbln.commands.compile_cmd':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Stop())\n"
+        f"sys.argv = {['qvl', *argv]!r}\n"
+        "from qwenvl_rbln.entry import main\n"
+        "main()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == "qvl: interrupted before it started; nothing was done\n"
+
+
 def test_a_ctrl_c_after_the_command_finished_cannot_change_its_exit_code():
     """The console script ignores SIGINT once the command has run and reported (a late Ctrl-C once made a
     completed compile exit 130 with no line)."""

@@ -1,4 +1,7 @@
-"""Command modules. Each exposes ``register(app)``; heavy imports stay inside the command bodies."""
+"""Command modules. Each exposes ``register(app)``; heavy imports stay inside the command bodies.
+
+A module is named after the command it registers (``bucket-plan``: ``bucket_plan_cmd``), so a run imports only
+the module of its command (``module_for``); a module listed here the same way is loaded that way too."""
 
 from __future__ import annotations
 
@@ -25,6 +28,17 @@ COMMAND_MODULES = [
 ]
 
 
+def register_module(app: typer.Typer, name: str) -> None:
+    importlib.import_module(f"qwenvl_rbln.commands.{name}").register(app)
+
+
 def register_all(app: typer.Typer) -> None:
     for name in COMMAND_MODULES:
-        importlib.import_module(f"qwenvl_rbln.commands.{name}").register(app)
+        register_module(app, name)
+
+
+def module_for(command: str) -> str | None:
+    """The listed module named after ``command`` (``bucket-plan``: ``bucket_plan_cmd``), or None: a command
+    registered under another name (``bench-serve``, in ``serve_cmd``) or a typo then loads every module."""
+    name = command.replace("-", "_") + "_cmd"
+    return name if name in COMMAND_MODULES else None

@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
             refuse_multi_device,
         )
         from qwenvl_rbln.memory.planner import estimate_plan
-        from qwenvl_rbln.views import live, render
+        from qwenvl_rbln.views import render
         from qwenvl_rbln.views.memory import print_memory
 
         plot = check_plot(plot)
@@ -125,6 +125,8 @@ def register(app: typer.Typer) -> None:
             if gate is not None:
                 raise gate
             return
+        from qwenvl_rbln.views import live  # the real compile's progress view: a dry run draws none
+
         result = compile_for_real(
             plan,
             memory,

@@ -14,7 +14,6 @@ from typing import Any
 import typer
 
 from qwenvl_rbln.commands.common import JsonOpt
-from qwenvl_rbln.serving.options import REDACTED
 
 DirArg = typer.Argument(
     None,
@@ -62,6 +61,8 @@ def _split(directory: Path | None, extra: list[str] | None) -> tuple[Path | None
 
 def human(console: Any, d: dict[str, Any]) -> None:
     import shlex
+
+    from qwenvl_rbln.serving.options import REDACTED
 
     for check in d["checks"]:
         mark = "ok  " if check["ok"] else "warn"

@@ -6,18 +6,18 @@ Machine-readable output goes to stdout; warnings and progress go to stderr, so
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from rich.console import Console
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from qwenvl_rbln.errors import CONTROL_PICTURES
 from qwenvl_rbln.units import fmt_bytes  # noqa: F401  (re-exported: views format bytes through render)
+
+if TYPE_CHECKING:  # rich is imported where a console or a styled text is made: `--json` output never needs it
+    from rich.console import Console
+    from rich.text import Text
 
 _stdout: Console | None = None
 _stderr: Console | None = None
@@ -35,6 +35,8 @@ def out() -> Console:
     """
     global _stdout
     if _stdout is None:
+        from rich.console import Console
+
         _stdout = Console(highlight=False, soft_wrap=False)
         _stdout.on_broken_pipe = _broken_pipe  # type: ignore[method-assign]
         if not _stdout.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
@@ -54,6 +56,8 @@ def err() -> Console:
     """Console for diagnostics (stderr), also used in --json mode."""
     global _stderr
     if _stderr is None:
+        from rich.console import Console
+
         _stderr = Console(stderr=True, highlight=False, soft_wrap=True)
     return _stderr
 
@@ -76,6 +80,8 @@ def markup(template: str, *values: Any) -> Text:
     style around its field: ``markup("[bold]\\[{}][/bold] {}", rid, text)``. Brackets in the template around
     a field stay literal.
     """
+    from rich.text import Text
+
     parts = template.split("{}")
     if len(parts) - 1 != len(values):
         raise ValueError(f"markup template has {len(parts) - 1} fields for {len(values)} values: {template!r}")
@@ -106,6 +112,8 @@ def one_line(value: Any) -> str:
 
 
 def _one_line_cell(cell: Any) -> Any:
+    from rich.text import Text
+
     if isinstance(cell, Text):
         plain = cell.plain.translate(_CONTROL)
         if plain != cell.plain:  # same length, one character for one: the styles stay where they were
@@ -171,6 +179,8 @@ def _lossless(obj: Any) -> Any:
 
 def dumps(data: Any) -> str:
     """One JSON document, always valid UTF-8: non-UTF-8 names get a display form and their exact bytes."""
+    import json  # here: help and human output never need it
+
     text = json.dumps(data, indent=2, default=_default, ensure_ascii=False)
     try:
         text.encode("utf-8")
@@ -240,6 +250,8 @@ class Col:
 
 
 def _cell_width(cell: str | Text) -> int:
+    from rich.text import Text
+
     text = cell if isinstance(cell, Text) else Text.from_markup(cell)
     return max((line.cell_len for line in text.split("\n")), default=0)
 
