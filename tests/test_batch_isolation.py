@@ -442,3 +442,31 @@ def test_a_pool_worker_loads_the_recorded_pair_renumbered_and_records_host_ids(t
     placed = host.worker.spec.opts
     assert (placed.device, placed.visual_device) == ((0, 1) if lm < vit else (1, 0))
     assert host.worker.spec.npu == [2, 3] and host.load_error is None
+
+
+def test_the_job_record_is_written_with_the_first_line_never_before(tmp_path, capsys, monkeypatch):
+    """A job that fails before any request finished (a pool that cannot start, a cluster nothing answers at) leaves
+    neither R nor its job record behind; one that writes a line leaves both."""
+    from qwenvl_rbln.batch import driver, stamp
+    from qwenvl_rbln.batch.npus import WorkerNpus
+    from qwenvl_rbln.errors import BackendError
+    from tests.fakes_rbln import run_main
+    from tests.test_batch_core import Echo, _write
+
+    class NoPool:
+        def run(self, items, emit, event) -> None:
+            raise BackendError("the pool cannot start", "start it")
+
+        def close(self) -> None:
+            pass
+
+    batch = _write(tmp_path / "b.jsonl", [{"id": "a"}, {"id": "b"}])
+    job = {"artifact": str(tmp_path), "backend": "rbln"}
+    monkeypatch.setattr(driver, "_target_check", lambda spec, system: (WorkerNpus(), str(tmp_path), job))
+    for executor, code_wanted, left_behind in ((NoPool(), 5, False), (Echo(), 0, True)):
+        monkeypatch.setattr(driver, "make_executor", lambda opts, npus, ex=executor: ex)
+        out = tmp_path / f"r-{code_wanted}.jsonl"
+        argv = ["infer", str(tmp_path), "--batch-file", str(batch), "--output", str(out)]
+        code, _, err = run_main(argv, capsys)
+        assert code == code_wanted, err
+        assert out.exists() is left_behind and stamp.sidecar(out).exists() is left_behind, err

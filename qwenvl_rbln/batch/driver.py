@@ -172,10 +172,11 @@ def _run_locked(opts: BatchOptions, watch: Watch | None, executor: Any) -> dict[
     if job is not None:  # a --resume of another job's results is refused here, before a line is written
         tally.notes[:0] = stamp.check(output, job, opts.resume)
     ex = executor if executor is not None else make_executor(opts, npus)
-    if job is not None:
-        stamp.record(output, job)
+    unrecorded = [job] if job is not None else []  # the job record is written with R's first line, not before
 
     def emit(record: dict[str, Any]) -> None:
+        while unrecorded:
+            stamp.record(output, unrecorded.pop())
         writer.write(record)
         tally.record(record)
         notify(tally, "record")
