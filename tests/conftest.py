@@ -63,6 +63,19 @@ def no_model_load(monkeypatch):
 # ------------------------------------------------------------------- optimum-rbln's real code on the emulator
 
 
+@pytest.fixture(autouse=True)
+def _emulator_left_as_found():
+    """A test that runs `qvl ... --emulate` in-process leaves the emulator served as ``rebel`` (the CLI never needs
+    to undo it: its process ends). Off again after each test that found it off, so a later test in the same worker
+    never meets an emulator it did not ask for (a module that keeps it on, tests/test_emulator.py, found it on)."""
+    from qwenvl_rbln.backends import emulator
+
+    was = emulator.is_active()
+    yield
+    if not was and emulator.is_active():
+        emulator.deactivate()
+
+
 @pytest.fixture
 def emulated():
     """qvl's CPU emulator served as ``rebel`` for one test, so optimum-rbln's real code runs on it; removed again

@@ -470,3 +470,35 @@ def test_the_job_record_is_written_with_the_first_line_never_before(tmp_path, ca
         code, _, err = run_main(argv, capsys)
         assert code == code_wanted, err
         assert out.exists() is left_behind and stamp.sidecar(out).exists() is left_behind, err
+
+
+def test_a_call_that_finished_before_its_actor_died_is_written_not_charged():
+    """The Ray pool's wait can hand back the failed call of a dead actor before the call queued ahead of it that
+    finished: that finished call's requests are written, and only the call that was running is charged (a race
+    the real-Ray test test_on_ray_a_request_that_kills_every_worker_is_written_failed_and_the_rest_finish met)."""
+    from types import SimpleNamespace
+
+    from qwenvl_rbln.batch import ray_pool
+    from qwenvl_rbln.batch.source import WorkItem
+
+    class Ray:
+        def wait(self, refs, num_returns=1, timeout=None):
+            return [r for r in refs if r in ("k-call", "die-call")][:num_returns], []
+
+        def get(self, ref):
+            if ref == "die-call":
+                raise RuntimeError("ActorDiedError: the actor died unexpectedly")
+            return [{"id": "k", "ok": True, "num_tokens": 1}]
+
+        def kill(self, handle, no_restart=True) -> None:
+            pass
+
+    k, die = WorkItem("k", 1, {}), WorkItem("die", 2, {})
+    slot = ray_pool._Slot(name="worker-0", handle=object(), state="busy")
+    slot.calls = {"k-call": [k], "die-call": [die]}
+    pool = SimpleNamespace(ray=Ray(), depth=2, max_restarts=3, slots=[slot], launch=lambda s: "load")
+    written: list[dict] = []
+    loop = ray_pool._Loop(pool, iter(()), written.append, lambda name, fields: None, {})
+    loop._finished("die-call", slot)
+    assert [r["id"] for r in written] == ["k"]  # k finished: written once, never charged or run again
+    assert list(loop.failures) == ["die"] and [w.id for w in loop.retry] == ["die"]

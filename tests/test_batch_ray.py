@@ -415,6 +415,6 @@ def test_on_ray_a_request_that_kills_every_worker_is_written_failed_and_the_rest
     out, events = run_pool(1, work)
     by_id = {r["id"]: r for r in out}
     assert sorted(by_id) == sorted(w.id for w in work) and len(out) == len(work)
-    assert all(by_id[w.id]["ok"] for w in work if w.id != "die")
+    assert all(by_id[w.id]["ok"] for w in work if w.id != "die"), [(r["id"], r.get("error")) for r in out]
     assert by_id["die"]["error"]["cause"] == records.WORKER_FAILED and len(by_id["die"]["error"]["attempts"]) == 2
     assert not any(f.get("state") == "dead" for name, f in events if name == "worker.state")

@@ -326,6 +326,7 @@ class _Loop:
         requests blamed for this failure, with their errors; None: the call it was running (an actor runs its
         calls in order: the oldest) counts as an attempt of each of its requests. The calls queued behind it do
         not count."""
+        self._harvest(slot)
         with contextlib.suppress(Exception):
             self.ray.kill(slot.handle, no_restart=True)
         for n, batch in enumerate(slot.calls.values()):
@@ -337,6 +338,20 @@ class _Loop:
         for item, error in charged or []:
             self._failed(item, error)
         slot.calls.clear()
+
+    def _harvest(self, slot: _Slot) -> None:
+        """Write the calls of ``slot`` that finished before it failed (``ray.wait`` may hand the failed call back
+        first): the oldest call still held is then the one that was running, and no finished request is charged
+        or run twice. An actor runs its calls in order, so nothing behind an unfinished or failed call finished."""
+        for ref in list(slot.calls):
+            if not self.ray.wait([ref], num_returns=1, timeout=0)[0]:
+                return
+            try:
+                out = self.ray.get(ref)
+            except Exception:
+                return
+            slot.calls.pop(ref)
+            self._write(out, slot)
 
     def _restart(self, slot: _Slot, why: str, charged: list[tuple[WorkItem, dict[str, Any]]] | None) -> None:
         """Release the slot (``_release``) and load a fresh actor in it; given up after too many in a row."""
