@@ -21,6 +21,7 @@ routes, same request and answer shapes, same refusals) before an NPU is there. T
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from qwenvl_rbln.errors import InputError
@@ -49,7 +50,7 @@ def apply(launch: Launch, emulator_env: Mapping[str, str], *, serve: bool) -> No
     launch.emulated = True
     if serve:
         launch.argv += ["--middleware", MIDDLEWARE]
-    shim = str(emulator_env.get("PYTHONPATH", "")).split(":")[0]
+    shim = str(emulator_env.get("PYTHONPATH", "")).split(os.pathsep)[0]
     ok(
         launch.checks,
         "emulated",

@@ -23,7 +23,7 @@ import contextlib
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 ENV = "QVL_EMULATE_NPU"
 _ACTIVE = False
@@ -99,7 +99,7 @@ def deactivate() -> None:
 SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim")  # holds the ``rebel`` shim package
 
 
-def engine_environment(environ: dict[str, str] | os._Environ) -> dict[str, str]:
+def engine_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """What every process of ``vllm serve`` / ``vllm bench serve`` needs to import this emulator as ``rebel``:
     ``SHIM_DIR`` first on PYTHONPATH (kept ahead of the inherited one), and ``QVL_EMULATE_NPU=1`` for qvl's own code
     in them. ``qvl serve --emulate`` adds it to the environment it starts vLLM with."""
