@@ -116,14 +116,36 @@ def test_command_and_env_are_serves_with_the_pods_device_ids(arts, built):
     argv = container(result)["command"]
     assert argv[:2] == ["vllm", "serve"] and argv[2] == "/models/artifact"
     assert argv[3:] == launch.argv[3:]  # the same builder: every flag and value
-    assert json.loads(argv[argv.index("--rbln-optimum-overrides") + 1]) == {"device": 0, "visual": {"device": 0}}
-    assert launch.env["RBLN_VISIBLE_DEVICES"] == "1"  # serve: the host's NPU 1
+    placement = {"rbln_config": {"device": 0, "visual": {"device": 0}}}  # the default vllm-rbln 0.11's flag
+    assert json.loads(argv[argv.index("--additional-config") + 1]) == placement
+    assert launch.env["RBLN_DEVICES"] == "1"  # serve: the host's NPU 1
     env = env_of(result)
-    assert env["RBLN_VISIBLE_DEVICES"] == "0"  # the pod: its one claimed NPU is 0
-    assert {k: v for k, v in env.items() if k in launch.env and k != "RBLN_VISIBLE_DEVICES"} == {
-        k: v for k, v in launch.env.items() if k != "RBLN_VISIBLE_DEVICES"
+    assert env["RBLN_DEVICES"] == "0"  # the pod: its one claimed NPU is 0
+    assert {k: v for k, v in env.items() if k in launch.env and k != "RBLN_DEVICES"} == {
+        k: v for k, v in launch.env.items() if k != "RBLN_DEVICES"
     }
     assert result["spec"].pod.devices == 1
+
+
+@pytest.mark.parametrize(
+    ("version", "flag", "name"),
+    [
+        ("0.11.1a1", "--additional-config", "RBLN_DEVICES"),
+        ("0.12.0", "--rbln-optimum-overrides", "RBLN_VISIBLE_DEVICES"),
+    ],
+)
+def test_deploy_writes_the_line_serve_would_for_the_images_vllm_rbln(version, flag, name, arts):
+    """--vllm-rbln picks the generation (never the vllm-rbln installed where deploy runs): the pod's command is
+    serve's line for that version, the pod's NPU ids aside."""
+    launch, _ = serve_command(ServeOptions(directory=arts["two"], host="0.0.0.0", no_auth=True, vllm_rbln=version), {})
+    result = build(opts(arts["two"], vllm_rbln=version))
+    argv = container(result)["command"]
+    assert argv[3:] == launch.argv[3:] and flag in argv
+    assert env_of(result)[name] == launch.env[name] == "0,1" and result["spec"].pod.devices == 2
+    (engine,) = [c for c in result["spec"].pod.checks if c["check"] == "engine"]
+    assert f"vllm-rbln {version} (chosen with --vllm-rbln)" in engine["detail"]
+    default = [c for c in build(opts(arts["two"]))["spec"].pod.checks if c["check"] == "engine"]
+    assert "no vllm-rbln installed here: the default 0.11.1a1" in default[0]["detail"]
 
 
 def test_what_serve_refuses_deploy_refuses_with_the_same_message(tmp_path, arts):
@@ -142,7 +164,7 @@ def test_a_vit_on_its_own_npu_claims_two_devices_of_the_compiled_family(built):
     request = claim["spec"]["spec"]["devices"]["requests"][0]["exactly"]
     assert request["count"] == 2 and request["deviceClassName"] == "npu.rebellions.ai"
     assert request["selectors"][0]["cel"]["expression"].endswith('productName.startsWith("RBLN-CR")')
-    assert env_of(built[("llm-d", "dra")])["RBLN_VISIBLE_DEVICES"] == "0,1"
+    assert env_of(built[("llm-d", "dra")])["RBLN_DEVICES"] == "0,1"
     resources = container(built[("kubernetes", "device-plugin")])["resources"]
     assert resources["requests"]["rebellions.ai/npu"] == resources["limits"]["rebellions.ai/npu"] == 2
     one = container(built[("llm-d", "device-plugin")])["resources"]
@@ -337,19 +359,15 @@ def test_no_output_folder_and_no_dry_run_is_refused(arts, capsys):
     assert code == 2 and "-o OUT" in err
 
 
-def test_a_short_pool_without_the_plugin_names_the_hang_it_risks(tmp_path):
-    from tests.fakes_rbln import rbln_config_json
-
-    plan = build_plan("rebel100-1npu")
-    root = write_artifact(tmp_path / "short", plan, cfg=rbln_config_json(plan, kv_blocks=20))
-    write_manifest(root, {"format": 1, "npu": plan.npu, "placement": plan.placement, "model": MODEL})
-    guarded = build(opts(root))
-    assert env_of(guarded)["QVL_MAX_MODEL_LEN"] == str(19 * 8192)  # serve's pool guard, in the pod too
-    bare = build(opts(root, plugin=False))
-    assert "QVL_MAX_MODEL_LEN" not in env_of(bare)
-    (check,) = [c for c in bare["spec"].pod.checks if c["check"] == "pool guard"]
-    assert not check["ok"] and "#957" in check["detail"]
-    assert "#957" in " ".join(bare["files"]["kustomization.yaml"].split())
+def test_a_decoder_that_needs_the_sort_without_the_plugin_names_the_crash_it_risks(arts):
+    sorted_pod = build(opts(arts["two"]))  # batch 4, flash attention for RBLN-CR13: _requires_batch_sort
+    assert env_of(sorted_pod)["QVL_SORT_DECODE"] == "1"  # serve's decode batch sort, in the pod too
+    bare = build(opts(arts["two"], plugin=False))
+    assert "QVL_SORT_DECODE" not in env_of(bare)
+    (check,) = [c for c in bare["spec"].pod.checks if c["check"] == "decode sort"]
+    assert not check["ok"] and "end the engine" in check["detail"]
+    assert "end the" in " ".join(bare["files"]["kustomization.yaml"].split())
+    assert "QVL_SORT_DECODE" not in env_of(build(opts(arts["one"])))  # batch 1: nothing to sort
 
 
 def test_a_profiled_prefill_chunk_replaces_the_routers_roofline_estimate(arts, tmp_path, monkeypatch):

@@ -139,4 +139,4 @@ def test_serve_refuses_a_multi_device_artifact_on_rebel100_unless_forced(tmp_pat
     assert code == 2 and "one device per rank" in err and "--force" in err
     code, out, err = run_main(["serve", str(root), "--dry-run", "--json", "--force"], capsys)
     assert code == 0, err
-    assert json.loads(out)["env"]["RBLN_VISIBLE_DEVICES"] == "0,1"
+    assert json.loads(out)["env"]["RBLN_DEVICES"] == "0,1"

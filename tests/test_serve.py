@@ -108,6 +108,21 @@ def flag_value(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
 
+ENGINES = ["0.11.1a1", "0.12.0"]  # one vllm-rbln of each generation (serving/engine.py)
+
+
+def placement_of(data: dict) -> tuple[str, dict]:
+    """(the visible NPUs, the placement vllm-rbln reads) from either generation's line, checking it is one line."""
+    argv, env = data["argv"], data["env"]
+    if "--rbln-optimum-overrides" in argv:
+        assert "--additional-config" not in argv and "RBLN_DEVICES" not in env
+        return env["RBLN_VISIBLE_DEVICES"], json.loads(flag_value(argv, "--rbln-optimum-overrides"))
+    assert "RBLN_VISIBLE_DEVICES" not in env or env["RBLN_VISIBLE_DEVICES"] is None
+    config = json.loads(flag_value(argv, "--additional-config"))
+    assert set(config) == {"rbln_config"}
+    return env["RBLN_DEVICES"], config["rbln_config"]
+
+
 # ------------------------------------------------------------------------------------ the command itself
 
 
@@ -128,10 +143,14 @@ def test_serve_dry_run_builds_the_command_from_the_artifact(art, capsys, no_exec
     limits = json.loads(flag_value(argv, "--limit-mm-per-prompt"))
     # the reserve for template, text and output is left free: (262144 - 128) // (4096 pads + start/end)
     assert limits["image"] == (262144 - 128) // (16384 // 4 + 2) == 63 and limits["video"] >= 1
-    assert json.loads(flag_value(argv, "--rbln-optimum-overrides")) == {"device": 0, "visual": {"device": 0}}
+    # the default line is vllm-rbln 0.11's (installed here, and qvl's default where none is)
+    assert json.loads(flag_value(argv, "--additional-config")) == {
+        "rbln_config": {"device": 0, "visual": {"device": 0}}
+    }
+    assert "--rbln-optimum-overrides" not in argv
     assert flag_value(argv, "--host") == "127.0.0.1" and flag_value(argv, "--port") == "8000"
     assert flag_value(argv, "--served-model-name") == "Qwen/Qwen3-VL-2B-Instruct"
-    assert data["env"]["RBLN_VISIBLE_DEVICES"] == "0"
+    assert data["env"]["RBLN_DEVICES"] == "0" and "RBLN_VISIBLE_DEVICES" not in data["env"]
     assert data["env"][PACKING_ENV] == "1"
     names = [c["check"] for c in data["checks"]]
     for name in ("rbln_config", "not emulated", "cls_name", "optimum_rbln_version", "graph files", "processor files"):
@@ -145,19 +164,19 @@ def test_human_dry_run_is_a_shell_script_of_the_same_command(art, capsys, no_exe
     assert code == 0, err
     lines = out.strip().splitlines()
     assert all(line.startswith("# ok ") for line in lines[: len(data["checks"])])
-    assert "export RBLN_VISIBLE_DEVICES=0" in lines and "export QVL_VIT_PACKING=1" in lines
+    assert "export RBLN_DEVICES=0" in lines and "export QVL_VIT_PACKING=1" in lines
     assert shlex.split(lines[-1]) == data["argv"]
 
 
 def test_serve_execs_exactly_what_dry_run_printed(tmp_path, plans, stand_in):
     root = make_artifact(tmp_path / "art2", plans["rebel100-2npu-batch4"])
-    env = {**stand_in.env, "RBLN_DEVICES": "7", "VLLM_PLUGINS": "rbln"}
+    env = {**stand_in.env, "RBLN_VISIBLE_DEVICES": "7", "VLLM_PLUGINS": "rbln"}
     args = ["serve", str(root), "--port", "8123", "--", "--enforce-eager", "--max-model-len=262144"]
     shown = run_qvl(*with_flags(args, "--dry-run", "--json"), env=env)
     assert shown.exit_code == 0, shown.stderr
     data = json.loads(shown.stdout)
     assert not stand_in.record.exists()  # --dry-run starts nothing
-    assert data["env"]["RBLN_DEVICES"] is None  # the deprecated alias is unset, never left to pick other NPUs
+    assert data["env"]["RBLN_VISIBLE_DEVICES"] is None  # the other generation's name is unset, never left to pick
     assert data["env"]["VLLM_PLUGINS"] == f"rbln,{PLUGIN_NAME}"  # an allowlist gets the plugin added
     ran = run_qvl(*args, env=env)
     assert ran.exit_code == 0, ran.stderr
@@ -166,8 +185,7 @@ def test_serve_execs_exactly_what_dry_run_printed(tmp_path, plans, stand_in):
     for key, value in data["env"].items():
         assert rec["env"].get(key) == value, key
     assert rec["argv"][-2:] == ["--enforce-eager", "--max-model-len=262144"]
-    assert rec["env"]["RBLN_VISIBLE_DEVICES"] == "0,1"
-    assert json.loads(flag_value(rec["argv"], "--rbln-optimum-overrides")) == {"device": 0, "visual": {"device": 1}}
+    assert placement_of(rec) == ("0,1", {"device": 0, "visual": {"device": 1}})
 
 
 def test_default_dir_is_the_last_compile_as_for_infer(art, capsys, monkeypatch, tmp_path, no_exec):
@@ -328,6 +346,7 @@ CONFLICTS = [
     (["--port=9000"], "qvl serve --port"),
     (["--served-model-name", "x"], "qvl serve --served-model-name"),
     (["--rbln-optimum-overrides", '{"device": 3}'], "--device / --visual-device"),
+    (["--additional-config", '{"rbln_config": {"device": 3}}'], "--device / --visual-device"),
     (["--mm-processor-kwargs", '{"max_pixels": 99999999}'], "largest compiled ViT bucket"),
     (["--mm-processor-kwargs.max_pixels", "99999999"], "largest compiled ViT bucket"),
     (["--mm-processor-kwargs=not-json"], "not a JSON object"),
@@ -397,24 +416,31 @@ def test_parse_flags_reads_both_spellings():
         # both on one NPU does not fit this artifact: tests/test_serve_memory.py
     ],
 )
-def test_placement_flags_set_visible_devices_and_overrides(flags, visible, overrides, tmp_path, plans, capsys, no_exec):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_placement_flags_set_visible_devices_and_overrides(
+    engine, flags, visible, overrides, tmp_path, plans, capsys, no_exec
+):
     root = make_artifact(tmp_path / "art", plans["rebel100-2npu-batch4"])
-    data = dry(["serve", str(root), *flags], capsys)
-    assert data["env"]["RBLN_VISIBLE_DEVICES"] == visible
-    assert json.loads(flag_value(data["argv"], "--rbln-optimum-overrides")) == overrides
+    data = dry(["serve", str(root), *flags, "--vllm-rbln", engine], capsys)
+    assert placement_of(data) == (visible, overrides)  # the same ids, in the generation's own flag and variable
     assert flag_value(data["argv"], "--max-num-seqs") == "4"
 
 
-def test_device_alone_moves_both_when_they_were_compiled_together(art, capsys, no_exec):
-    data = dry(["serve", str(art), "--device", "3"], capsys)
-    assert data["env"]["RBLN_VISIBLE_DEVICES"] == "3"
-    assert json.loads(flag_value(data["argv"], "--rbln-optimum-overrides")) == {"device": 0, "visual": {"device": 0}}
+@pytest.mark.parametrize("engine", ENGINES)
+def test_device_alone_moves_both_when_they_were_compiled_together(engine, art, capsys, no_exec):
+    data = dry(["serve", str(art), "--device", "3", "--vllm-rbln", engine], capsys)
+    assert placement_of(data) == ("3", {"device": 0, "visual": {"device": 0}})
 
 
-def test_inherited_visible_devices_are_replaced_and_said_so(art, capsys, monkeypatch, no_exec):
-    monkeypatch.setenv("RBLN_VISIBLE_DEVICES", "4,5")
-    data = dry(["serve", str(art), "--device", "1"], capsys)
-    assert data["env"]["RBLN_VISIBLE_DEVICES"] == "1"
+@pytest.mark.parametrize(
+    ("engine", "name", "other"),
+    [("0.11.1a1", "RBLN_DEVICES", "RBLN_VISIBLE_DEVICES"), ("0.12.0", "RBLN_VISIBLE_DEVICES", "RBLN_DEVICES")],
+)
+def test_inherited_visible_devices_are_replaced_and_said_so(engine, name, other, art, capsys, monkeypatch, no_exec):
+    monkeypatch.setenv(name, "4,5")
+    monkeypatch.setenv(other, "6")
+    data = dry(["serve", str(art), "--device", "1", "--vllm-rbln", engine], capsys)
+    assert data["env"][name] == "1" and data["env"][other] is None  # the other name can never pick other NPUs
     assert any("replaces the inherited 4,5" in c["detail"] for c in data["checks"])
 
 
@@ -424,13 +450,13 @@ def test_a_damaged_recorded_placement_is_one_line(tmp_path, plans, capsys, no_ex
     manifest["placement"] = {"device": "zero", "visual_device": 0}
     (root / MANIFEST_NAME).write_text(json.dumps(manifest))
     assert "'zero'" in refused(["serve", str(root)], capsys)
-    assert dry(["serve", str(root), "--device", "0"], capsys)["env"]["RBLN_VISIBLE_DEVICES"] == "0"
+    assert placement_of(dry(["serve", str(root), "--device", "0"], capsys))[0] == "0"
 
 
 def test_no_manifest_places_both_on_device_0(tmp_path, plans, capsys, no_exec):
     root = make_artifact(tmp_path / "art", plans["rebel100-2npu-batch4"], manifest=False)
     data = dry(["serve", str(root)], capsys)
-    assert data["env"]["RBLN_VISIBLE_DEVICES"] == "0"
+    assert placement_of(data)[0] == "0"
 
 
 @pytest.mark.parametrize(
@@ -503,7 +529,7 @@ def test_no_vllm_on_path_is_exit_3_in_one_line(command, art, capsys, monkeypatch
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
     line = refused([command, str(art)], capsys, code=3)
-    assert "`vllm` is not on PATH" in line and "pip install vllm-rbln" in line
+    assert "`vllm` is not on PATH" in line and "install vllm-rbln" in line
     assert dry([command, str(art)], capsys)["argv"][0] == "vllm"  # --dry-run needs no vllm
 
 

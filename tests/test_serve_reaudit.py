@@ -3,8 +3,9 @@
 - N2: a video processor class qvl's per-frame cap does not patch (``vision.frame_cap.FAMILIES``) is refused before
   vLLM starts, as `qvl infer` refuses it; `qvl load-check` warns about it. No video processor file at all resolves to
   transformers' fallback (Qwen2VLVideoProcessor from the image processor, or the model type's Qwen3VLVideoProcessor).
-- N4: the multimodal limits are worked out in the --max-model-len serve passes (a short KV pool holds less than
-  max_seq_len), and `qvl tune` prints the same builder's line; bench-serve's images fit that length too.
+- N4: the multimodal limits are worked out in the --max-model-len serve passes (the compiled max_seq_len: a pool that
+  cannot hold it is refused, tests/test_serve_pool.py), and `qvl tune` prints the same builder's line; bench-serve's
+  images fit that length too.
 - N5b: an IPv6 host is shown as ``[::]:8000``.
 """
 
@@ -130,41 +131,40 @@ def limits_of(argv: list[str]) -> dict[str, int]:
     return json.loads(argv[argv.index("--limit-mm-per-prompt") + 1])
 
 
-def test_serve_limits_are_worked_out_in_the_max_model_len_a_short_pool_holds(tmp_path, capsys, no_exec):
+def test_serve_limits_are_worked_out_in_the_max_model_len_serve_passes(tmp_path, capsys, no_exec):
     from qwenvl_rbln.vision import context
 
-    root = artifact(tmp_path / "art", "rebel100-1npu-batch4", kv_blocks=3)  # max_seq_len 32768, 2 x 8192 usable
+    root = artifact(tmp_path / "art", "rebel100-1npu-batch4")  # max_seq_len 32768, a full KV pool
     code, out, err = serve(capsys, str(root), "--json")
     assert code == 0, err
     data = json.loads(out)
     held = int(data["argv"][data["argv"].index("--max-model-len") + 1])
-    assert held == 16384
+    assert held == 32768
     limits = limits_of(data["argv"])
     image = context.image_tokens(16384 // 4)
-    assert limits["image"] == 3 and limits["image"] * image <= held - context.RESERVE_TOKENS  # not 7 (at 32768)
-    assert limits["video"] == 0  # an 18,816-token video does not fit 16384
+    assert limits["image"] == 7 and limits["image"] * image <= held - context.RESERVE_TOKENS < 8 * image
+    assert limits["video"] == 1  # an 18,816-token video fits 32768 once
     (check,) = [c for c in data["checks"] if c["check"] == "limit_mm_per_prompt"]
-    assert check["warning"] and "max-model-len 16384 (what the KV block pool holds)" in check["detail"]
+    assert check["ok"] and "max_seq_len 32768" in check["detail"]
 
 
-def test_tune_prints_the_same_limits_for_a_short_pool():
+def test_tune_prints_the_same_limits():
     from qwenvl_rbln.serving.command import placement, plan_artifact, vllm_launch
 
     art = plan_artifact(build_plan("rebel100-1npu-batch4"), "/tmp/not-written")
-    art.cfg["kvcache_num_blocks"] = 3
     argv = vllm_launch(art, None, placement(art, None, None, None)).argv
-    assert argv[argv.index("--max-model-len") + 1] == "16384"
-    assert limits_of(argv) == {"image": 3, "video": 0}
+    assert argv[argv.index("--max-model-len") + 1] == "32768"
+    assert limits_of(argv) == {"image": 7, "video": 1}
 
 
-def test_bench_serve_images_fit_the_max_model_len_a_short_pool_holds(tmp_path, capsys, no_exec):
-    root = artifact(tmp_path / "art", "rebel100-1npu-batch4", kv_blocks=3)
-    # 4098 image tokens + 12300 text + 64 fit max_seq_len 32768 but not the 16384 the server is held to
+def test_bench_serve_images_fit_the_max_model_len(tmp_path, capsys, no_exec):
+    root = artifact(tmp_path / "art", "rebel100-1npu-batch4")
+    # 4098 image tokens + 28700 text + 64 do not fit max_seq_len 32768
     code, _, err = run_main(
-        ["bench-serve", str(root), "--input-len", "12000", "--output-len", "300", "--dry-run"], capsys
+        ["bench-serve", str(root), "--input-len", "28000", "--output-len", "700", "--dry-run"], capsys
     )
     assert code == 2 and "Traceback" not in err
-    assert "max-model-len 16384 (what the KV block pool holds)" in err
+    assert "do not fit max_seq_len 32768" in err
 
 
 # ------------------------------------------------------------------------------------------ N5b: IPv6

@@ -14,7 +14,8 @@ from tests.fakes_rbln import write_artifact
 from tests.helpers_cli import run_qvl
 from tests.test_serve_processor import CHECKPOINT_PROCESSOR
 
-IGNORED_ENV = ("RBLN_DEVICES", "VLLM_PLUGINS", "VLLM_API_KEY")  # depend on the caller's environment, not the preset
+# unset or set from the caller's environment, not the preset
+IGNORED_ENV = ("RBLN_VISIBLE_DEVICES", "VLLM_PLUGINS", "VLLM_API_KEY")
 
 
 def test_tunes_vllm_line_is_serves_dry_run(tmp_path):

@@ -108,7 +108,12 @@ def test_two_devices_move_the_vit_to_device_1(files):
     assert best["placement"] == {"device": 0, "visual_device": 1}
     assert best["max_seq_len"] == 262144 and best["batch_size"] >= 4
     assert doc["preset"]["placement"] == {"device": 0, "visual_device": 1}
-    assert doc["commands"]["env"] == {"RBLN_VISIBLE_DEVICES": "0,1", "QVL_VIT_PACKING": "1", "QVL_FRAME_CAP": "1"}
+    assert doc["commands"]["env"] == {
+        "RBLN_DEVICES": "0,1",  # serve's line for the installed vllm-rbln (0.11), else the default (0.11.1a1)
+        "QVL_VIT_PACKING": "1",
+        "QVL_FRAME_CAP": "1",
+        "QVL_SORT_DECODE": "1",  # batch >= 4 with flash attention for RBLN-CR13: _requires_batch_sort
+    }
 
 
 def test_one_device_offers_32768_at_batch_4(files):

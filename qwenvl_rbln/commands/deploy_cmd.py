@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 from qwenvl_rbln.commands.common import JsonOpt
-from qwenvl_rbln.commands.serve_cmd import DirArg, PassThrough, _split, unshown
+from qwenvl_rbln.commands.serve_cmd import DirArg, PassThrough, VllmRblnOpt, _split, unshown
 
 
 def register(app: typer.Typer) -> None:
@@ -37,8 +37,8 @@ def register(app: typer.Typer) -> None:
         plugin: bool = typer.Option(
             True,
             "--plugin/--no-plugin",
-            help="Build the image with qvl inside (frame cap, ViT packing, KV-pool guard); --no-plugin runs --image "
-            "as it is and the manifests say what that costs.",
+            help="Build the image with qvl inside (frame cap, ViT packing, decode batch sort); --no-plugin runs "
+            "--image as it is and the manifests say what that costs.",
         ),
         plugin_image: str = typer.Option(
             None, "--plugin-image", help="What the built image is pushed as (default: --image's tag + -qvlVERSION)."
@@ -66,6 +66,7 @@ def register(app: typer.Typer) -> None:
         vit_packing: bool = typer.Option(
             None, "--vit-packing/--no-vit-packing", help="As for `qvl serve`.", show_default=False
         ),
+        vllm_rbln: str = VllmRblnOpt,
         force: bool = typer.Option(False, "--force", help="Replace an OUT folder that qvl deploy wrote."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the files; write nothing."),
         as_json: bool = JsonOpt,
@@ -84,6 +85,7 @@ def register(app: typer.Typer) -> None:
             plugin=plugin, plugin_image=plugin_image, name=name, namespace=namespace, service_type=service_type,
             api_key_secret=api_key_secret, no_auth=no_auth, load_check=load_check, preset=preset,
             served_model_name=served_model_name, vit_packing=vit_packing, extra=extra, force=force, dry_run=dry_run,
+            vllm_rbln=vllm_rbln,
         )  # fmt: skip
         if out is not None and not dry_run:
             check_out(out, force)  # an occupied OUT is refused before the artifact is read

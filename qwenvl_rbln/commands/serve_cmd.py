@@ -82,6 +82,23 @@ def unshown(warnings: list[str], checks: list[dict[str, Any]]) -> list[str]:
     return [line for line in warnings if not any(line in detail for detail in said)]
 
 
+VllmRblnOpt = typer.Option(
+    None,
+    "--vllm-rbln",
+    metavar="VERSION",
+    help="The vllm-rbln version the line is for (serve: default the installed one; without one, and for deploy, "
+    "0.11.1a1; the check 'engine' says which): 0.11 takes --additional-config and RBLN_DEVICES, 0.12+ "
+    "--rbln-optimum-overrides and RBLN_VISIBLE_DEVICES.",
+    show_default=False,
+)
+EmulateOpt = typer.Option(
+    False,
+    "--emulate",
+    help="For an artifact from `qvl compile --emulate`: the real vLLM and vllm-rbln over qvl's CPU emulator of the "
+    "NPU (also QVL_EMULATE_NPU=1); loopback only, every answer and line says emulated.",
+)
+
+
 def _run(launch: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> None:
     import os
     import shlex
@@ -90,13 +107,17 @@ def _run(launch: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> N
     from qwenvl_rbln.serving.launch import VLLM_INSTALL_HINT, find_vllm
     from qwenvl_rbln.views import render
 
+    label = "emulated NPU: " if launch.emulated else ""  # under --emulate, every line qvl prints says so too
     for line in unshown(warnings, launch.checks) if dry_run and not as_json else warnings:
-        render.warn(line)
+        render.warn(label + line)
     if dry_run:
         render.emit(launch.to_dict(), as_json=as_json, human=human)
         return
     env = launch.exec_env(os.environ)
     found = find_vllm(env)
+    if launch.emulated:
+        _supervised([found, *launch.argv[1:]], env)
+        return
     render.info(f"qvl: exec {shlex.join(launch.argv)}")
     sys.stdout.flush()
     sys.stderr.flush()
@@ -106,6 +127,37 @@ def _run(launch: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> N
         from qwenvl_rbln.errors import DependencyMissing
 
         raise DependencyMissing(f"`vllm` ({found}) could not be started: {exc}", VLLM_INSTALL_HINT) from None
+
+
+def _emulated(launch: Any, *, serve: bool) -> None:
+    """``--emulate``: the emulator's environment (its ``rebel`` shim first on PYTHONPATH) on the launch."""
+    import os
+
+    from qwenvl_rbln.backends import emulator
+    from qwenvl_rbln.serving import emulated
+
+    emulated.apply(launch, emulator.engine_environment(os.environ), serve=serve)
+
+
+def _supervised(argv: list[str], env: dict[str, str]) -> None:
+    """``--emulate``: vLLM as qvl's child, every line labelled, its whole process group ended with qvl."""
+    import shlex
+
+    from qwenvl_rbln.errors import EXIT_INTERRUPTED, BackendError
+    from qwenvl_rbln.serving import emulated, supervise
+    from qwenvl_rbln.views import render
+
+    render.info(f"qvl: emulated NPU (qvl's CPU emulator, no NPU): {shlex.join(argv)}")
+    code = supervise.run(argv, env, emulated.LABEL)
+    if code == EXIT_INTERRUPTED:
+        render.info("qvl: emulated NPU: stopped; no process of the emulated server is left")
+        raise typer.Exit(code)
+    if code != 0:
+        raise BackendError(
+            f"`vllm {argv[1]}` on the emulated NPU exited with code {code} (its output is above, every line "
+            f"prefixed '{emulated.LABEL.strip()}')",
+            "read the first error line above; rerun with --dry-run to see the exact command and environment",
+        )
 
 
 def register(app: typer.Typer) -> None:
@@ -141,14 +193,18 @@ def register(app: typer.Typer) -> None:
             "--uncertain-ok",
             help="Serve a --device/--visual-device placement whose memory verdict is 'uncertain' (as load-check).",
         ),
+        emulate: bool = EmulateOpt,
+        vllm_rbln: str = VllmRblnOpt,
         dry_run: bool = DryRunOpt,
         as_json: bool = JsonOpt,
     ) -> None:
         """Serve a compiled artifact with vllm-rbln (OpenAI API), after checking it: `vllm serve DIR ...`."""
         import os
 
+        from qwenvl_rbln.backends.emulator import refuse_real_rebel, requested
         from qwenvl_rbln.memory.placement import parse_device
         from qwenvl_rbln.serving.command import serve_command
+        from qwenvl_rbln.serving.engine import check_runnable, resolve
         from qwenvl_rbln.serving.options import ServeOptions
 
         directory, extra = _split(directory, vllm_args)
@@ -166,8 +222,16 @@ def register(app: typer.Typer) -> None:
             api_key_file=api_key_file,
             no_auth=no_auth,
             uncertain_ok=uncertain_ok,
+            emulate=requested(emulate),
+            vllm_rbln=vllm_rbln,
         )
+        if opts.emulate:
+            refuse_real_rebel("--emulate")
         launch, warnings = serve_command(opts, os.environ)
+        if opts.emulate:
+            _emulated(launch, serve=True)
+        if not dry_run and vllm_rbln is not None:
+            check_runnable(resolve(vllm_rbln))
         _run(launch, warnings, dry_run=dry_run, as_json=as_json)
 
     @app.command("bench-serve")
@@ -183,12 +247,14 @@ def register(app: typer.Typer) -> None:
         output_len: int = typer.Option(128, "--output-len", min=1, help="Tokens to generate per request."),
         seed: int = typer.Option(0, "--seed", help="Random seed of the generated requests."),
         api_key_file: Path = KeyFileOpt,
+        emulate: bool = EmulateOpt,
         dry_run: bool = DryRunOpt,
         as_json: bool = JsonOpt,
     ) -> None:
         """Load-test a running `qvl serve` with vLLM's own `vllm bench serve` (random images sized to the buckets)."""
         import os
 
+        from qwenvl_rbln.backends.emulator import refuse_real_rebel, requested
         from qwenvl_rbln.serving.bench import bench_command
         from qwenvl_rbln.serving.options import BenchOptions
 
@@ -205,6 +271,11 @@ def register(app: typer.Typer) -> None:
             seed=seed,
             extra=extra,
             api_key_file=api_key_file,
+            emulate=requested(emulate),
         )
+        if opts.emulate:
+            refuse_real_rebel("--emulate")
         launch, warnings = bench_command(opts, os.environ)
+        if opts.emulate:
+            _emulated(launch, serve=False)
         _run(launch, warnings, dry_run=dry_run, as_json=as_json)

@@ -27,6 +27,8 @@ def _served(opts: DeployOptions) -> ServeOptions:
         vit_packing=opts.vit_packing,
         extra=list(opts.extra),
         no_auth=True,  # who may call is the Secret's job in a cluster (manifests._env), not serve's
+        vllm_rbln=opts.vllm_rbln,
+        engine_here=False,  # the pod's image decides, never a vllm-rbln installed where deploy runs
     )
 
 
@@ -83,7 +85,7 @@ def containerfile(spec: manifests.Spec) -> str:
     return "\n".join(
         [
             f"# Written by qvl deploy {__version__}. The serving image for {spec.name}: the vllm-rbln image you gave",
-            "# (--image) with this qvl version inside, because the video frame cap, ViT packing and the KV-pool guard",
+            "# (--image) with this qvl version inside, because the video frame cap, ViT packing and the decode sort",
             "# are qvl's vLLM plugin and run in vLLM's own processes. Build it in this folder (the build context holds",
             "# the wheel) and push it where the cluster pulls from:",
             f"#   podman build -t {spec.image} -f Containerfile . && podman push {spec.image}",
@@ -180,7 +182,7 @@ def report(result: dict[str, Any], out: str | None, *, dry_run: bool) -> dict[st
     notes = []
     if spec.opts.plugin:
         notes.append(f"build and push {spec.image} from {out or 'OUT'}/Containerfile before applying: "
-                     "the frame cap, ViT packing and the KV-pool guard run only with qvl inside the image")  # fmt: skip
+                     "the frame cap, ViT packing and the decode sort run only with qvl inside the image")  # fmt: skip
     else:
         notes += [f"--no-plugin: {c}" for c in spec.pod.costs]
     return {

@@ -43,7 +43,7 @@ class DeployOptions:
     npu: str = "dra"
     artifact: str | None = None  # pvc:CLAIM[/SUBPATH] | hostpath:PATH | image:REF
     image: str | None = None  # the vllm-rbln serving image the Containerfile starts from
-    plugin: bool = True  # build an image with qvl in it (the frame cap, ViT packing, the pool guard)
+    plugin: bool = True  # build an image with qvl in it (the frame cap, ViT packing, the decode batch sort)
     plugin_image: str | None = None  # what that image is pushed as (default: derived from image)
     name: str | None = None
     namespace: str | None = None
@@ -57,6 +57,7 @@ class DeployOptions:
     extra: list[str] = field(default_factory=list)
     force: bool = False
     dry_run: bool = False
+    vllm_rbln: str | None = None  # the image's vllm-rbln: its generation's serve line (default serving.engine.DEFAULT)
 
     def __post_init__(self) -> None:
         _choice("--target", self.target, TARGETS)

@@ -13,6 +13,7 @@ from typing import Any
 
 from qwenvl_rbln.deploy.options import PORT
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.serving.decode_sort import SORT_ENV
 from qwenvl_rbln.serving.options import (
     API_KEY_ENV,
     FRAME_CAP_ENV,
@@ -23,10 +24,9 @@ from qwenvl_rbln.serving.options import (
     Launch,
     ServeOptions,
 )
-from qwenvl_rbln.serving.pool_guard import MAX_MODEL_LEN_ENV
 from qwenvl_rbln.serving.preflight import warn
 
-PLUGIN_ENVS = (PACKING_ENV, FRAME_CAP_ENV, MAX_FRAME_PIXELS_ENV, MAX_MODEL_LEN_ENV)
+PLUGIN_ENVS = (PACKING_ENV, FRAME_CAP_ENV, MAX_FRAME_PIXELS_ENV, SORT_ENV)
 POD_HOST = "0.0.0.0"  # the pod's network namespace: the Service and the probes reach it on the pod IP
 
 
@@ -71,6 +71,8 @@ DEPLOY_OWNED = {
     "--served-model-name": "use qvl deploy --served-model-name instead",
     "--rbln-optimum-overrides": "drop it: the placement comes from the artifact, renumbered as the pod sees its "
     "claimed NPUs",
+    "--additional-config": "drop it: the placement comes from the artifact, renumbered as the pod sees its claimed "
+    "NPUs (vllm-rbln 0.11's rbln_config)",
     "--model": "pass the artifact as qvl deploy DIR (the pod mounts it with --artifact)",
 }
 
@@ -103,12 +105,12 @@ def pod_launch(opts: ServeOptions, model_path: str, *, plugin: bool) -> PodLaunc
         env = {k: v for k, v in env.items() if k not in PLUGIN_ENVS}
         if env.get("VLLM_PLUGINS"):
             env["VLLM_PLUGINS"] = ",".join(p for p in env["VLLM_PLUGINS"].split(",") if p != PLUGIN_NAME)
-    devices = len(launch.env.get("RBLN_VISIBLE_DEVICES", "0").split(","))
+    devices = len((launch.env.get(launch.device_env) or "0").split(","))
     checks = launch.checks if plugin else _without_plugin(launch.checks, costs)
     return PodLaunch(art, argv, env, checks, devices, warnings, costs)
 
 
-PLUGIN_CHECKS = {"video frame cap": 0, "video cap": 0, "vit packing": 1}  # check -> the cost that replaces it
+PLUGIN_CHECKS = {"video frame cap": 0, "video cap": 0, "vit packing": 1, "decode sort": 2}  # check -> its cost
 
 
 def _without_plugin(checks: list[dict[str, Any]], costs: list[str]) -> list[dict[str, Any]]:
@@ -124,8 +126,6 @@ def _without_plugin(checks: list[dict[str, Any]], costs: list[str]) -> list[dict
         elif cost not in said:
             said.add(cost)
             warn(out, check["check"], f"off (--no-plugin: the image has no qvl): {costs[cost]}")
-    if len(costs) > 2:
-        warn(out, "pool guard", f"off (--no-plugin): {costs[2]}")
     return out
 
 
@@ -137,11 +137,11 @@ def _plugin_costs(launch: Launch) -> list[str]:
         f"no ViT packing ({PACKING_ENV}): every image and video runs in its own ViT call, so a multimodal batch "
         "costs more NPU time",
     ]
-    if MAX_MODEL_LEN_ENV in launch.env:
+    if SORT_ENV in launch.env:
         costs.append(
-            f"no pool guard ({MAX_MODEL_LEN_ENV}={launch.env[MAX_MODEL_LEN_ENV]}): vllm-rbln resets --max-model-len to "
-            "the compiled max_seq_len, so a prompt longer than the KV block pool holds is admitted and never "
-            "scheduled (vllm-rbln issue #957: the replica hangs); recompile with a full KV pool"
+            f"no decode batch sort ({SORT_ENV}): the decoder was compiled with _requires_batch_sort and vllm-rbln's "
+            "optimum runner does not sort, so the first two requests of different lengths decoding together end the "
+            "engine (the replica restarts); keep the plugin, or recompile with batch_size 1"
         )
     return costs
 

@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping
 
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.serving import emulated
 from qwenvl_rbln.serving.command import resolve_directory, served_name
 from qwenvl_rbln.serving.flags import parse_flags, refuse
 from qwenvl_rbln.serving.options import (
@@ -22,22 +23,22 @@ from qwenvl_rbln.serving.options import (
     Launch,
     api_key,
 )
-from qwenvl_rbln.serving.preflight import ok, pool_max_model_len, preflight
+from qwenvl_rbln.serving.preflight import ok, preflight
 
 PROMPT_MARGIN = 64  # chat template and special tokens around a benchmark prompt
 
 
 def bench_images(art: Artifact, input_len: int, output_len: int) -> tuple[list[tuple[int, int, int]], list[str]]:
     """One square image size per compiled ViT bucket that lands in that bucket and whose prompt fits the context
-    (the --max-model-len qvl serve passes: ``pool_max_model_len``): [(side px, bucket, LM tokens)], and notes on the
-    buckets left out."""
+    (the compiled max_seq_len, the --max-model-len qvl serve passes): [(side px, bucket, LM tokens)], and notes on
+    the buckets left out."""
     from qwenvl_rbln.vision.buckets import select_bucket
     from qwenvl_rbln.vision.geometry import IMAGE_MIN_PIXELS, image_geometry
 
     sizes: list[tuple[int, int, int]] = []
     notes: list[str] = []
-    context, short = pool_max_model_len(art.cfg)
-    length = f"max-model-len {context} (what the KV block pool holds)" if short else f"max_seq_len {context}"
+    context = art.cfg["max_seq_len"]
+    length = f"max_seq_len {context}"
     unit = art.merge_size  # a side of p patches must be a multiple of the merge size (factor patch*merge px)
     for bucket in art.buckets:
         side_patches = (math.isqrt(bucket) // unit) * unit
@@ -84,10 +85,13 @@ BENCH_OWNED = {
 def bench_command(opts: BenchOptions, environ: Mapping[str, str] | None = None) -> tuple[Launch, list[str]]:
     """``vllm bench serve`` (vLLM's own load test) against ``qvl serve``, images sized to the compiled buckets; the
     server's API key (``--api-key-file``, else ``$VLLM_API_KEY``) goes in the environment as ``$OPENAI_API_KEY``,
-    which vLLM's benchmark sends as "Authorization: Bearer KEY"."""
+    which vLLM's benchmark sends as "Authorization: Bearer KEY". ``--emulate``: against ``qvl serve --emulate``
+    (loopback only; the command adds the emulated environment, ``emulated.apply``)."""
     environ = environ if environ is not None else {}
+    if opts.emulate:
+        emulated.check_host(opts.host, opts.port)
     directory, warnings = resolve_directory(opts.directory, opts.preset, "bench-serve")
-    art = preflight(directory, verify_hashes=False)
+    art = preflight(directory, verify_hashes=False, emulated=opts.emulate)
     checks = list(art.checks)
     for flag, value, _, _ in parse_flags(opts.extra):
         base = flag.split(".", 1)[0]
@@ -128,9 +132,12 @@ def bench_command(opts: BenchOptions, environ: Mapping[str, str] | None = None) 
         ("--seed", str(opts.seed)),
     ]
     argv = ["vllm", "bench", "serve", *(word for pair in pairs for word in pair), *opts.extra]
+    launch = Launch(argv=argv, env={}, checks=checks)
     key, source = api_key(opts.api_key_file, environ)
     if key is None:
         ok(checks, "auth", f"no API key (none in --api-key-file or ${API_KEY_ENV}): requests carry no Authorization")
-        return Launch(argv=argv, env={}, checks=checks), warnings
-    ok(checks, "auth", f"API key from {source} ({REDACTED}) sent as 'Authorization: Bearer' (${BENCH_KEY_ENV})")
-    return Launch(argv=argv, env={BENCH_KEY_ENV: key}, checks=checks, secret=frozenset({BENCH_KEY_ENV})), warnings
+    else:
+        ok(checks, "auth", f"API key from {source} ({REDACTED}) sent as 'Authorization: Bearer' (${BENCH_KEY_ENV})")
+        launch.env[BENCH_KEY_ENV] = key
+        launch.secret = frozenset({BENCH_KEY_ENV})
+    return launch, warnings

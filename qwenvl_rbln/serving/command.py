@@ -1,7 +1,8 @@
 """``vllm serve DIR ...``: the artifact directory, the NPU placement, the multimodal limits and the environment.
 
-Device ids given to qvl are physical NPU ids; this module turns them into ``RBLN_VISIBLE_DEVICES`` and the positions
-vllm-rbln reads from ``--rbln-optimum-overrides``, and decides ViT packing for the plugin.
+Device ids given to qvl are physical NPU ids; this module turns them into the device variable of the vllm-rbln
+generation the line is for (``RBLN_DEVICES`` or ``RBLN_VISIBLE_DEVICES``, ``engine.py``) and the positions in it
+that its placement flag carries, and decides ViT packing and the decode batch sort for the plugin.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.paths import user_path
 from qwenvl_rbln.planning.catalogue.multi_device import multi_device_refusal
+from qwenvl_rbln.serving import emulated
+from qwenvl_rbln.serving.decode_sort import SORT_ENV, compiled_with_sort, needs_sort
+from qwenvl_rbln.serving.engine import Engine, resolve
 from qwenvl_rbln.serving.flags import check_pass_through, image_kwargs
 from qwenvl_rbln.serving.options import (
     API_KEY_ENV,
@@ -35,8 +39,7 @@ from qwenvl_rbln.serving.options import (
     host_port,
     is_loopback,
 )
-from qwenvl_rbln.serving.pool_guard import MAX_MODEL_LEN_ENV
-from qwenvl_rbln.serving.preflight import ok, pool_max_model_len, preflight, warn
+from qwenvl_rbln.serving.preflight import ok, preflight, warn
 
 
 def resolve_directory(directory: Path | None, preset: str | None, command: str) -> tuple[Path, list[str]]:
@@ -76,8 +79,8 @@ def _ids(value: Any, n: int, flag: str) -> list[int]:
 def placement(
     art: Artifact, device: Any, visual_device: Any, preset_placement: dict | None, force: bool = False
 ) -> dict[str, Any]:
-    """Requested LM/ViT devices (default: as compiled), RBLN_VISIBLE_DEVICES and the overrides vllm-rbln reads;
-    a submodule compiled for num_devices > 1 on a Rebel100 is refused unless ``force``."""
+    """Requested LM/ViT devices (default: as compiled), the visible NPUs and the placement vllm-rbln reads (positions
+    in that list); a submodule compiled for num_devices > 1 on a Rebel100 is refused unless ``force``."""
     recorded = placement_from_artifact(art.cfg, art.manifest)
     source = recorded.pop("source")
     if source != MANIFEST_NAME and preset_placement:
@@ -133,9 +136,9 @@ def _preset_plan(preset: str | None) -> Any:
 def limit_mm_per_prompt(art: Artifact, plan: Any) -> tuple[dict[str, int], str, list[str]]:
     """Items per prompt: the preset's ``runtime.limit_mm_per_prompt`` when it has one, else as many of the largest
     image (capped at the largest bucket) and of the largest video (the recorded processor caps) as fit the context
-    with ``vision.context.RESERVE_TOKENS`` left for the template, the text and the output. The context is the
-    --max-model-len serve passes (``pool_max_model_len``: below max_seq_len for a short KV pool). The third value names
-    each modality a context too small for one such item turns off (0), with its cause."""
+    with ``vision.context.RESERVE_TOKENS`` left for the template, the text and the output, in the compiled
+    max_seq_len (the --max-model-len serve passes). The third value names each modality a context too small for one
+    such item turns off (0), with its cause."""
     runtime = getattr(plan, "runtime", None) or (art.manifest or {}).get("runtime") or {}
     given = runtime.get("limit_mm_per_prompt") if isinstance(runtime, dict) else None
     if isinstance(given, dict) and given:
@@ -150,8 +153,8 @@ def limit_mm_per_prompt(art: Artifact, plan: Any) -> tuple[dict[str, int], str, 
     video_pixels = video_pixels if type(video_pixels) is int and video_pixels > 0 else VIDEO_MAX_PIXELS
     frames = caps.get("max_frames") if type(caps.get("max_frames")) is int else VIDEO_MAX_FRAMES
     fps = caps.get("fps") if isinstance(caps.get("fps"), int | float) and caps.get("fps") > 0 else 2.0
-    context_len, short = pool_max_model_len(art.cfg)  # the --max-model-len serve passes, not max_seq_len alone
-    length = f"max-model-len {context_len} (what the KV block pool holds)" if short else f"max_seq_len {context_len}"
+    context_len = art.cfg["max_seq_len"]  # the --max-model-len serve passes (preflight.check_kv_pool: it fits)
+    length = f"max_seq_len {context_len}"
     image_tokens = context.image_tokens(art.buckets[-1] // art.merge_size**2)
     # the longest video: max_frames frames over the whole budget, one timestamp and delimiter pair per 2 frames
     pads = max(1, video_pixels // (2 * art.patch_size**2 * art.merge_size**2))
@@ -164,8 +167,7 @@ def limit_mm_per_prompt(art: Artifact, plan: Any) -> tuple[dict[str, int], str, 
     off = [
         f"limit_mm_per_prompt {kind} is 0: one {what} ({tokens} tokens) does not fit {length} less "
         f"the reserve of {context.RESERVE_TOKENS} for the template, text and output ({room}); vLLM will refuse every "
-        f"{kind}. Fix: recompile with a larger {'KV pool' if short else 'max_seq_len'}, lower processor.{cap}, or "
-        "set runtime.limit_mm_per_prompt"
+        f"{kind}. Fix: recompile with a larger max_seq_len, lower processor.{cap}, or set runtime.limit_mm_per_prompt"
         for kind, what, tokens, cap in (
             ("image", "image at the largest bucket", image_tokens, "max_pixels"),
             ("video", "video at the full budget", video_tokens, "video_max_pixels / max_frames"),
@@ -216,6 +218,7 @@ SERVE_OWNED = {
     "--port": "qvl serve --port",
     "--served-model-name": "qvl serve --served-model-name",
     "--rbln-optimum-overrides": "qvl serve --device / --visual-device",
+    "--additional-config": "qvl serve --device / --visual-device (qvl passes the placement in it for vllm-rbln 0.11)",
     "--model": "qvl serve DIR",
 }
 
@@ -236,10 +239,15 @@ def checked_launch(
     remap: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> tuple[Artifact, Launch, list[str]]:
     """What ``qvl serve --dry-run`` shows, short of who may call: the preflight, the pass-through checks, the
-    placement and its memory gate, then ``vllm_launch``. ``qvl deploy`` calls it too (``remap`` renumbers the
-    placement as a pod sees its claimed NPUs), so a cluster runs exactly the command serve would."""
+    placement and its memory gate, then ``vllm_launch`` for the vllm-rbln ``opts`` names (``engine.resolve``); under
+    ``--emulate`` the artifact must be an emulated one and the host loopback (the command adds the emulator's
+    environment: ``emulated.apply``). ``qvl deploy`` calls it too (``remap`` renumbers the placement as a
+    pod sees its claimed NPUs), so a cluster runs exactly the command serve would for that vllm-rbln."""
+    engine = resolve(opts.vllm_rbln, look_here=opts.engine_here)
+    if opts.emulate:
+        emulated.check_host(opts.host, opts.port)
     directory, warnings = resolve_directory(opts.directory, opts.preset, command)
-    art = preflight(directory)
+    art = preflight(directory, emulated=opts.emulate)
     plan = _preset_plan(opts.preset)
     replaced = check_pass_through(opts.extra, art, SERVE_OWNED)
     where = placement(art, opts.device, opts.visual_device, getattr(plan, "placement", None), opts.force)
@@ -258,6 +266,7 @@ def checked_launch(
         replaced=replaced,
         environ=environ,
         warnings=warnings,
+        engine=engine,
     )
     return art, launch, warnings
 
@@ -275,28 +284,22 @@ def vllm_launch(
     replaced: set[str] | frozenset[str] = frozenset(),
     environ: Mapping[str, str] | None = None,
     warnings: list[str] | None = None,
+    engine: Engine | None = None,
 ) -> Launch:
     """The one builder of the ``vllm serve`` argv and environment for an artifact (or a plan's, ``plan_artifact``):
-    ``qvl serve`` runs it, ``qvl tune`` prints it, so the two never differ."""
+    ``qvl serve`` runs it, ``qvl tune`` prints it, so the two never differ. ``engine``: the vllm-rbln the line is
+    for (default: ``engine.resolve``, the installed one, else the default)."""
     environ = environ if environ is not None else {}
     warnings = warnings if warnings is not None else []
+    engine = engine or resolve(None)
     checks = list(art.checks)
-    env = _placement_env(where, environ, checks)
+    ok(checks, "engine", engine.describe())
+    env = _placement_env(where, environ, checks, engine)
     cfg = art.cfg
     argv = ["vllm", "serve", str(art.root), "--host", host, "--port", str(port)]
     argv += ["--served-model-name", served_model_name or served_name(art)]
-    held, why = pool_max_model_len(cfg)
-    argv += ["--max-model-len", str(held), "--max-num-seqs", str(cfg["batch_size"])]
-    if why:  # a short pool: lowered, with the reason, never silently
-        line = (
-            f"--max-model-len {held}, not the compiled max_seq_len {cfg['max_seq_len']}, held there inside vLLM by "
-            f"qvl's plugin ({MAX_MODEL_LEN_ENV}={held}: vllm-rbln resets the flag to max_seq_len): {why}"
-        )
-        env[MAX_MODEL_LEN_ENV] = str(held)
-        warn(checks, "max_model_len", line)
-        warnings.append(line)
-    else:
-        ok(checks, "max_model_len", f"{held} (the compiled max_seq_len; the KV block pool holds it)")
+    argv += ["--max-model-len", str(cfg["max_seq_len"]), "--max-num-seqs", str(cfg["batch_size"])]
+    ok(checks, "max_model_len", f"{cfg['max_seq_len']} (the compiled max_seq_len; the KV block pool holds it)")
     _image_cap(art, argv, replaced, checks)
     ok(checks, "oversize", _oversize_policy(art, plan))
     if "--limit-mm-per-prompt" not in replaced:
@@ -307,7 +310,7 @@ def vllm_launch(
             warnings.extend(off)
         else:
             ok(checks, "limit_mm_per_prompt", f"{json.dumps(limits)} ({limits_source})")
-    argv += ["--rbln-optimum-overrides", json.dumps(where["overrides"]), *extra]
+    argv += [*engine.placement_args(where["overrides"]), *extra]
     if vit_packing is not None:
         packing, source = vit_packing, "--vit-packing" if vit_packing else "--no-vit-packing"
     else:
@@ -324,7 +327,16 @@ def vllm_launch(
             f"{PLUGIN_NAME} plugin caps every video frame at {cap} pixels (the largest ViT bucket {art.buckets[-1]} "
             f"x {art.patch_size}^2) in every vLLM process; the artifact is not edited",
         )
-    return Launch(argv=argv, env=env, checks=checks)
+    if needs_sort(cfg):
+        env[SORT_ENV] = "1"
+        ok(
+            checks,
+            "decode sort",
+            f"{SORT_ENV}=1: the decoder was compiled with _requires_batch_sort (batch_size {cfg['batch_size']}; "
+            "optimum-rbln 0.12 refuses a decode batch not sorted by length), and vllm-rbln's optimum runner does not "
+            f"sort: the {PLUGIN_NAME} plugin sorts each one in every vLLM process",
+        )
+    return Launch(argv=argv, env=env, checks=checks, device_env=engine.device_env)
 
 
 def _image_cap(art: Artifact, argv: list[str], replaced: set[str] | frozenset[str], checks: list) -> None:
@@ -364,6 +376,7 @@ def plan_artifact(plan: Any, root: str | Path) -> Artifact:
         "kvcache_block_size": r.kvcache_block_size,
         "kvcache_num_blocks": r.kvcache_num_blocks or r.num_full_blocks,
         "prefill_chunk_size": r.prefill_chunk_size,
+        "_requires_batch_sort": compiled_with_sort(plan.npu, r.attn_impl, r.use_attention_mask),
         "_compile_cfgs": lm,
         "visual": {
             "max_seq_len": buckets,
@@ -459,19 +472,24 @@ def _auth(launch: Launch, opts: ServeOptions, key: str | None, source: str, warn
     warnings.append(line)
 
 
-def _placement_env(where: dict[str, Any], environ: Mapping[str, str], checks: list[dict[str, Any]]) -> dict:
+def _placement_env(
+    where: dict[str, Any], environ: Mapping[str, str], checks: list[dict[str, Any]], engine: Engine
+) -> dict:
+    """The engine's device variable set to exactly the NPUs used; the other generation's name unset."""
     visible = ",".join(map(str, where["visible"]))
-    inherited = environ.get("RBLN_VISIBLE_DEVICES")
+    name = engine.device_env
+    inherited = environ.get(name)
     note = f" (replaces the inherited {inherited}: qvl's ids are physical NPU ids)"
     ok(
         checks,
         "placement",
         f"LM on NPU {where['device']}, ViT on NPU {where['visual_device']} ({where['source']}); "
-        f"RBLN_VISIBLE_DEVICES={visible}{note if inherited not in (None, visible) else ''}",
+        f"{name}={visible}{note if inherited not in (None, visible) else ''}; {engine.placement_flag} carries "
+        "positions in that list",
     )
-    env: dict[str, str | None] = {"RBLN_VISIBLE_DEVICES": visible}
-    if "RBLN_DEVICES" in environ:
-        env["RBLN_DEVICES"] = None  # the deprecated alias must not pick other devices
+    env: dict[str, str | None] = {name: visible}
+    if engine.other_device_env in environ:
+        env[engine.other_device_env] = None  # the other name must not pick other devices
     return env
 
 

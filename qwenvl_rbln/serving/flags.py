@@ -13,7 +13,6 @@ from typing import Any
 
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.serving.options import Artifact
-from qwenvl_rbln.serving.preflight import pool_max_model_len
 
 
 def parse_flags(tokens: Sequence[str]) -> list[tuple[str, str | None, int, int]]:
@@ -103,8 +102,7 @@ def check_pass_through(extra: Sequence[str], art: Artifact, owned: Mapping[str, 
         elif base == "--max-num-batched-tokens":
             _must_equal(flag, value, cfg["prefill_chunk_size"], "the compiled prefill_chunk_size")
         elif base == "--max-model-len":
-            held, why = pool_max_model_len(cfg)
-            _must_equal(flag, value, held, "what the KV block pool holds" if why else "the compiled max_seq_len")
+            _must_equal(flag, value, cfg["max_seq_len"], "the compiled max_seq_len")
         elif base in ("--api-key",):
             raise refuse(
                 flag,

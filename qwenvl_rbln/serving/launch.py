@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from qwenvl_rbln.errors import DependencyMissing
 
 VLLM_INSTALL_HINT = (
-    "install vllm-rbln on the RBLN host (`pip install vllm-rbln==0.12.0`; it brings vllm and pins optimum-rbln "
-    "0.12.0), or put the directory holding the `vllm` executable first on PATH; `--dry-run` prints the command "
-    "without it"
+    "install vllm-rbln on the RBLN host (it brings vllm; optimum-rbln 0.12.0 beside it), or put the directory "
+    "holding the `vllm` executable first on PATH (`make install` puts vLLM and vllm-rbln 0.11.1a1 in .venv/bin for "
+    "`--emulate`); `--dry-run` prints the command without it"
 )
 
 

@@ -35,6 +35,8 @@ class Launch:
     env: dict[str, str | None]
     checks: list[dict[str, Any]]
     secret: frozenset[str] = frozenset()  # env keys whose values are never shown (--dry-run, --json)
+    device_env: str = "RBLN_DEVICES"  # the variable that picks the NPUs (engine.Engine.device_env)
+    emulated: bool = False  # --emulate: qvl runs it as a labelled child (supervise.py), never execs it
 
     def to_dict(self) -> dict[str, Any]:
         """What --dry-run shows: the env with every secret value replaced by ``REDACTED``."""
@@ -110,6 +112,9 @@ class ServeOptions:
     api_key_file: Path | None = None  # else $VLLM_API_KEY; required off loopback unless no_auth
     no_auth: bool = False  # serve off loopback without a key, said out loud
     uncertain_ok: bool = False  # a remapped placement whose memory verdict is "uncertain" is served anyway
+    emulate: bool = False  # an artifact from `qvl compile --emulate`, served on qvl's emulated NPU (loopback only)
+    vllm_rbln: str | None = None  # the vllm-rbln version the line is for (default: the installed one, engine.py)
+    engine_here: bool = True  # False for a line run elsewhere (qvl deploy): the local vllm-rbln does not count
 
     def __post_init__(self) -> None:
         _check_names(self.host, self.served_model_name)
@@ -128,6 +133,7 @@ class BenchOptions:
     seed: int = 0
     extra: list[str] = field(default_factory=list)
     api_key_file: Path | None = None  # else $VLLM_API_KEY: sent as "Authorization: Bearer ..."
+    emulate: bool = False  # benchmark a `qvl serve --emulate` server (its artifact compiled with --emulate)
 
     def __post_init__(self) -> None:
         _check_names(self.host, self.served_model_name)

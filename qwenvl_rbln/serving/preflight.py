@@ -73,16 +73,22 @@ def _has_chat_template(root: Path) -> str | None:
     return None
 
 
-EMULATED_FIX = "compile it for real on an RBLN host (`qvl compile --preset P`, without --emulate) and serve that"
+EMULATED_FIX = (
+    "compile it for real on an RBLN host (`qvl compile --preset P`, without --emulate) and serve that, or try the "
+    "API here on the emulated NPU: `qvl serve --emulate DIR`"
+)
 
 
-def preflight(directory: Path, *, verify_hashes: bool = True) -> Artifact:
-    """Every check vllm-rbln would fail on (late) or silently work around, in order; InputError on the first."""
+def preflight(directory: Path, *, verify_hashes: bool = True, emulated: bool = False) -> Artifact:
+    """Every check vllm-rbln would fail on (late) or silently work around, in order; InputError on the first.
+    ``emulated``: the artifact must be one ``qvl compile --emulate`` wrote (``qvl serve --emulate``); else it must
+    not be."""
     root = user_path(directory, "artifact directory").absolute()
     checks: list[dict[str, Any]] = []
-    cfg, manifest = _load(root, checks)
+    cfg, manifest = _load(root, checks, emulated)
     _check_config(cfg, root / RBLN_CONFIG_NAME, checks)
-    _check_graphs(root, cfg, checks)
+    check_kv_pool(cfg, root / RBLN_CONFIG_NAME, checks)
+    _check_graphs(root, cfg, checks, emulated)
     _check_processor(root, checks, _source_model(manifest))
     _check_video_class(root, checks)
     caps_fix = _check_processor_caps(root, cfg, manifest, checks)
@@ -110,8 +116,9 @@ def _note_moe(model_config: Any, checks: list[dict[str, Any]]) -> None:
     ok(checks, "model", line or "Qwen3-VL-MoE")
 
 
-def _load(root: Path, checks: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """rbln_config.json and qvl-manifest.json of an optimum-rbln artifact that qvl's emulator did not write."""
+def _load(root: Path, checks: list[dict[str, Any]], emulated: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """rbln_config.json and qvl-manifest.json of an optimum-rbln artifact that qvl's emulator did not write (or, with
+    ``emulated``, did)."""
     if not root.is_dir():
         what = "is a file, not a directory" if root.exists() else "does not exist"
         raise InputError(f"artifact directory {root} {what}", "compile first (`qvl compile --preset P -o DIR`)")
@@ -131,10 +138,12 @@ def _load(root: Path, checks: list[dict[str, Any]]) -> tuple[dict[str, Any], dic
     cfg = read_json(rbln_config)
     ok(checks, "rbln_config", f"{rbln_config} loads")
     manifest = read_manifest(root)
+    if emulated:
+        return cfg, manifest  # _check_graphs: every graph must be the emulator's
     if manifest_marks_emulated(manifest):
         raise InputError(
             f"{root} was compiled by qvl's CPU emulator (qvl-manifest.json emulated: true): it holds no NPU graphs "
-            "vllm-rbln can run",
+            "vllm-rbln can run on an NPU",
             EMULATED_FIX,
         )
     ok(checks, "not emulated", "a real NPU compile" if manifest else "no qvl-manifest.json (not compiled by qvl)")
@@ -153,11 +162,12 @@ def _check_config(cfg: dict[str, Any], path: Path, checks: list[dict[str, Any]])
     version = cfg.get("optimum_rbln_version")
     if not (isinstance(version, str) and re.fullmatch(r"0\.12\.\d+(\S*)", version)):
         raise InputError(
-            f"{path}: optimum_rbln_version={version!r}, but vllm-rbln 0.12 pins optimum-rbln 0.12.x (a "
-            "different version fails at load: 'compiled with newer/older version of optimum-rbln')",
+            f"{path}: optimum_rbln_version={version!r}, but vllm-rbln loads it with optimum-rbln 0.12.x (0.11.1a1 "
+            "takes >=0.11.1a1, 0.12 pins >=0.12.0,<0.12.1; a different version fails at load: 'compiled with "
+            "newer/older version of optimum-rbln')",
             f"{RECOMPILE} with optimum-rbln 0.12.0",
         )
-    ok(checks, "optimum_rbln_version", f"{version} (vllm-rbln 0.12 pins optimum-rbln >=0.12.0,<0.12.1)")
+    ok(checks, "optimum_rbln_version", f"{version} (loaded by optimum-rbln 0.12.x beside vllm-rbln)")
     missing = [k for k in REQUIRED_KEYS if not _positive(cfg, k)]
     if not (_positive(cfg, "kvcache_block_size") or _positive(cfg, "kvcache_partition_len")):
         missing.append("kvcache_block_size or kvcache_partition_len")
@@ -200,8 +210,9 @@ def _check_config(cfg: dict[str, Any], path: Path, checks: list[dict[str, Any]])
     )
 
 
-def _check_graphs(root: Path, cfg: dict[str, Any], checks: list[dict[str, Any]]) -> None:
-    """Every graph optimum-rbln loads (and the host-side files beside them), none written by the emulator."""
+def _check_graphs(root: Path, cfg: dict[str, Any], checks: list[dict[str, Any]], emulated: bool) -> None:
+    """Every graph optimum-rbln loads (and the host-side files beside them), none written by the emulator (all of
+    them, with ``emulated``)."""
     graphs = [f"{name}.rbln" for name in expected_graph_names(cfg)] + ["visual/compiled_model.rbln"]
     others = ["config.json", "torch_artifacts.pth", "visual/config.json", "visual/torch_artifacts.pth"]
     gone = [rel for rel in graphs + others if not (root / rel).is_file()]
@@ -211,11 +222,21 @@ def _check_graphs(root: Path, cfg: dict[str, Any], checks: list[dict[str, Any]])
             "compiled graph named by rbln_config.json)",
             f"restore the files or {RECOMPILE}",
         )
-    emulated = emulated_graph_files(root, graphs)
+    marked = emulated_graph_files(root, graphs)
     if emulated:
+        real = [g for g in graphs if g not in marked]
+        if real:
+            raise InputError(
+                f"{root}: {', '.join(real[:3])} {'is' if len(real) == 1 else 'are'} not a graph of qvl's CPU emulator "
+                "(an NPU compile?); --emulate runs only what `qvl compile --emulate` wrote",
+                "serve it without --emulate on an RBLN host, or compile with `qvl compile --emulate`",
+            )
+        ok(checks, "emulated", f"every graph ({', '.join(graphs)}) was written by qvl's CPU emulator: no NPU graph")
+        return
+    if marked:
         raise InputError(
-            f"{root}: {', '.join(emulated[:3])} {'was' if len(emulated) == 1 else 'were'} written by qvl's CPU "
-            "emulator, not compiled for an NPU; vllm-rbln cannot run it",
+            f"{root}: {', '.join(marked[:3])} {'was' if len(marked) == 1 else 'were'} written by qvl's CPU "
+            "emulator, not compiled for an NPU; vllm-rbln cannot run it on an NPU",
             EMULATED_FIX,
         )
     ok(checks, "graph files", ", ".join(graphs))
@@ -334,39 +355,46 @@ def _check_hashes(root: Path, manifest: dict[str, Any], checks: list[dict[str, A
     ok(checks, "manifest hashes", f"{len(manifest.get('files') or {})} files match{extra}")
 
 
-def pool_max_model_len(cfg: dict[str, Any]) -> tuple[int, str | None]:
-    """The longest sequence vllm-rbln's KV block pool can really hold, and why it is below max_seq_len (None: it
-    is not). vllm-rbln (RBLN-SW/vllm-rbln 95c7a25a, v0.11.0) sizes vLLM's pool from rbln_config.json:
-    ``update_num_blocks`` (vllm_rbln/utils/optimum/converter/from_optimum.py:143-148) gives vLLM
-    ``kvcache_num_blocks + 1`` blocks when the pool is full (``is_full_block_available``,
-    vllm_rbln/utils/optimum/block_size.py:49-57: ``num_blocks >= batch_size * ceil(max_seq_len / block)``), else
-    only ``kvcache_num_blocks``; the block pool then keeps one block as the null block
-    (vllm_rbln/v1/core/optimum_block_pool.py:81-82). A short pool therefore holds ``(kvcache_num_blocks - 1) *
-    block`` tokens, and a prompt longer than that but under --max-model-len is admitted and never finishes
-    (vllm-rbln issue #957). In that source ``sync_from_optimum`` (from_optimum.py:88-97) also resets
-    ``max_model_len`` to rbln_config.json's ``max_seq_len``, so serve hands the length to qvl's plugin as well
-    (``QVL_MAX_MODEL_LEN``, ``serving/pool_guard.py``), which lowers it again after that sync."""
+def check_kv_pool(cfg: dict[str, Any], path: Path, checks: list[dict[str, Any]]) -> None:
+    """The KV block pool holds one sequence of max_seq_len inside vLLM, or the artifact is refused (vllm-rbln
+    issue #957: a prompt the pool cannot hold is admitted and never scheduled).
+
+    vllm-rbln (v0.11.1a1 ``utils/optimum/converter/from_optimum.py`` ``update_num_blocks``,
+    ``model_executor/models/optimum/model_base.py`` ``KVCacheBlockAdapter``) hands vLLM ``kvcache_num_blocks + 1``
+    blocks when the pool is full (``batch_size x ceil(max_seq_len / block)`` blocks or more), else
+    ``kvcache_num_blocks``, and vLLM keeps one as its null block: a short pool holds ``(kvcache_num_blocks - 1) x
+    block`` tokens for one sequence. optimum-rbln 0.12 never writes a pool below that: it refuses
+    ``kvcache_num_blocks`` under ``num_min_blocks`` (flash attention: ``max(max_seq_len / block, batch_size) + 1``,
+    capped at the full pool; eager attention's one block per sequence always holds max_seq_len) at compile, at
+    automatic sizing and in its ``--set-kvcache-num-blocks``. So a pool that fails this check was not written by
+    optimum-rbln 0.12 as it is. Lowering ``--max-model-len`` instead is no way out: vllm-rbln resets it to
+    max_seq_len, and held lower (qvl's former plugin guard) it sizes every block table below the compiled graph's
+    and every prefill fails (``shared/engine/README.md``)."""
     import math
+
+    from qwenvl_rbln.planning.lm.rules import default_attn_impl, kv_block_counts
 
     blocks, block = cfg["kvcache_num_blocks"], cfg.get("kvcache_block_size") or cfg["kvcache_partition_len"]
     max_len, batch = cfg["max_seq_len"], cfg["batch_size"]
-    full = batch * math.ceil(max_len / block)
-    if blocks >= full:
-        return max_len, None
+    per_seq = math.ceil(max_len / block)
+    if blocks >= batch * per_seq:
+        ok(checks, "kv pool", f"{blocks} blocks of {block} tokens: a full pool for batch_size {batch} x {max_len}")
+        return
     usable = (blocks - 1) * block
-    why = (
-        f"the KV pool is short: kvcache_num_blocks {blocks} < batch_size {batch} x {math.ceil(max_len / block)} "
-        f"blocks of {block} tokens, so vllm-rbln hands vLLM {blocks} blocks and vLLM keeps one as its null block: "
-        f"{blocks - 1} x {block} = {usable} tokens for one sequence, and a longer prompt would be admitted "
-        f"and then hang (vllm-rbln issue #957); fix: recompile with kvcache_num_blocks >= "
-        f"{full} (a full pool) or max_seq_len <= {usable}"
-    )
     if usable >= max_len:
-        return max_len, None
-    if usable <= 0:
-        raise InputError(
-            f"rbln_config.json: kvcache_num_blocks={blocks} leaves vLLM no KV block once it keeps one as its null "
-            "block (vllm-rbln sizes the pool from kvcache_num_blocks)",
-            f"{RECOMPILE} with kvcache_num_blocks >= 2 (or leave it to the planner)",
+        ok(
+            checks,
+            "kv pool",
+            f"{blocks} blocks of {block} tokens: vLLM keeps one as its null block, and {blocks - 1} still hold one "
+            f"sequence of max_seq_len {max_len} (not {batch} at once: the scheduler waits for blocks)",
         )
-    return usable, why
+        return
+    attn = cfg.get("attn_impl") or default_attn_impl(cfg.get("kvcache_partition_len"))
+    _, minimum = kv_block_counts(max_len, block, batch, attn)
+    raise InputError(
+        f"{path}: kvcache_num_blocks={blocks} is short of batch_size {batch} x {per_seq} blocks of {block} tokens, so "
+        f"vllm-rbln hands vLLM {blocks} blocks and vLLM keeps one as its null block: {blocks - 1} x {block} = "
+        f"{usable} tokens, below max_seq_len {max_len}; a longer prompt would be admitted and hang (vllm-rbln issue "
+        f"#957). optimum-rbln 0.12 never writes such a pool ({attn}: num_min_blocks {minimum}); nothing was started",
+        f"{RECOMPILE} with kvcache_num_blocks >= {per_seq + 1} (or leave it to the planner)",
+    )

@@ -1,4 +1,4 @@
-"""The serving half of qvl's vLLM plugin: the per-frame video cap, and the switches ``qvl serve`` sets.
+"""The serving half of qvl's vLLM plugin: the per-frame video cap, the decode batch sort, what `qvl serve` sets.
 
 vLLM loads every entry point of the group ``vllm.general_plugins`` in each process it creates (API server, engine
 core, workers) before the model is built, and calls it (docs.vllm.ai, design/plugin_system). qvl's entry point is
@@ -14,8 +14,8 @@ every temporal patch fits the largest compiled bucket. ``QVL_MAX_FRAME_PIXELS=<i
 an artifact whose processor files were written outside qvl) caps every such processor that has no smaller cap of
 its own; a bad value is one warning line, and that default is then not applied.
 
-``QVL_MAX_MODEL_LEN=<int>`` (set by ``qvl serve`` for a short KV pool): ``max_model_len`` is held at what the pool
-holds even after vllm-rbln resets it to the compiled ``max_seq_len`` (``serving/pool_guard.py``).
+``QVL_SORT_DECODE=1`` (set by ``qvl serve`` for a decoder compiled with ``_requires_batch_sort``): every decode
+batch reaches optimum-rbln longest first (``serving/decode_sort.py``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Callable
 
-from qwenvl_rbln.serving import pool_guard
+from qwenvl_rbln.serving import decode_sort
 from qwenvl_rbln.serving.options import FRAME_CAP_ENV, MAX_FRAME_PIXELS_ENV
 
 
@@ -33,10 +34,26 @@ def warn(message: str) -> None:
     print(f"qvl: warning: {message}", file=sys.stderr, flush=True)
 
 
+def positive_int_env(name: str, what: str, warn: Callable[[str], None]) -> int | None:
+    """Environment variable ``name`` as a positive int; None when unset, or (with one warning saying ``what`` then
+    happens) when it is not one."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        warn(f"{name}={raw!r} is not a positive integer; ignored, so {what}")
+        return None
+    return value
+
+
 def default_frame_pixels() -> int | None:
     """``QVL_MAX_FRAME_PIXELS`` (pixels per video frame) as a positive int; None when unset or not one."""
     what = "processors without qvl_max_frame_pixels in their config run uncapped"
-    return pool_guard.positive_int_env(MAX_FRAME_PIXELS_ENV, what, warn)
+    return positive_int_env(MAX_FRAME_PIXELS_ENV, what, warn)
 
 
 def install_frame_cap() -> bool:
@@ -55,7 +72,7 @@ def install_frame_cap() -> bool:
 
 
 def register() -> None:
-    """Install the per-frame video cap when ``QVL_FRAME_CAP=1`` (what serving adds to every vLLM process)."""
+    """Install the per-frame video cap (``QVL_FRAME_CAP=1``) and the decode batch sort (``QVL_SORT_DECODE=1``)."""
     if os.environ.get(FRAME_CAP_ENV) == "1":
         install_frame_cap()
-    pool_guard.install(warn)  # QVL_MAX_MODEL_LEN unset: nothing to hold, nothing said
+    decode_sort.install(warn)  # QVL_SORT_DECODE unset: nothing to sort, nothing said

@@ -23,7 +23,7 @@ import contextlib
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 ENV = "QVL_EMULATE_NPU"
 _ACTIVE = False
@@ -50,11 +50,8 @@ def real_rebel_importable() -> bool:
         return False
 
 
-def activate(flag_name: str = "--emulate") -> None:
-    """Serve the emulator as ``rebel`` (idempotent); InputError when a real rebel is importable."""
-    global _ACTIVE
-    if is_active():
-        return
+def refuse_real_rebel(flag_name: str = "--emulate") -> None:
+    """InputError when a real rebel-compiler is importable: two rebels in one process is a trap."""
     if real_rebel_importable():
         from qwenvl_rbln.errors import InputError
 
@@ -64,20 +61,66 @@ def activate(flag_name: str = "--emulate") -> None:
             f"drop {flag_name} and unset {ENV} to use the NPU, or run the emulator in a virtualenv without "
             "rebel-compiler",
         )
-    from qwenvl_rbln.backends.emulator import ops, rebel_api
+
+
+def activate(flag_name: str = "--emulate") -> None:
+    """Serve the emulator as ``rebel`` (idempotent); InputError when a real rebel is importable."""
+    if is_active():
+        return
+    refuse_real_rebel(flag_name)
+    _install()
+
+
+def _install() -> None:
+    """``rebel`` and its submodules in ``sys.modules``, with the ops optimum-rbln and vllm-rbln call."""
+    global _ACTIVE
+    from qwenvl_rbln.backends.emulator import engine, ops, rebel_api
 
     sys.modules["rebel"] = rebel_api  # type: ignore[assignment]
     sys.modules["rebel.compile_context"] = rebel_api.compile_context
+    engine.install(rebel_api)  # vllm-rbln's additions: manual_seed, rebel.core.torch_compile
     _ACTIVE = True
     ops.register()
+    engine.register_ops()
+
+
+SUBMODULES = ("rebel.compile_context", "rebel.core", "rebel.core.torch_compile")
 
 
 def deactivate() -> None:
     global _ACTIVE
     if sys.modules.get("rebel") is not None and getattr(sys.modules["rebel"], "EMULATED", False):
         del sys.modules["rebel"]
-        sys.modules.pop("rebel.compile_context", None)
+        for name in SUBMODULES:
+            sys.modules.pop(name, None)
     _ACTIVE = False
+
+
+SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim")  # holds the ``rebel`` shim package
+
+
+def engine_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What every process of ``vllm serve`` / ``vllm bench serve`` needs to import this emulator as ``rebel``:
+    ``SHIM_DIR`` first on PYTHONPATH (kept ahead of the inherited one), and ``QVL_EMULATE_NPU=1`` for qvl's own code
+    in them. ``qvl serve --emulate`` adds it to the environment it starts vLLM with."""
+    inherited = environ.get("PYTHONPATH")
+    return {"PYTHONPATH": os.pathsep.join([SHIM_DIR, *([inherited] if inherited else [])]), ENV: "1"}
+
+
+def serve_as_rebel(shim_dir: str) -> None:
+    """Run by the ``rebel`` shim that ``qvl serve --emulate`` puts first on vLLM's PYTHONPATH
+    (``emulator/shim/rebel``): every process vLLM starts then imports the emulator as ``rebel``. Refuses (ImportError,
+    which stops vLLM with this message) when a real rebel-compiler is installed elsewhere on the path: two rebels in
+    one process is a trap, as ``activate`` says."""
+    from importlib.machinery import PathFinder
+
+    others = [p for p in sys.path if os.path.realpath(p or ".") != os.path.realpath(shim_dir)]
+    if PathFinder.find_spec("rebel", others) is not None:
+        raise ImportError(
+            "qvl serve --emulate: a real rebel-compiler is installed in this environment; serve without --emulate "
+            "(or run the emulator in a virtualenv without rebel-compiler)"
+        )
+    _install()
 
 
 @contextlib.contextmanager

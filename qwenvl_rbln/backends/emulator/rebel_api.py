@@ -29,6 +29,9 @@ Entry points and where optimum-rbln calls them (paths inside ``optimum/rbln/``):
   of the block; each report says ``"emulated": True``.
 * ``QVL_EMULATE_CALL_MS``: every graph call takes at least that many milliseconds (it sleeps the rest, without
   the GIL), so a benchmark of many workers measures qvl's overhead against a busy device, not the CPU's speed.
+* ``QVL_EMULATOR_CALL_LOG=FILE``: every graph call appends one line ``PID GRAPH_FILE GRAPH_INDEX`` to FILE, so a
+  test can count the graph calls made inside processes it cannot reach (``qvl serve --emulate``'s engine core: the
+  ViT calls with packing on and off).
 * ``compile_context.CompileContext(use_weight_sharing=...)`` with ``mark_static_address(tensor, name)``
   (``decoderonly/modeling_decoderonly.py:262-273``): every graph compiled with one context shares its static
   tensors (the KV cache) at run time, also after save and reload (the context id is stored in each file).
@@ -426,6 +429,7 @@ class Runtime:
             result = self.compiled_model.module(gi)(*full)
         _hold(start)
         _record_call(time.perf_counter() - start)
+        _log_call(self.compiled_model, gi)
         self.calls += 1
         outs = list(result) if isinstance(result, list | tuple) else [result]
         if out is not None:
@@ -458,6 +462,19 @@ def _hold(start: float) -> None:
     rest = call_hold_seconds() - (time.perf_counter() - start)
     if rest > 0:
         time.sleep(rest)
+
+
+CALL_LOG_ENV = "QVL_EMULATOR_CALL_LOG"
+
+
+def _log_call(compiled: RBLNCompiledModel, index: int) -> None:
+    """One line per graph call to ``QVL_EMULATOR_CALL_LOG`` when it is set (an append of a few bytes: lines from
+    several processes never interleave)."""
+    path = os.environ.get(CALL_LOG_ENV)
+    if path:
+        name = Path(compiled.path).name if compiled.path is not None else "-"
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(f"{os.getpid()} {name} {index}\n")
 
 
 _captures = threading.local()

@@ -1,0 +1,103 @@
+"""What vllm-rbln imports from ``rebel`` beyond optimum-rbln's surface, on CPU (``qvl serve --emulate``).
+
+vllm-rbln v0.11.1a1 on its optimum path (``../shared/engine/``; paths inside ``vllm_rbln/``):
+
+* ``rebel.manual_seed(seed)``: ``platform.py:111`` (``RblnPlatform.manual_seed_all``). Here: ``torch.manual_seed``.
+* ``rebel.core.torch_compile.rbln_backend``: ``torch_compile_backend.py:32`` imports it whenever the optimum model
+  runner is imported; the RBLN sampler compiles its two functions with it (``v1/sample/rbln_sampler.py:115-175``,
+  ``torch.compile(fn, backend=..., options=...)``). Here the FX graph dynamo hands over runs eagerly: the backend
+  returns ``graph_module.forward`` (what vllm-rbln's own ``bypass`` backend does, ``platform.py:48-52``).
+* ``torch.ops.rbln.argmax(logits)`` and ``torch.ops.rbln.top_k_top_p(probs, k, p)``: rebel-compiler's sampler ops,
+  called inside those compiled functions (``rbln_sampler.py:85, 95``). Inferred semantics (from the call sites and
+  vLLM's own sampler, never from NPU documentation): ``argmax`` is the greedy token of each row of ``[B, V]``
+  logits; ``top_k_top_p`` keeps, per row, the ``k[b]`` most likely tokens (none dropped when ``k`` is None or
+  ``k[b]`` is not in ``1..V-1``) and the smallest set whose probability reaches ``p[b]`` (none dropped when ``p``
+  is None or ``p[b] >= 1``), renormalises and draws one token with torch's generator (seeded through
+  ``manual_seed``). Both return int64 ``[B]``, which the sampler casts as it does the NPU's output. So vLLM's
+  RBLN sampler runs unchanged (``VLLM_RBLN_SAMPLER`` stays at its default, on).
+
+``install()`` adds all of it to the emulated ``rebel`` module and registers the ops; ``activate()`` calls it.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+_LIB: Any = None
+
+
+def manual_seed(seed: int) -> None:
+    """rebel's seed for the NPU's random numbers: here torch's own generator, which the emulated ops draw from."""
+    import torch
+
+    torch.manual_seed(int(seed))
+
+
+def rbln_backend(graph_module: Any, example_inputs: Any, **options: Any) -> Any:
+    """The torch.compile backend rebel-compiler registers: here the traced graph runs eagerly on the CPU."""
+    return graph_module.forward
+
+
+def _argmax(logits: Any) -> Any:
+    return logits.argmax(dim=-1)
+
+
+def _top_k_top_p(probs: Any, k: Any = None, p: Any = None) -> Any:
+    import torch
+
+    # the engine's warm-up samples from uninitialised logits: NaN or negative entries count as 0, as on a device
+    probs = torch.nan_to_num(probs.float(), nan=0.0, posinf=0.0, neginf=0.0).clamp_min(0.0)
+    vocab = probs.shape[-1]
+    ranked, order = probs.sort(dim=-1, descending=True)
+    keep = torch.ones_like(ranked, dtype=torch.bool)
+    if k is not None:
+        kk = k.reshape(-1, 1).long()
+        limit = torch.where((kk > 0) & (kk < vocab), kk, torch.full_like(kk, vocab))
+        keep &= torch.arange(vocab).view(1, -1) < limit
+    if p is not None:
+        pp = p.reshape(-1, 1).float()
+        before = ranked.cumsum(dim=-1) - ranked  # probability mass ranked above each token
+        keep &= (before < pp) | (pp >= 1.0)
+    keep[:, 0] = True  # the most likely token always stays
+    kept = torch.where(keep, ranked, torch.zeros_like(ranked))
+    kept[:, 0] += (kept.sum(dim=-1) <= 0).float()  # a row with no mass left: its most likely token
+    choice = torch.multinomial(kept / kept.sum(dim=-1, keepdim=True), 1)
+    return order.gather(-1, choice).reshape(-1)
+
+
+def _sampled_meta(probs: Any, *args: Any) -> Any:
+    import torch
+
+    return torch.empty(probs.shape[:-1], dtype=torch.int64, device=probs.device)
+
+
+def register_ops() -> None:
+    """``torch.ops.rbln.argmax`` and ``torch.ops.rbln.top_k_top_p`` (idempotent); a Meta kernel each, so dynamo can
+    trace the sampler functions that call them."""
+    global _LIB
+    if _LIB is not None:
+        return
+    import torch
+
+    lib = torch.library.Library("rbln", "FRAGMENT")
+    lib.define("argmax(Tensor logits) -> Tensor")
+    lib.impl("argmax", _argmax, "CPU")
+    lib.impl("argmax", _sampled_meta, "Meta")
+    lib.define("top_k_top_p(Tensor probs, Tensor? k=None, Tensor? p=None) -> Tensor")
+    lib.impl("top_k_top_p", _top_k_top_p, "CPU")
+    lib.impl("top_k_top_p", _sampled_meta, "Meta")
+    _LIB = lib
+
+
+def install(rebel: types.ModuleType) -> None:
+    """``rebel.manual_seed`` and ``rebel.core.torch_compile`` on the emulated module, importable by name too."""
+    rebel.manual_seed = manual_seed  # type: ignore[attr-defined]
+    core = sys.modules.get("rebel.core") or types.ModuleType("rebel.core")
+    compile_mod = sys.modules.get("rebel.core.torch_compile") or types.ModuleType("rebel.core.torch_compile")
+    compile_mod.rbln_backend = rbln_backend  # type: ignore[attr-defined]
+    core.torch_compile = compile_mod  # type: ignore[attr-defined]
+    rebel.core = core  # type: ignore[attr-defined]
+    sys.modules["rebel.core"] = core
+    sys.modules["rebel.core.torch_compile"] = compile_mod

@@ -1,0 +1,132 @@
+"""Run vLLM as a child in its own process group: every line it prints labelled, the whole group ended with qvl.
+
+``qvl serve`` for an NPU execs ``vllm`` (the process becomes vLLM). Under ``--emulate`` qvl stays the parent instead,
+for two things exec cannot give: every line vLLM and its engine processes print starts with a label
+(``emulated.LABEL``), and Ctrl-C (or SIGTERM) of ``qvl serve`` leaves no process behind: vLLM gets the SIGINT a
+terminal would send it, ``GRACE_S`` to shut down, then the whole group is killed, and qvl returns only once no
+process of the group is left. On Linux the child also gets SIGTERM should qvl itself die (``PR_SET_PDEATHSIG``),
+and qvl is the subreaper of vLLM's engine processes, so none is left a zombie.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import IO
+
+from qwenvl_rbln.errors import EXIT_INTERRUPTED
+
+GRACE_S = 20.0  # vLLM's own shutdown after SIGINT (engine core, API server) before the group is killed
+GONE_S = 10.0  # after SIGKILL: how long to wait for the kernel to clear the group
+
+
+def _prctl(option: int, value: int) -> None:
+    """Linux's prctl; nothing elsewhere (both uses are a safety net, not a requirement)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value)
+    except (OSError, AttributeError):
+        pass
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: vLLM gets SIGTERM should qvl die
+
+
+def _reap() -> None:
+    """Collect every child that has ended (vLLM's own processes are re-parented to qvl, the subreaper)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
+def _pump(source: IO[bytes], sink: IO[bytes], label: bytes) -> None:
+    """Copy ``source`` to ``sink`` line by line, each line prefixed with ``label``."""
+    for line in iter(source.readline, b""):
+        with contextlib.suppress(OSError, ValueError):
+            sink.write(label + line if line.endswith(b"\n") else label + line + b"\n")
+            sink.flush()
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+@contextlib.contextmanager
+def _forwarded(on_signal) -> Iterator[None]:
+    """SIGINT and SIGTERM call ``on_signal`` instead of raising, for the block (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, lambda *_: on_signal()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run(argv: Sequence[str], env: Mapping[str, str], label: str) -> int:
+    """Run ``argv`` to its end; its exit code, or ``EXIT_INTERRUPTED`` when qvl was interrupted meanwhile."""
+    _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: vLLM's engine processes come back to qvl if vLLM ends first
+    proc = subprocess.Popen(
+        list(argv),
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own group: qvl decides when it ends, and ends all of it
+        preexec_fn=_die_with_parent,
+    )
+    pgid = proc.pid
+    pumps = [
+        threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, label.encode()), daemon=True),
+        threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, label.encode()), daemon=True),
+    ]
+    for pump in pumps:
+        pump.start()
+    interrupted: list[float] = []
+
+    def on_signal() -> None:
+        if not interrupted:
+            interrupted.append(time.monotonic())
+            _kill_group(pgid, signal.SIGINT)  # what a terminal's Ctrl-C sends the foreground group
+        else:
+            _kill_group(pgid, signal.SIGKILL)  # a second Ctrl-C: now
+
+    with _forwarded(on_signal):
+        while proc.poll() is None:
+            if interrupted and time.monotonic() - interrupted[0] > GRACE_S:
+                _kill_group(pgid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.2)
+        _kill_group(pgid, signal.SIGKILL)  # whatever of the group outlived vLLM's main process
+        deadline = time.monotonic() + GONE_S
+        while group_alive(pgid) and time.monotonic() < deadline:
+            _reap()
+            time.sleep(0.05)
+    for pump in pumps:
+        pump.join(timeout=2.0)
+    if interrupted:
+        return EXIT_INTERRUPTED
+    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode

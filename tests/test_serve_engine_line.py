@@ -1,0 +1,100 @@
+"""One serve line per vllm-rbln generation (issue 36 item 3; audit 2026-12-04 finding 19).
+
+vllm-rbln 0.11 takes the placement through ``--additional-config '{"rbln_config": ...}'`` and its devices through
+``RBLN_DEVICES`` (it has no ``--rbln-optimum-overrides``: vLLM exits "unrecognized arguments"); 0.12 and later take
+``--rbln-optimum-overrides`` and ``RBLN_VISIBLE_DEVICES``. qvl reads the installed one, else ``--vllm-rbln``, else the
+default 0.11.1a1, and says which (serving/engine.py). The engine tests run the 0.11 line for real.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qwenvl_rbln.artifacts.manifest import write_manifest
+from qwenvl_rbln.planning.plan import build_plan
+from qwenvl_rbln.serving import engine
+from tests.fakes_rbln import run_main, write_artifact
+
+
+@pytest.fixture
+def art(tmp_path):
+    plan = build_plan("rebel100-2npu-batch4")  # LM on NPU 0, ViT on NPU 1
+    root = write_artifact(tmp_path / "art", plan)
+    write_manifest(root, {"format": 1, "npu": plan.npu, "placement": plan.placement, "model": {"id": "Qwen/X"}})
+    return root
+
+
+@pytest.fixture
+def no_exec(monkeypatch):
+    monkeypatch.setattr("os.execvpe", lambda *a, **k: pytest.fail("exec attempted"))
+
+
+def installed(monkeypatch, version: str | None) -> None:
+    monkeypatch.setattr(engine, "installed_version", lambda: version)
+
+
+@pytest.mark.parametrize(
+    ("version", "generation", "flag", "env"),
+    [
+        ("0.11.1a1", "0.11", "--additional-config", "RBLN_DEVICES"),
+        ("0.11.0", "0.11", "--additional-config", "RBLN_DEVICES"),
+        ("0.12.0", "0.12", "--rbln-optimum-overrides", "RBLN_VISIBLE_DEVICES"),
+        ("0.12.0+cpu", "0.12", "--rbln-optimum-overrides", "RBLN_VISIBLE_DEVICES"),
+        ("0.13.1rc2", "0.12", "--rbln-optimum-overrides", "RBLN_VISIBLE_DEVICES"),
+    ],
+)
+def test_each_generation_has_its_flag_and_variable(version, generation, flag, env):
+    line = engine.Engine(version, "--vllm-rbln")
+    assert (line.generation, line.placement_flag, line.device_env) == (generation, flag, env)
+    assert {line.device_env, line.other_device_env} == {"RBLN_DEVICES", "RBLN_VISIBLE_DEVICES"}
+    overrides = {"device": 0, "visual": {"device": 1}}
+    value = json.loads(line.placement_args(overrides)[1])
+    assert value == (overrides if generation == "0.12" else {"rbln_config": overrides})
+
+
+def test_the_version_comes_from_the_option_else_the_installed_one_else_the_default(monkeypatch):
+    installed(monkeypatch, "0.12.1")
+    assert engine.resolve("0.11.1a1") == engine.Engine("0.11.1a1", "--vllm-rbln")
+    assert engine.resolve(None) == engine.Engine("0.12.1", "installed")
+    assert engine.resolve(None, look_here=False) == engine.Engine(engine.DEFAULT, "default")  # qvl deploy
+    installed(monkeypatch, None)
+    assert engine.resolve(None) == engine.Engine(engine.DEFAULT, "default")
+    assert "no vllm-rbln installed here: the default 0.11.1a1" in engine.resolve(None).describe()
+
+
+def test_the_installed_version_is_read_from_its_metadata_without_importing_it():
+    """make install puts vllm-rbln 0.11.1a1 beside vLLM 0.22.0 (the engine tests need it)."""
+    import sys
+
+    found = engine.installed_version()
+    assert found is None or engine.parse(found) >= (0, 11)
+    assert "vllm_rbln" not in sys.modules and "vllm" not in sys.modules
+
+
+@pytest.mark.parametrize(("value", "said"), [("0.10.2", "0.11 and later"), ("banana", "not a vllm-rbln version")])
+def test_an_unknown_or_too_old_vllm_rbln_is_one_line(value, said, art, capsys, no_exec):
+    code, out, err = run_main(["serve", str(art), "--vllm-rbln", value, "--dry-run"], capsys)
+    assert code == 2 and out == "" and said in err and "fix:" in err and "Traceback" not in err
+
+
+def test_dry_run_prints_the_line_of_the_chosen_generation_and_names_it(art, capsys, monkeypatch, no_exec):
+    installed(monkeypatch, "0.11.1a1")
+    code, out, err = run_main(["serve", str(art), "--vllm-rbln", "0.12.0", "--dry-run", "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert json.loads(data["argv"][data["argv"].index("--rbln-optimum-overrides") + 1]) == {
+        "device": 0,
+        "visual": {"device": 1},
+    }
+    assert data["env"]["RBLN_VISIBLE_DEVICES"] == "0,1" and "--additional-config" not in data["argv"]
+    (check,) = [c for c in data["checks"] if c["check"] == "engine"]
+    assert "vllm-rbln 0.12.0 (chosen with --vllm-rbln)" in check["detail"]
+
+
+def test_a_line_for_another_generation_than_the_installed_one_never_starts(art, capsys, monkeypatch, no_exec):
+    installed(monkeypatch, "0.11.1a1")
+    code, out, err = run_main(["serve", str(art), "--vllm-rbln", "0.12.0"], capsys)
+    assert code == 2 and "installed vllm-rbln 0.11.1a1 takes the 0.11 line" in err and "nothing was started" in err
+    assert "--dry-run" in err  # the fix: print it for the other host instead
