@@ -212,14 +212,17 @@ def test_no_plugin_has_one_warn_line_per_cause(art, capsys):
 
 
 def test_a_warning_the_checks_show_is_not_repeated_on_stderr(tmp_path, capsys):
-    """A short KV pool's --max-model-len warning was printed twice (stderr `warning:` and `# warn`)."""
-    plan = build_plan("rebel100-1npu")
-    short = _artifact(tmp_path / "short", cfg=rbln_config_json(plan, kv_blocks=20))
+    """A warning that is also a check was printed twice (stderr `warning:` and `# warn`): here the video modality a
+    16384-token context turns off. (The short KV pool this test used before is now refused outright.)"""
+    plan = build_plan("rebel100-1npu", ["max_seq_len=16384"])
+    short = tmp_path / "short"
+    write_artifact(short, plan)
+    write_manifest(short, {"format": 1, "npu": plan.npu, "placement": plan.placement, "model": {"id": "m"}})
     args = ["deploy", str(short), "--artifact", "pvc:models", "--image", IMAGE, "--dry-run"]
     code, out, err = run_main(args, capsys)
     assert code == 0, err
-    said = (out + err).count("not the compiled max_seq_len")
-    assert said == 1 and "# warn max_model_len:" in out
+    said = (out + err).count("limit_mm_per_prompt video is 0")
+    assert said == 1 and "# warn limit_mm_per_prompt:" in out
 
 
 # ------------------------------------------------------------------------------- upstream 1, 7, 8, 10, 12
