@@ -18,7 +18,7 @@ from qwenvl_rbln.deploy.options import MAX_NAME, DeployOptions, check_name
 from qwenvl_rbln.deploy.yamltext import plain
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.planning.plan import build_plan
-from tests.fakes_rbln import rbln_config_json, run_main, write_artifact
+from tests.fakes_rbln import run_main, write_artifact
 
 IMAGE = "registry.internal/vllm-rbln:0.12.0"
 
