@@ -148,7 +148,8 @@ def test_dead_workers_requests_requeued_and_failed_on_two_workers_keeps_both_err
         {"id": "bad", "raise": "NPU error 42"},  # never in a call with "a" (calls hold 2; retries run alone)
         *({"id": f"c{i}"} for i in range(1, 10)),
     )
-    out, events = run_pool(4, work)
+    # every worker loaded before the first request, so each says its NPU however fast the others finish the work
+    out, events = run_pool(4, work, all_loaded_first=True)
     by_id = {r["id"]: r for r in out}
     assert sorted(r["id"] for r in out) == sorted(w.id for w in work)  # each once
     assert (tmp_path / "a.died").exists() and by_id["a"]["ok"]

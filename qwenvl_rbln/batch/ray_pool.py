@@ -10,7 +10,9 @@ retries happen inside Ray would hide that. So Ray's own retries are off (``max_r
 - an actor that dies (NPU error, killed process, OOM) or whose call raises (``GenerateFailed``: requests that
   raised alone with nothing else of the call run; or any other exception) is restarted in its slot (killed, and a
   fresh actor loads on the same kind of NPUs), never dropped for one failure; the requests it held go back to the
-  queue and run alone; a request that failed on two worker processes is written as failed with both errors;
+  queue and run alone (nothing else in flight on their actor: a call that finished just before an actor died may
+  never reach the driver, so only a lone call can be blamed for the death); a request that failed on two worker
+  processes is written as failed with both errors;
   a slot that fails ``executor.MAX_RESTARTS`` times in a row without a call that finished, or whose actor cannot
   load, is given up; with no live worker left the job stops at once with a clear error (the rest stay undone, so
   ``--resume`` picks them up);
@@ -220,6 +222,9 @@ class _Loop:
         self.pool, self.ray, self.source, self.emit, self.event = pool, pool.ray, source, emit, event
         self.loading: dict[Any, _Slot] = loading
         self.retry: collections.deque[WorkItem] = collections.deque()
+        # the calls of retried requests: alone on their actor, so an actor that dies while one runs can only be
+        # blamed on it (a call finished just before may not have reached the driver when its actor died)
+        self.alone: set[Any] = set()
         self.failures: dict[str, list[dict[str, Any]]] = {}
         self.exhausted = False
         self.deaths: list[str] = []
@@ -240,10 +245,16 @@ class _Loop:
             return
         for slot in self.pool.slots:
             while slot.state in ("idle", "busy") and len(slot.calls) < self.pool.depth:
+                if self.alone.intersection(slot.calls) or (self.retry and slot.calls):
+                    break  # a retried request runs with nothing else in flight on its actor, before or behind it
+                retried = bool(self.retry)
                 batch = self._take(slot.max_batch)
                 if not batch:
                     return
-                slot.calls[slot.handle.run.remote(batch)] = batch
+                ref = slot.handle.run.remote(batch)
+                slot.calls[ref] = batch
+                if retried:
+                    self.alone.add(ref)
                 self._state(slot, "busy")
 
     def _state(self, slot: _Slot, state: str) -> None:
