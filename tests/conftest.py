@@ -114,3 +114,24 @@ def tiny_rbln(tmp_path_factory):
     if not optimum_rbln_installed():
         pytest.skip("optimum-rbln is not installed")
     return compile_emulated(tmp_path_factory.mktemp("tiny-rbln") / "cpu-tiny-rbln")
+
+
+# ------------------------------------------------------------- the real engine (tests/test_engine_*.py)
+
+
+@pytest.fixture(scope="session")
+def engine_artifact(tmp_path_factory):
+    """The tiny Qwen3-VL the engine tests serve (tests/engine_server.py: compile_artifact). They never skip: vLLM and
+    vllm-rbln are part of `make install`, so a missing engine is a failure that says so."""
+    from tests import engine_server
+
+    assert engine_server.installed() is None, f"{engine_server.installed()}: the engine tests never skip"
+    return engine_server.compile_artifact(tmp_path_factory.mktemp("engine"))
+
+
+@pytest.fixture(scope="session")
+def engine_media(tmp_path_factory):
+    """The images and videos the engine tests send (tests/engine_server.py: write_media)."""
+    from tests import engine_server
+
+    return engine_server.write_media(tmp_path_factory.mktemp("engine-media"))

@@ -22,6 +22,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,17 @@ class Server:
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=STOP_S)
+
+
+@contextlib.contextmanager
+def serving(artifact: Path, tmp: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Server]:
+    """``start`` for a block (a module fixture); afterwards the server is stopped and no process of it is left."""
+    server = start(artifact, tmp, *args, env=env)
+    try:
+        yield server
+    finally:
+        server.stop()
+    assert not alive(server.started), f"the server left processes behind: {alive(server.started)}"
 
 
 def start(artifact: Path, tmp: Path, *args: str, env: dict[str, str] | None = None) -> Server:

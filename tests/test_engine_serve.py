@@ -22,28 +22,17 @@ MAX_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory):
-    assert eng.installed() is None, f"{eng.installed()}: the engine tests never skip"
-    return eng.compile_artifact(tmp_path_factory.mktemp("engine"))
+def server(engine_artifact, tmp_path_factory):
+    with eng.serving(engine_artifact, tmp_path_factory.mktemp("serve")) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
-def media(tmp_path_factory):
-    return eng.write_media(tmp_path_factory.mktemp("media"))
-
-
-@pytest.fixture(scope="module")
-def server(artifact, tmp_path_factory):
-    srv = eng.start(artifact, tmp_path_factory.mktemp("serve"))
-    yield srv
-    srv.stop()
-    assert not eng.alive(srv.started), "the server left processes behind"
-
-
-@pytest.fixture(scope="module")
-def reference(artifact, media, tmp_path_factory):
+def reference(engine_artifact, engine_media, tmp_path_factory):
     """`qvl infer --emulate` on the same requests: the tokens every engine answer must equal."""
-    return eng.infer_tokens(artifact, eng.requests_of(media), tmp_path_factory.mktemp("infer"), MAX_TOKENS)
+    return eng.infer_tokens(
+        engine_artifact, eng.requests_of(engine_media), tmp_path_factory.mktemp("infer"), MAX_TOKENS
+    )
 
 
 # --------------------------------------------------------------------------------------- every answer says it
@@ -68,12 +57,14 @@ def test_every_answer_and_every_line_says_emulated(server):
 
 
 @pytest.mark.parametrize("rid", ["text", "image", "two-buckets"])
-def test_chats_answer_with_the_tokens_qvl_infer_gives(rid, server, media, reference):
-    content, _ = eng.requests_of(media)[rid]
+def test_chats_answer_with_the_tokens_qvl_infer_gives(rid, server, engine_media, reference):
+    content, _ = eng.requests_of(engine_media)[rid]
     assert server.tokens(content, MAX_TOKENS) == reference[rid]
 
 
-def test_a_video_gets_qvl_infers_frames_and_timestamps_in_qwens_own_prompt_layout(server, artifact, media):
+def test_a_video_gets_qvl_infers_frames_and_timestamps_in_qwens_own_prompt_layout(
+    server, engine_artifact, engine_media
+):
     """The one explained difference. vLLM 0.22 expands the chat template's ``<|vision_start|><|video_pad|>
     <|vision_end|>`` into the timestamped temporal patches as Qwen3-VL's own processor does (transformers 4.57:
     the whole wrapped placeholder is replaced). transformers 5.15.1, which `qvl infer` calls, replaces only
@@ -83,12 +74,12 @@ def test_a_video_gets_qvl_infers_frames_and_timestamps_in_qwens_own_prompt_layou
     from qwenvl_rbln.inference.inputs import build_inputs, shared_processor
     from qwenvl_rbln.inference.requests import Request
 
-    content, _ = eng.requests_of(media)["video"]
+    content, _ = eng.requests_of(engine_media)["video"]
     status, _, answer = server.chat(content, MAX_TOKENS)
     assert status == 200, answer
     engine = answer["prompt_token_ids"]
-    processor = shared_processor(artifact)
-    inputs, info = build_inputs(processor, [Request("video", "What moves?", videos=[media["video"]])])
+    processor = shared_processor(engine_artifact)
+    inputs, info = build_inputs(processor, [Request("video", "What moves?", videos=[engine_media["video"]])])
     infer = [int(t) for t in inputs["input_ids"][0].tolist()]
     start, end = processor.tokenizer.convert_tokens_to_ids(["<|vision_start|>", "<|vision_end|>"])
     first, last = infer.index(start), len(infer) - 1 - infer[::-1].index(end)
@@ -97,18 +88,18 @@ def test_a_video_gets_qvl_infers_frames_and_timestamps_in_qwens_own_prompt_layou
     assert info["video_grids"] == [[3, 4, 4]] and engine.count(start) == 3  # three temporal patches, timestamped
 
 
-def test_vit_packing_makes_one_call_of_three_images_with_the_same_tokens(server, media, reference):
+def test_vit_packing_makes_one_call_of_three_images_with_the_same_tokens(server, engine_media, reference):
     """Packing on: three images of about 300 patches each share one ViT call of bucket 1024
     (tests/test_engine_serve_auth.py: three calls with packing off, the same tokens)."""
-    content, _ = eng.requests_of(media)["three-small"]
+    content, _ = eng.requests_of(engine_media)["three-small"]
     before = server.graph_calls()
     assert server.tokens(content, MAX_TOKENS) == reference["three-small"]
     assert server.graph_calls() - before == 1
 
 
-def test_the_frame_cap_fits_a_video_above_the_largest_bucket(server, media):
+def test_the_frame_cap_fits_a_video_above_the_largest_bucket(server, engine_media):
     before = server.graph_calls()
-    status, _, answer = server.chat([eng.video_part(media["big_video"]), eng.text_part("Describe it.")], 4)
+    status, _, answer = server.chat([eng.video_part(engine_media["big_video"]), eng.text_part("Describe it.")], 4)
     assert status == 200, answer
     # capped to 1024x1024 (4096 patches, the largest bucket): 1024 tokens; uncapped it would be 1600 (and fail)
     assert 1024 < answer["usage"]["prompt_tokens"] < 1100
@@ -141,8 +132,17 @@ def test_a_prompt_longer_than_the_context_is_refused_fast_and_the_engine_stays_u
     assert time.monotonic() - t0 < 30 and server.healthy()
 
 
-def test_bench_serve_at_the_compiled_batch_fails_nothing(server, artifact, tmp_path):
-    cmd = [sys.executable, "-m", "qwenvl_rbln", "bench-serve", str(artifact), "--emulate", "--port", str(server.port)]
+def test_bench_serve_at_the_compiled_batch_fails_nothing(server, engine_artifact, tmp_path):
+    cmd = [
+        sys.executable,
+        "-m",
+        "qwenvl_rbln",
+        "bench-serve",
+        str(engine_artifact),
+        "--emulate",
+        "--port",
+        str(server.port),
+    ]
     cmd += ["--served-model-name", "engine", "--num-prompts", "4", "--input-len", "24", "--output-len", "12"]
     cmd += ["--", "--save-result", "--result-dir", str(tmp_path), "--result-filename", "bench.json"]
     done = subprocess.run(cmd, env=server.env, capture_output=True, text=True, timeout=600)

@@ -18,28 +18,17 @@ MAX_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory):
-    assert eng.installed() is None, f"{eng.installed()}: the engine tests never skip"
-    return eng.compile_artifact(tmp_path_factory.mktemp("engine"))
+def server(engine_artifact, tmp_path_factory):
+    with eng.serving(
+        engine_artifact, tmp_path_factory.mktemp("serve"), "--no-vit-packing", env={"VLLM_API_KEY": KEY}
+    ) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
-def media(tmp_path_factory):
-    return eng.write_media(tmp_path_factory.mktemp("media"))
-
-
-@pytest.fixture(scope="module")
-def server(artifact, tmp_path_factory):
-    srv = eng.start(artifact, tmp_path_factory.mktemp("serve"), "--no-vit-packing", env={"VLLM_API_KEY": KEY})
-    yield srv
-    srv.stop()
-    assert not eng.alive(srv.started), "the server left processes behind"
-
-
-@pytest.fixture(scope="module")
-def reference(artifact, media, tmp_path_factory):
-    three = {"three-small": eng.requests_of(media)["three-small"]}
-    return eng.infer_tokens(artifact, three, tmp_path_factory.mktemp("infer"), MAX_TOKENS)
+def reference(engine_artifact, engine_media, tmp_path_factory):
+    three = {"three-small": eng.requests_of(engine_media)["three-small"]}
+    return eng.infer_tokens(engine_artifact, three, tmp_path_factory.mktemp("infer"), MAX_TOKENS)
 
 
 def test_v1_refuses_without_the_key_while_health_answers(server):
@@ -58,8 +47,8 @@ def test_v1_refuses_without_the_key_while_health_answers(server):
         server.key = KEY
 
 
-def test_packing_off_runs_three_vit_calls_with_the_same_tokens(server, media, reference):
-    content, _ = eng.requests_of(media)["three-small"]
+def test_packing_off_runs_three_vit_calls_with_the_same_tokens(server, engine_media, reference):
+    content, _ = eng.requests_of(engine_media)["three-small"]
     before = server.graph_calls()
     assert server.tokens(content, MAX_TOKENS) == reference["three-small"]
     assert server.graph_calls() - before == 3  # one per image: 320, 288 and 324 patches, each in bucket 1024

@@ -134,9 +134,9 @@ def test_the_shim_is_the_emulator_in_a_fresh_process_with_what_vllm_rbln_imports
 def test_the_sampler_ops_sample_as_vllm_rblns_sampler_expects():
     import torch
 
-    from qwenvl_rbln.backends.emulator import engine
+    from qwenvl_rbln.backends.emulator import engine, ops
 
-    engine.register_ops()
+    ops.register()
     probs = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3]])
     assert torch.ops.rbln.argmax(probs).tolist() == [1, 0]
     assert torch.ops.rbln.top_k_top_p(probs, torch.tensor([1, 1]), None).tolist() == [1, 0]  # top-1: greedy

@@ -81,7 +81,6 @@ def _install() -> None:
     engine.install(rebel_api)  # vllm-rbln's additions: manual_seed, rebel.core.torch_compile
     _ACTIVE = True
     ops.register()
-    engine.register_ops()
 
 
 SUBMODULES = ("rebel.compile_context", "rebel.core", "rebel.core.torch_compile")

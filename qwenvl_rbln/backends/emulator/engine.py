@@ -16,7 +16,8 @@ vllm-rbln v0.11.1a1 on its optimum path (``../shared/engine/``; paths inside ``v
   ``manual_seed``). Both return int64 ``[B]``, which the sampler casts as it does the NPU's output. So vLLM's
   RBLN sampler runs unchanged (``VLLM_RBLN_SAMPLER`` stays at its default, on).
 
-``install()`` adds all of it to the emulated ``rebel`` module and registers the ops; ``activate()`` calls it.
+``install()`` adds the first two to the emulated ``rebel`` module (``activate()`` calls it); ``define_ops`` defines the
+two ops in the ``torch.ops.rbln`` library that ``ops.register`` creates beside ``rbln_custom_ops``.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ from __future__ import annotations
 import sys
 import types
 from typing import Any
-
-_LIB: Any = None
 
 
 def manual_seed(seed: int) -> None:
@@ -73,22 +72,15 @@ def _sampled_meta(probs: Any, *args: Any) -> Any:
     return torch.empty(probs.shape[:-1], dtype=torch.int64, device=probs.device)
 
 
-def register_ops() -> None:
-    """``torch.ops.rbln.argmax`` and ``torch.ops.rbln.top_k_top_p`` (idempotent); a Meta kernel each, so dynamo can
-    trace the sampler functions that call them."""
-    global _LIB
-    if _LIB is not None:
-        return
-    import torch
-
-    lib = torch.library.Library("rbln", "FRAGMENT")
+def define_ops(lib: Any) -> None:
+    """``argmax`` and ``top_k_top_p`` in the ``rbln`` op library (``ops.register`` creates it, once per process); a
+    Meta kernel each, so dynamo can trace the sampler functions that call them."""
     lib.define("argmax(Tensor logits) -> Tensor")
     lib.impl("argmax", _argmax, "CPU")
     lib.impl("argmax", _sampled_meta, "Meta")
     lib.define("top_k_top_p(Tensor probs, Tensor? k=None, Tensor? p=None) -> Tensor")
     lib.impl("top_k_top_p", _top_k_top_p, "CPU")
     lib.impl("top_k_top_p", _sampled_meta, "Meta")
-    _LIB = lib
 
 
 def install(rebel: types.ModuleType) -> None:

@@ -58,7 +58,8 @@ ATTN_SCHEMA = (
 
 
 def register() -> None:
-    """Define the ops once per process (idempotent)."""
+    """Define the ops once per process (idempotent): ``rbln_custom_ops`` (the LM graphs') and ``rbln`` (vllm-rbln's
+    RBLN sampler's, ``engine.py``)."""
     global _LIB
     if _LIB is not None:
         return
@@ -75,10 +76,12 @@ def register() -> None:
         lib.impl(name, _attn_meta, "Meta")
     lib.define("rbln_cache_update(Tensor(a!) cache, Tensor value, Tensor position, int axis) -> Tensor")
     lib.impl("rbln_cache_update", _cache_update, "CPU")
-    from qwenvl_rbln.backends.emulator import moe
+    from qwenvl_rbln.backends.emulator import engine, moe
 
     moe.register(lib)  # custom_moe_glu: the MoE expert block (moe.py)
-    _LIB = lib
+    sampler = torch.library.Library("rbln", "FRAGMENT")
+    engine.define_ops(sampler)  # argmax, top_k_top_p: vllm-rbln's RBLN sampler (engine.py)
+    _LIB = (lib, sampler)
 
 
 def _linear(input: Any, weight: Any, bias: Any = None) -> Any:
