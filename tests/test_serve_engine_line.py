@@ -98,3 +98,17 @@ def test_a_line_for_another_generation_than_the_installed_one_never_starts(art, 
     code, out, err = run_main(["serve", str(art), "--vllm-rbln", "0.12.0"], capsys)
     assert code == 2 and "installed vllm-rbln 0.11.1a1 takes the 0.11 line" in err and "nothing was started" in err
     assert "--dry-run" in err  # the fix: print it for the other host instead
+
+
+def test_vllms_usage_statistics_are_off_unless_the_user_set_them(art, capsys, monkeypatch, no_exec):
+    """No default sends traffic off the machine: vLLM's usage report is off in serve's line (and so in deploy's pod),
+    unless the user set VLLM_NO_USAGE_STATS or DO_NOT_TRACK themselves (then theirs stands)."""
+    for name in ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
+        monkeypatch.delenv(name, raising=False)
+    code, out, err = run_main(["serve", str(art), "--dry-run", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["env"]["VLLM_NO_USAGE_STATS"] == "1"
+    monkeypatch.setenv("DO_NOT_TRACK", "0")
+    code, out, err = run_main(["serve", str(art), "--dry-run", "--json"], capsys)
+    assert code == 0, err
+    assert "VLLM_NO_USAGE_STATS" not in json.loads(out)["env"]

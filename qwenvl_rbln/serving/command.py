@@ -41,6 +41,8 @@ from qwenvl_rbln.serving.options import (
 )
 from qwenvl_rbln.serving.preflight import ok, preflight, warn
 
+USAGE_STATS_ENV = "VLLM_NO_USAGE_STATS"  # vLLM reports usage to its authors by default: off, as Ray's is
+
 
 def resolve_directory(directory: Path | None, preset: str | None, command: str) -> tuple[Path, list[str]]:
     """DIR as ``qvl infer`` picks it: the argument, else the last compile's directory, else the preset's."""
@@ -295,6 +297,8 @@ def vllm_launch(
     checks = list(art.checks)
     ok(checks, "engine", engine.describe())
     env = _placement_env(where, environ, checks, engine)
+    if not {USAGE_STATS_ENV, "DO_NOT_TRACK"} & set(environ):  # nothing leaves the host unless the user says so
+        env[USAGE_STATS_ENV] = "1"
     cfg = art.cfg
     argv = ["vllm", "serve", str(art.root), "--host", host, "--port", str(port)]
     argv += ["--served-model-name", served_model_name or served_name(art)]
