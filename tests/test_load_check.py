@@ -365,3 +365,17 @@ def test_a_real_runtime_load_is_recorded_and_deploy_sizes_its_probe_from_it(tmp_
     (root / "prefill.rbln").write_bytes(b"recompiled")  # a recompile: new graphs and their manifest
     write_manifest(root, {"format": 1, "npu": plan.npu, "placement": plan.placement, "rbln_config": plan.rbln_config})
     assert measured_load(root) is None  # the old measurement is not theirs
+
+
+def test_a_load_faster_than_the_clocks_rounding_is_recorded_as_a_load_time(tmp_path, monkeypatch, capsys):
+    """A runtime creation under 0.5 ms (a fake's; never a real NPU's) was recorded as 0.0 s, which the load-time
+    reader then refused as a damaged file: the recorded seconds are always above 0."""
+    from qwenvl_rbln.artifacts.load_times import measured_load
+
+    monkeypatch.setenv("QVL_HOME", str(tmp_path / "home"))
+    plan, root = _artifact(tmp_path, "rebel100-1npu")
+    install(monkeypatch, make_auto(plan), rebel=make_rebel())
+    monkeypatch.setattr("time.monotonic", lambda: 100.0)  # the runtimes are created in no time at all
+    code, data, err = _json(["load-check", str(root)], capsys)
+    assert code == 0, err
+    assert data["runtime"]["seconds"] > 0 and measured_load(root)["seconds"] > 0
