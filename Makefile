@@ -53,6 +53,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --disable-pip-version-check $(PINS) $(ENGINE_PINS)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps $(OPTIMUM_RBLN) $(ENGINE_NO_DEPS) $(VLLM_RBLN)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e .
+	# bytecode, as a regular (non-editable) install writes it: qvl starts fast even where PYTHONDONTWRITEBYTECODE is set
+	$(BIN)/python -m compileall -q qwenvl_rbln
 	touch $(STAMP)
 
 install: $(STAMP)
