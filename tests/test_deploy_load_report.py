@@ -204,6 +204,10 @@ def test_a_damaged_recorded_load_is_one_line_never_a_crash(tmp_path, arts, capsy
         load_times_path().write_text(json.dumps(data))
         line = one_line_refusal(*run_main(args, capsys))
         assert str(load_times_path()) in line and "not a load time" in line and "None" not in line
+    data["entries"][key] = 40.0  # a bare number where the entry's table belongs
+    load_times_path().write_text(json.dumps(data))
+    line = one_line_refusal(*run_main(args, capsys))
+    assert str(load_times_path()) in line and "holds 40.0 (not a table)" in line and "damaged" in line
 
 
 # ------------------------------------------------------------------------------------------- property-based

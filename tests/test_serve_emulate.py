@@ -243,3 +243,21 @@ def test_a_failed_emulated_start_is_one_line_naming_the_labelled_output(art, tmp
     assert done.returncode == 5 and "qvl emulated | bad flag" in done.stderr
     (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith("qvl: error:")]
     assert "exited with code 2" in line and "fix:" in line
+
+
+def test_a_vllm_that_cannot_start_is_one_line_and_a_closed_terminal_is_forwarded(tmp_path):
+    """supervise.run: a `vllm` found but not runnable is DependencyMissing (as the exec path says it), never a
+    traceback; SIGHUP (the terminal closed) reaches vLLM's group like Ctrl-C, since vLLM runs in its own session."""
+    import signal
+
+    from qwenvl_rbln.errors import DependencyMissing
+    from qwenvl_rbln.serving import supervise
+
+    broken = tmp_path / "vllm"
+    broken.write_text("not a program\n")  # no exec bit
+    with pytest.raises(DependencyMissing, match=f"cannot start {broken}"):
+        supervise.run([str(broken), "serve"], {}, "qvl emulated | ")
+    seen: list[str] = []
+    with supervise._forwarded(lambda: seen.append("forwarded")):
+        signal.raise_signal(signal.SIGHUP)
+    assert seen == ["forwarded"]

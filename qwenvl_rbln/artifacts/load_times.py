@@ -97,10 +97,11 @@ def measured_load(artifact: Path, path: Path | None = None) -> dict[str, Any] | 
     if entry is None:
         return None
     raw = entry.get("seconds") if isinstance(entry, dict) else entry
-    seconds = load_seconds(raw)
+    seconds = load_seconds(raw) if isinstance(entry, dict) else None  # an entry is a table: {"seconds", "npu", ...}
     if seconds is None:
+        held = f"seconds={fmt_json(raw)}" if isinstance(entry, dict) else f"{fmt_json(entry)} (not a table)"
         raise InputError(
-            f"load-time file {path}: the entry for {artifact}'s graphs holds seconds={fmt_json(raw)}, not a load time "
+            f"load-time file {path}: the entry for {artifact}'s graphs holds {held}, not a load time "
             f"(a number of seconds above 0 and at most {MAX_LOAD_S}); the file is damaged",
             f"delete {path} (the next `qvl load-check` on the NPU host records the load again), or pass --load-check",
         )

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO
 
-from qwenvl_rbln.errors import EXIT_INTERRUPTED
+from qwenvl_rbln.errors import EXIT_INTERRUPTED, DependencyMissing
 
 GRACE_S = 20.0  # vLLM's own shutdown after SIGINT (engine core, API server) before the group is killed
 GONE_S = 10.0  # after SIGKILL: how long to wait for the kernel to clear the group
@@ -74,11 +74,13 @@ def _kill_group(pgid: int, sig: int) -> None:
 
 @contextlib.contextmanager
 def _forwarded(on_signal) -> Iterator[None]:
-    """SIGINT and SIGTERM call ``on_signal`` instead of raising, for the block (main thread only)."""
+    """SIGINT, SIGTERM and SIGHUP (the terminal closed: vLLM, in its own session, never hears it) call
+    ``on_signal`` instead of raising, for the block (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, lambda *_: on_signal()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, lambda *_: on_signal()) for sig in forwarded}
     try:
         yield
     finally:
@@ -89,16 +91,30 @@ def _forwarded(on_signal) -> Iterator[None]:
 def run(argv: Sequence[str], env: Mapping[str, str], label: str) -> int:
     """Run ``argv`` to its end; its exit code, or ``EXIT_INTERRUPTED`` when qvl was interrupted meanwhile."""
     _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: vLLM's engine processes come back to qvl if vLLM ends first
-    proc = subprocess.Popen(
-        list(argv),
-        env=dict(env),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # its own group: qvl decides when it ends, and ends all of it
-        preexec_fn=_die_with_parent,
-    )
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its own group: qvl decides when it ends, and ends all of it
+            preexec_fn=_die_with_parent,
+        )
+    except OSError as exc:  # found but not runnable (a bad shebang, no permission): as the exec path says it
+        from qwenvl_rbln.serving.launch import VLLM_INSTALL_HINT
+
+        raise DependencyMissing(f"cannot start {argv[0]}: {exc.strerror or exc}", VLLM_INSTALL_HINT) from None
     pgid = proc.pid
+    try:
+        return _supervise(proc, pgid, label)
+    except BaseException:  # a Ctrl-C before the handlers were in place, or any error: the group never outlives qvl
+        _kill_group(pgid, signal.SIGKILL)
+        raise
+
+
+def _supervise(proc: subprocess.Popen, pgid: int, label: str) -> int:
+    """Pump its output under ``label``, forward qvl's signals to its group, and wait for all of the group to end."""
     pumps = [
         threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, label.encode()), daemon=True),
         threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, label.encode()), daemon=True),
