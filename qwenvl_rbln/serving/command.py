@@ -32,6 +32,7 @@ from qwenvl_rbln.serving.options import (
     PLUGIN_GROUP,
     PLUGIN_NAME,
     REDACTED,
+    USAGE_STATS_ENV,
     Artifact,
     Launch,
     ServeOptions,
@@ -40,8 +41,6 @@ from qwenvl_rbln.serving.options import (
     is_loopback,
 )
 from qwenvl_rbln.serving.preflight import ok, preflight, warn
-
-USAGE_STATS_ENV = "VLLM_NO_USAGE_STATS"  # vLLM reports usage to its authors by default: off, as Ray's is
 
 
 def resolve_directory(directory: Path | None, preset: str | None, command: str) -> tuple[Path, list[str]]:

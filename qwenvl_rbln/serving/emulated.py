@@ -25,7 +25,7 @@ import os
 from collections.abc import Mapping
 
 from qwenvl_rbln.errors import InputError
-from qwenvl_rbln.serving.options import Launch, host_port, is_loopback
+from qwenvl_rbln.serving.options import USAGE_STATS_ENV, Launch, host_port, is_loopback
 from qwenvl_rbln.serving.preflight import ok
 
 LABEL = "qvl emulated | "  # the prefix of every line vLLM prints under --emulate
@@ -46,7 +46,7 @@ def check_host(host: str, port: int) -> None:
 def apply(launch: Launch, emulator_env: Mapping[str, str], *, serve: bool) -> None:
     """Turn a launch into its emulated twin: the emulator's environment (``emulator.engine_environment``), vLLM's
     usage statistics off, and for ``vllm serve`` the header on every answer."""
-    launch.env.update({**emulator_env, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+    launch.env.update({**emulator_env, USAGE_STATS_ENV: "1", "DO_NOT_TRACK": "1"})
     launch.emulated = True
     if serve:
         launch.argv += ["--middleware", MIDDLEWARE]

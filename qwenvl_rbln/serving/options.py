@@ -22,6 +22,7 @@ FRAME_CAP_ENV = "QVL_FRAME_CAP"  # "1": the plugin caps each video frame at the 
 MAX_FRAME_PIXELS_ENV = "QVL_MAX_FRAME_PIXELS"
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM's OpenAI server requires this key when set; never passed in argv
 BENCH_KEY_ENV = "OPENAI_API_KEY"  # what `vllm bench serve` sends as "Authorization: Bearer ..."
+USAGE_STATS_ENV = "VLLM_NO_USAGE_STATS"  # vLLM reports usage to its authors by default: off in every line qvl builds
 REDACTED = "<redacted>"
 DEFAULT_HOST = "127.0.0.1"  # local only unless asked: `--host 0.0.0.0` serves other machines
 DEFAULT_PORT = 8000  # vLLM's own default
