@@ -88,8 +88,8 @@ def test_every_bad_line_is_reported_at_once_naming_the_line_and_key(folder):
         (":3:", "answers='x' must be a non-empty list"),
         (":4:", "answer 'C' names none of the 2 choices; fix: write the option's letter (A, B)"),
         (":5:", "id 'a' is used again (first on line 1)"),
-        (":6:", "id=None must be a non-empty string or an integer"),
-        (":7:", "expected a JSON object, got list"),
+        (":6:", "no id (a non-empty string or an integer)"),
+        (":7:", "expected a JSON object, got array"),
         (":8:", "image and video are both given"),
         (":9:", "choices has 1 options; a question needs 2 to 26"),
     ]
@@ -148,3 +148,25 @@ def test_easy_vqa_missing_is_exit_3_with_the_install_line(monkeypatch, capsys):
     monkeypatch.setattr(builtins, "__import__", no_easy_vqa)
     code, _, err = run_main(["eval", "--data", "easy-vqa", "--limit", "2"], capsys)
     assert code == 3 and "pip install easy-vqa==1.0" in err
+
+
+def test_hostile_lines_are_refused_with_their_cause_and_odd_breaks_and_a_bom_are_read(tmp_path):
+    """The question file is read as the batch job reads its file: deep nesting and a lone surrogate (which crashed
+    the first reader, or the write of the batch file after it) are each a line's refusal; a BOM is skipped and a
+    U+2028 inside a string does not split its line."""
+    path = tmp_path / "q.jsonl"
+    good = {"id": "ok", "question": "Is it\u2028red?", "answers": ["yes"]}
+    lines = [
+        json.dumps(good, ensure_ascii=False),
+        "[" * 100_000 + "]" * 100_000,
+        '{"id": "s", "question": "\\ud800?", "answers": ["x"]}',
+    ]
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode("utf-8") + b"\n")
+    with pytest.raises(InputErrors) as caught:
+        dataset.load(str(path))
+    said = [p.one_line() for p in caught.value.problems]
+    assert len(said) == 2 and ":2:" in said[0] and "nested too deeply" in said[0], said
+    assert ":3:" in said[1] and "lone surrogate" in said[1], said
+    path.write_bytes(b"\xef\xbb\xbf" + lines[0].encode("utf-8") + b"\n")
+    (item,) = dataset.load(str(path)).items
+    assert item.id == "ok" and "\u2028" in item.question

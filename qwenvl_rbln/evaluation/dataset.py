@@ -23,6 +23,7 @@ from typing import Any
 from qwenvl_rbln.errors import InputError, QvlError, raise_all
 from qwenvl_rbln.evaluation.items import Dataset, EvalItem
 from qwenvl_rbln.evaluation.scoring import LETTERS, answer_letters
+from qwenvl_rbln.inference.requests import line_object, read_lines, request_id
 from qwenvl_rbln.paths import user_path
 
 EASY_VQA = "easy-vqa"
@@ -42,33 +43,30 @@ def load(data: str, limit: int | None = None) -> Dataset:
 
 
 def load_jsonl(path: Path, limit: int | None = None) -> list[EvalItem]:
-    """The first ``limit`` items of a question file; every bad line among them is reported at once."""
+    """The first ``limit`` items of a question file; every bad line among them is reported at once. Lines are read
+    as the batch job reads its file (``inference.requests``: ``\n`` only, a BOM skipped, any JSON text refused with
+    its cause, never a crash)."""
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "does not exist"
         raise InputError(
             f"--data {path} {what}", f"pass a JSONL question file (one {_EXAMPLE} a line) or --data {EASY_VQA}"
         )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(
-            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})", "save it as UTF-8 JSONL"
-        ) from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot be read ({exc.strerror})", "check the file permissions") from None
     items: list[EvalItem] = []
     problems: list[QvlError] = []
     seen: dict[str, int] = {}
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        stripped = raw.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
+    for lineno, text in read_lines(path):
         if limit is not None and len(items) + len(problems) >= limit:
             break
         where = f"{path}:{lineno}"
         try:
-            obj = _object(where, stripped)
-            rid = _id(where, obj)
+            obj = line_object(where, text, f"one object a line: {_EXAMPLE}")
+            _plain_unicode(where, obj)
+            if "id" not in obj:
+                raise InputError(
+                    f"{where}: no id (a non-empty string or an integer)",
+                    'write "id": "q1" (a baseline is paired by id)',
+                )
+            rid = request_id(where, obj, lineno)
             if rid in seen:
                 raise InputError(
                     f"{where}: id '{rid}' is used again (first on line {seen[rid]})", "give each question its own id"
@@ -83,26 +81,15 @@ def load_jsonl(path: Path, limit: int | None = None) -> list[EvalItem]:
     return items
 
 
-def _object(where: str, text: str) -> dict[str, Any]:
+def _plain_unicode(where: str, obj: dict[str, Any]) -> None:
+    """A lone \\ud800-\\udfff escape is valid JSON but no text: refused here, before it reaches a file qvl writes."""
     try:
-        obj = json.loads(text)
-    except ValueError as exc:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
         raise InputError(
-            f"{where}: not valid JSON ({exc.msg} at column {exc.colno})", f"one object a line: {_EXAMPLE}"
+            f"{where}: a string holds a lone surrogate escape (\\ud800-\\udfff), which is not text",
+            "write the text as plain UTF-8 (such an escape is only valid as the first of a pair)",
         ) from None
-    if not isinstance(obj, dict):
-        raise InputError(f"{where}: expected a JSON object, got {type(obj).__name__}", f"one object a line: {_EXAMPLE}")
-    return obj
-
-
-def _id(where: str, obj: dict[str, Any]) -> str:
-    rid = obj.get("id")
-    if isinstance(rid, bool) or not isinstance(rid, str | int) or not str(rid).strip():
-        raise InputError(
-            f"{where}: id={rid!r} must be a non-empty string or an integer",
-            'write "id": "q1" (a baseline is paired by id)',
-        )
-    return str(rid).strip()
 
 
 def _item(where: str, obj: dict[str, Any], rid: str, base: Path) -> EvalItem:
