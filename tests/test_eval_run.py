@@ -167,3 +167,20 @@ def test_pool_flags_reach_the_batch_jobs_pool(tiny_model, tmp_path, capsys, monk
     lines = _lines(out)
     assert {x["worker"] for x in lines} == {"worker-0", "worker-1"} and [x["id"] for x in lines] == IDS
     assert doc["correct"] == 1 and doc["by_category"]["color"]["correct"] == 1  # "Red." is right once: q 0001
+
+
+def test_an_emulated_run_says_emulated_whatever_the_manifest_records(tiny_rbln, emulated, tmp_path, capsys):
+    """An artifact whose emulator-written graphs are what mark it (its manifest does not say "emulated"): the eval
+    lines and the report say this run was emulated, as the batch job's workers ran it."""
+    import shutil
+
+    art = tmp_path / "art"
+    shutil.copytree(tiny_rbln, art)
+    manifest_path = art / "qvl-manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest.pop("emulated", None)
+    manifest_path.write_text(json.dumps(manifest))
+    out = tmp_path / "e.jsonl"
+    code, doc, err = _eval(capsys, str(art), "--emulate", "--data", str(QUESTIONS), "--limit", "1", "-o", str(out))
+    assert code == 0, err
+    assert doc["emulated"] is True and all(x["emulated"] is True for x in _lines(out))

@@ -55,7 +55,6 @@ def _metric(metric: str | None, lines: list[dict[str, Any]] | None = None) -> st
 
 def _run(opts: Any, data: str, limit: int | None, metric: str, job: dict[str, Any], as_json: bool) -> tuple:
     """Run the questions through the batch job; (eval lines, results path, the job's notes)."""
-    from qwenvl_rbln.artifacts.emulated import manifest_marks_emulated
     from qwenvl_rbln.evaluation import results
     from qwenvl_rbln.evaluation.dataset import load
     from qwenvl_rbln.inference import runner
@@ -63,7 +62,7 @@ def _run(opts: Any, data: str, limit: int | None, metric: str, job: dict[str, An
 
     dataset = load(data, limit)
     target = resolve_target(opts.directory, opts.preset, opts.sets)  # a wrong DIR fails before anything is written
-    runner.emulation(opts, target)  # so does --emulate on a torch artifact, or an emulated one without it
+    emulated = runner.emulation(opts, target)  # so does --emulate on a torch artifact, or an emulated one without it
     output = job.pop("output")
     if output is None:
         output = results.default_output(dataset.name, limit, Path(target.directory))
@@ -78,7 +77,7 @@ def _run(opts: Any, data: str, limit: int | None, metric: str, job: dict[str, An
         "data": dataset.name,
         "backend": target.backend,
         "artifact": str(Path(target.directory).absolute()),
-        "emulated": manifest_marks_emulated(target.manifest),
+        "emulated": emulated,  # this run's, as the batch job's workers ran it
     }
     lines = results.eval_lines(dataset.items, files.batch, metric, run)
     results.write_jsonl_atomic(files.output, lines)
