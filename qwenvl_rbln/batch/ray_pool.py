@@ -305,10 +305,12 @@ class _Loop:
                 self._restart(slot, _short(exc), charged=None)
                 return
             slot.calls.pop(ref)
+            self.alone.discard(ref)
             self._write(failed.records, slot)
             self._restart(slot, str(failed), charged=failed.failed)
             return
         slot.calls.pop(ref)
+        self.alone.discard(ref)
         slot.restarts = 0
         self._write(out, slot)
         if not slot.calls:
@@ -340,6 +342,7 @@ class _Loop:
         self._harvest(slot)
         with contextlib.suppress(Exception):
             self.ray.kill(slot.handle, no_restart=True)
+        self.alone.difference_update(slot.calls)
         for n, batch in enumerate(slot.calls.values()):
             for item in batch:
                 if n == 0 and charged is None:
@@ -362,6 +365,7 @@ class _Loop:
             except Exception:
                 return
             slot.calls.pop(ref)
+            self.alone.discard(ref)
             self._write(out, slot)
 
     def _restart(self, slot: _Slot, why: str, charged: list[tuple[WorkItem, dict[str, Any]]] | None) -> None:

@@ -88,7 +88,8 @@ def _show(value: Any) -> str:
 
 
 def check(output: Path, now: dict[str, Any], resume: bool) -> list[str]:
-    """Before anything touches ``output``: InputError when a ``--resume`` of non-empty results differs from the job
+    """Before a line is written to ``output`` (``--resume``'s read may already have cut a torn last line, which is
+    redone whichever job it was): InputError when a ``--resume`` of non-empty results differs from the job
     that wrote them; the notes for the summary otherwise (results without a record, from a qvl before this check
     or with the record deleted, are continued with a note). ``record`` writes the record once the job starts."""
     output, path = Path(output), sidecar(output)
