@@ -31,8 +31,9 @@ from qwenvl_rbln.evaluation.stats import mcnemar_exact, paired_difference, wilso
         ("black-and-white", "black and white"),  # punctuation not touching a space becomes a space
         ("red, blue", "red blue"),  # touching a space: removed
         ("(left)", "left"),
-        ("dont", "dont"),  # contractions: apostrophes dropped on both sides
-        ("don't", "dont"),
+        ("dont", "don't"),  # contractions: the official script's table
+        ("don't", "don't"),
+        ("don\u2019t", "don't"),  # a typographic apostrophe reads as a typed one
         ("yes!", "yes"),
     ],
 )
@@ -58,9 +59,11 @@ def test_open_questions_match_any_answer_after_normalization(prediction, answers
     assert got.correct is right and got.score == (1.0 if right else 0.0) and got.choice is None
 
 
-def test_a_request_that_did_not_run_is_wrong():
-    assert score_item(None, ["red"], None, "vqa").correct is False
-    assert score_item(None, ["B"], ["cat", "dog"], "vqa").correct is False
+@pytest.mark.parametrize("metric", ["vqa", "exact", "anls"])
+def test_a_request_that_did_not_run_is_wrong_and_scores_zero(metric):
+    for answers, choices in ((["red"], None), (["red"] * 3, None), (["B"], ["cat", "dog"])):
+        got = score_item(None, answers, choices, metric)
+        assert (got.correct, got.score, got.choice) == (False, 0.0, None)
 
 
 CHOICES = ["cat", "dog", "bird", "fish"]
@@ -79,7 +82,11 @@ CHOICES = ["cat", "dog", "bird", "fish"]
         ("It is a dog.", "B"),
         ("A or B", None),  # two letters: no choice
         ("a cat and a dog", None),  # two option texts
-        ("A cat sits on the mat", None),  # "A" as an article in a sentence is not option A (VLMEvalKit's guard)
+        ("A cat sits on the mat", "A"),  # a letter early in a long answer is no choice; then the option text
+        ("A is correct", "A"),  # a letter among the last four words chooses it
+        ("Dog.", "B"),  # option text in another case
+        ("The answer is B because the dog barks loudly at night", "B"),  # VLMEvalKit's "answer is X" rule
+        ("Cannot determine the answer", None),  # a refusal chooses nothing
         ("horse", None),
         ("b", None),  # a lower-case letter is not a letter choice, nor an option's text
     ],
@@ -88,13 +95,15 @@ def test_a_multiple_choice_prediction_chooses_one_option_or_none(prediction, cho
     assert choose_option(prediction, CHOICES) == chosen
 
 
-@pytest.mark.parametrize("answers", [["B"], ["dog"], ["Dog."], ["(b)"]])
-def test_an_answer_names_its_option_by_letter_or_by_text(answers):
+@pytest.mark.parametrize("answers", [["B"], ["B."], ["dog"], ["Dog."], ["(b)"]])
+@pytest.mark.parametrize("metric", ["vqa", "anls"])
+def test_an_answer_names_its_option_by_letter_or_by_text(answers, metric):
     assert answer_letters(answers, CHOICES) == {"B"}
-    assert score_item("B", answers, CHOICES, "vqa").correct is True
-    assert score_item("dog", answers, CHOICES, "vqa").correct is True
-    wrong = score_item("C", answers, CHOICES, "vqa")
-    assert wrong.correct is False and wrong.choice == "C"
+    right = score_item("B", answers, CHOICES, metric)
+    assert (right.correct, right.score, right.choice) == (True, 1.0, "B")
+    assert score_item("dog", answers, CHOICES, metric).correct is True
+    wrong = score_item("C", answers, CHOICES, metric)
+    assert (wrong.correct, wrong.score, wrong.choice) == (False, 0.0, "C")
 
 
 def test_multiple_choice_ignores_the_metric():
@@ -113,8 +122,8 @@ def test_levenshtein_on_known_pairs():
         ("Total", ["total"], 1.0),  # case-insensitive
         ("  total   due ", ["Total Due"], 1.0),  # whitespace collapsed
         ("totl", ["total"], 1 - 1 / 5),  # one edit in five characters
-        ("abcde", ["vwxyz"], 0.0),  # distance 1.0 >= 0.5: no credit
-        ("ab", ["abcd"], 0.0),  # distance exactly 0.5: no credit (strictly below the threshold counts)
+        ("abcde", ["vwxyz"], 0.0),  # distance 1.0: 1 - NL below 0.5, no credit
+        ("ab", ["abcd"], 0.5),  # distance exactly 0.5 scores 0.5, as the DocVQA script keeps it
         ("abc", ["abcd"], 0.75),
         ("invoice", ["bill", "invoices"], 1 - 1 / 8),  # the best answer counts
     ],

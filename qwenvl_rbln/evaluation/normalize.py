@@ -1,18 +1,16 @@
-"""Answer normalization, as the field compares answers (docs/eval.md names each rule and its source).
+"""Answer normalization, as the field compares answers (docs/eval.md names each rule, its source and the one
+difference qvl keeps).
 
-VQA (``vqa``): the rules of the official VQA evaluation script (Antol et al., "VQA: Visual Question Answering",
-ICCV 2015; ``vqaEval.py`` of the VQA API), which lmms-eval applies too (``EvalAIAnswerProcessor``):
+VQA: the official VQA evaluation script (Antol et al., ICCV 2015; GT-Vision-Lab/VQA
+``PythonEvaluationTools/vqaEvaluation/vqaEval.py`` at a013f00), rule for rule: newlines and tabs become spaces and
+the text is stripped; ``processPunctuation`` (its punctuation list, removed where a mark touches a space or the text
+holds a ``1,000``-style number, else spaced; a period not followed by a digit removed, at most 32 of them: the
+script passes ``re.UNICODE`` (32) as ``count``); ``processDigitArticle`` (lower case, ``manualMap``'s number words,
+the articles dropped, then the ``contractions`` table). The one difference: a typographic apostrophe (U+2019,
+U+2018, as chat models write ``don’t``) is read as ``'`` first; the script, fed typed annotator answers, never saw
+one.
 
-1. lower case; newlines and tabs become spaces;
-2. punctuation (the script's list) is removed where it touches a space or the text holds a ``1,000``-style
-   number, else it becomes a space;
-3. a period is removed unless a digit follows it (``3.5`` stays, ``red.`` is ``red``);
-4. number words ``none``/``zero`` .. ``ten`` become digits, the articles ``a``, ``an``, ``the`` are dropped;
-5. apostrophes are dropped (``dont`` = ``don't``): where the script maps apostrophe-less contractions onto the
-   spelled ones with a table, dropping them on both sides gives the same comparison without the table.
-
-ANLS (``anls``): Biten et al., "Scene Text Visual Question Answering", ICCV 2019: both sides lower-cased with
-their whitespace collapsed; the normalized Levenshtein distance is the edit distance over the longer length.
+ANLS: lower case, whitespace collapsed (the DocVQA / InfographicVQA scripts' comparison form).
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from __future__ import annotations
 import re
 
 PUNCTUATION = (";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@", "`", ",", "?", "!")
-NUMBER_WORDS = {
+NUMBER_WORDS = {  # the script's manualMap
     "none": "0",
     "zero": "0",
     "one": "1",
@@ -35,29 +33,64 @@ NUMBER_WORDS = {
     "ten": "10",
 }
 ARTICLES = frozenset({"a", "an", "the"})
-_DIGIT_COMMA = re.compile(r"(?<=\d),+(?=\d)")  # 1,000: the script then removes punctuation rather than spacing it
-_PERIOD = re.compile(r"\.(?!\d)")
-_APOSTROPHES = str.maketrans("", "", "'\u2019")
+_CONTRACTION_PAIRS = (
+    "aint ain't|arent aren't|cant can't|couldve could've|couldnt couldn't|couldn'tve couldn't've|"
+    "couldnt've couldn't've|didnt didn't|doesnt doesn't|dont don't|hadnt hadn't|hadnt've hadn't've|"
+    "hadn'tve hadn't've|hasnt hasn't|havent haven't|hed he'd|hed've he'd've|he'dve he'd've|hes he's|howd how'd|"
+    "howll how'll|hows how's|Id've I'd've|I'dve I'd've|Im I'm|Ive I've|isnt isn't|itd it'd|itd've it'd've|"
+    "it'dve it'd've|itll it'll|let's let's|maam ma'am|mightnt mightn't|mightnt've mightn't've|"
+    "mightn'tve mightn't've|mightve might've|mustnt mustn't|mustve must've|neednt needn't|notve not've|"
+    "oclock o'clock|oughtnt oughtn't|ow's'at 'ow's'at|'ows'at 'ow's'at|'ow'sat 'ow's'at|shant shan't|"
+    "shed've she'd've|she'dve she'd've|she's she's|shouldve should've|shouldnt shouldn't|"
+    "shouldnt've shouldn't've|shouldn'tve shouldn't've|somebody'd somebodyd|somebodyd've somebody'd've|"
+    "somebody'dve somebody'd've|somebodyll somebody'll|somebodys somebody's|someoned someone'd|"
+    "someoned've someone'd've|someone'dve someone'd've|someonell someone'll|someones someone's|"
+    "somethingd something'd|somethingd've something'd've|something'dve something'd've|somethingll something'll|"
+    "thats that's|thered there'd|thered've there'd've|there'dve there'd've|therere there're|theres there's|"
+    "theyd they'd|theyd've they'd've|they'dve they'd've|theyll they'll|theyre they're|theyve they've|"
+    "twas 'twas|wasnt wasn't|wed've we'd've|we'dve we'd've|weve we've|werent weren't|whatll what'll|"
+    "whatre what're|whats what's|whatve what've|whens when's|whered where'd|wheres where's|whereve where've|"
+    "whod who'd|whod've who'd've|who'dve who'd've|wholl who'll|whos who's|whove who've|whyll why'll|"
+    "whyre why're|whys why's|wont won't|wouldve would've|wouldnt wouldn't|wouldnt've wouldn't've|"
+    "wouldn'tve wouldn't've|yall y'all|yall'll y'all'll|y'allll y'all'll|yall'd've y'all'd've|"
+    "y'alld've y'all'd've|y'all'dve y'all'd've|youd you'd|youd've you'd've|you'dve you'd've|youll you'll|"
+    "youre you're|youve you've"
+)
+CONTRACTIONS = dict(pair.split(" ") for pair in _CONTRACTION_PAIRS.split("|"))  # the script's table, verbatim
+_COMMA_STRIP = re.compile(r"(\d)(\,)(\d)")
+_PERIOD_STRIP = re.compile(r"(?!<=\d)(\.)(?!\d)")
+_PERIODS_PER_PASS = int(re.UNICODE)  # the script's count argument (32)
+_TYPOGRAPHIC = str.maketrans({"\u2019": "'", "\u2018": "'"})
+
+
+def vqa_prepare(text: str) -> str:
+    """What the script does to every answer and prediction before anything else (plus qvl's apostrophe rule)."""
+    return text.translate(_TYPOGRAPHIC).replace("\n", " ").replace("\t", " ").strip()
+
+
+def process_punctuation(text: str) -> str:
+    """The script's ``processPunctuation``."""
+    out = text
+    glue = _COMMA_STRIP.search(text) is not None
+    for p in PUNCTUATION:
+        out = out.replace(p, "" if (f"{p} " in text or f" {p}" in text or glue) else " ")
+    return _PERIOD_STRIP.sub("", out, count=_PERIODS_PER_PASS)
+
+
+def process_digit_article(text: str) -> str:
+    """The script's ``processDigitArticle``: lower case, number words, articles dropped, contractions."""
+    words = [NUMBER_WORDS.get(w, w) for w in text.lower().split()]
+    return " ".join(CONTRACTIONS.get(w, w) for w in words if w not in ARTICLES)
 
 
 def vqa_normalize(text: str) -> str:
-    """``text`` as the VQA evaluation compares it (rules 1-5 above)."""
-    text = text.lower().replace("\n", " ").replace("\t", " ").strip()
-    glue = _DIGIT_COMMA.search(text) is not None
-    out = text
-    for p in PUNCTUATION:
-        if p not in out:
-            continue
-        touching = f"{p} " in text or f" {p}" in text
-        out = out.replace(p, "" if (touching or glue) else " ")
-    out = _PERIOD.sub("", out).translate(_APOSTROPHES)
-    words = [NUMBER_WORDS.get(w, w) for w in out.split()]
-    return " ".join(w for w in words if w not in ARTICLES)
+    """``text`` as the VQA evaluation compares it (every rule above)."""
+    return process_digit_article(process_punctuation(vqa_prepare(text)))
 
 
 def anls_normalize(text: str) -> str:
     """ANLS's comparison form: lower case, whitespace collapsed."""
-    return " ".join(text.lower().split())
+    return " ".join(text.strip().lower().split())
 
 
 def levenshtein(a: str, b: str) -> int:
@@ -71,9 +104,3 @@ def levenshtein(a: str, b: str) -> int:
             current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
         previous = current
     return previous[-1]
-
-
-def normalized_levenshtein(a: str, b: str) -> float:
-    """The edit distance over the longer length (0 for two empty strings)."""
-    longest = max(len(a), len(b))
-    return levenshtein(a, b) / longest if longest else 0.0
