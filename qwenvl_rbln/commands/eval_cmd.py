@@ -182,7 +182,10 @@ def register(app: typer.Typer) -> None:
             False, "--no-vit-packing", help="rbln: one ViT call per image/temporal patch."
         ),
         metric: str = typer.Option(
-            None, "--metric", help="Open questions: vqa (VQA answer normalization, exact match; default) or anls."
+            None,
+            "--metric",
+            help="Open questions: vqa (default: the official VQA accuracy where a line lists annotators' answers, "
+            "exact match after VQA normalization otherwise), exact (exact match against any answer) or anls.",
         ),
         baseline: Path = typer.Option(
             None, "--baseline", help="An earlier qvl eval results file: paired comparison on the shared ids."

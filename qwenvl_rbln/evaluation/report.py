@@ -6,10 +6,12 @@ silently. Data in, a dict out: the view and ``--json`` print the same dict.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.evaluation.scoring import annotator_answers
 from qwenvl_rbln.evaluation.stats import mcnemar_exact, paired_difference, wilson
 
 NO_CATEGORY = "(none)"
@@ -36,12 +38,21 @@ def by_category(lines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {name: _block(groups[name]) for name in sorted(groups)}
 
 
+def _mean_score(lines: list[dict[str, Any]]) -> float | None:
+    return sum(float(x["score"]) for x in lines) / len(lines) if lines else None
+
+
 def summary(lines: list[dict[str, Any]], metric: str) -> dict[str, Any]:
-    """Accuracy, its interval, requests that failed (counted wrong) and the categories; ANLS's mean under anls."""
+    """Accuracy, its interval, requests that failed (counted wrong) and the categories; the mean of the items'
+    scores as the field publishes it: ``anls`` under anls, ``vqa_accuracy`` (and how many questions carry
+    annotators' answers) under vqa."""
     out = _block(lines)
     out["failed"] = sum(1 for x in lines if x.get("prediction") is None)
     if metric == "anls":
-        out["anls"] = sum(float(x["score"]) for x in lines) / len(lines) if lines else None
+        out["anls"] = _mean_score(lines)
+    if metric == "vqa":
+        out["vqa_accuracy"] = _mean_score(lines)
+        out["annotated"] = sum(1 for x in lines if not x.get("choices") and annotator_answers(x["answers"]))
     out["by_category"] = by_category(lines)
     return out
 
@@ -78,6 +89,7 @@ def compare(lines: list[dict[str, Any]], baseline: list[dict[str, Any]], baselin
     return {
         "baseline": baseline_path,
         "baseline_backend": run_value(baseline, "backend"),
+        "baseline_backend_mixed": mixed(baseline, "backend"),
         "baseline_emulated": any(x.get("emulated") for x in baseline),
         "n_shared": n,
         "accuracy_shared": (a + b) / n if n else None,
@@ -96,9 +108,13 @@ def compare(lines: list[dict[str, Any]], baseline: list[dict[str, Any]], baselin
 
 
 def run_value(lines: list[dict[str, Any]], key: str) -> Any:
-    """A run-wide field (backend, artifact) when every line agrees, else None."""
-    values = {str(x.get(key)) for x in lines}
-    return lines[0].get(key) if len(values) == 1 and lines else None
+    """A run-wide field (backend, artifact) when every line agrees, else None (see ``mixed``)."""
+    return lines[0].get(key) if lines and not mixed(lines, key) else None
+
+
+def mixed(lines: list[dict[str, Any]], key: str) -> bool:
+    """Whether the lines disagree on ``key`` (absent everywhere is agreement: a hand-made file, not joined runs)."""
+    return len({json.dumps(x.get(key), sort_keys=True, default=str) for x in lines}) > 1
 
 
 def build(
@@ -118,6 +134,7 @@ def build(
         "results": results,
         "metric": metric,
         "backend": run_value(lines, "backend"),
+        "backend_mixed": mixed(lines, "backend"),
         "artifact": run_value(lines, "artifact"),
         "emulated": emulated,
         **summary(lines, metric),
@@ -125,6 +142,12 @@ def build(
     if baseline is not None:
         report |= compare(lines, baseline, baseline_path or "")
     notes = list(notes or [])
+    if report.get("annotated"):
+        notes.append(
+            f"{report['annotated']} questions list annotators' answers (one repeated, or ten): each scores the "
+            "official VQA accuracy (vqa_accuracy, the figure VQAv2/TextVQA/VizWiz results publish); accuracy counts "
+            "a question right when any annotator gave its answer"
+        )
     if emulated or report.get("baseline_emulated"):
         notes.append(
             "emulated: predictions from qvl's CPU emulator of the NPU prove the glue and host logic, never NPU "

@@ -13,10 +13,12 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from statistics import NormalDist
 
 Z95 = NormalDist().inv_cdf(0.975)  # 1.959963984540054
 EXACT_LIMIT = 2000  # discordant pairs summed in exact integers; above, in log space (relative error ~1e-12)
+EXACT_DECISION_LIMIT = 20000  # discordant pairs up to which the gate decides on the exact rational p-value
 
 
 def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float] | None:
@@ -76,3 +78,17 @@ def paired_difference(a: int, b: int, c: int, d: int, z: float = Z95) -> tuple[f
     above = math.sqrt(max(0.0, (p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1)))
     delta = p1 - p2
     return delta, (max(-1.0, delta - below), min(1.0, delta + above))
+
+
+def mcnemar_below(b: int, c: int, alpha: Fraction) -> bool:
+    """Whether the exact McNemar p-value is below ``alpha``, decided in exact rational arithmetic on the counts
+    (p = min(1, 2 * sum_{k <= min(b, c)} C(n, k) / 2^n)); above EXACT_DECISION_LIMIT discordant pairs, on the
+    log-space value (relative error ~1e-12)."""
+    n = b + c
+    if n > EXACT_DECISION_LIMIT:
+        return mcnemar_exact(b, c) < alpha
+    term, tail = 1, 0
+    for k in range(min(b, c) + 1):
+        tail += term
+        term = term * (n - k) // (k + 1)
+    return min(Fraction(1), Fraction(2 * tail, 2**n)) < alpha

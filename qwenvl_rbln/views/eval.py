@@ -19,8 +19,9 @@ def interval(ci: list[float] | None) -> str:
     return "-" if ci is None else f"{ci[0] * 100:.1f} - {ci[1] * 100:.1f} %"
 
 
-def _who(backend: Any, emulated: bool) -> str:
-    return f"{backend or 'mixed backends'}{', emulated' if emulated else ''}"
+def _who(backend: Any, emulated: bool, mixed: bool = True) -> str:
+    named = backend or ("mixed backends" if mixed else "backend not recorded")
+    return f"{named}{', emulated' if emulated else ''}"
 
 
 def _rows(d: dict[str, Any]) -> list[list[str]]:
@@ -47,7 +48,7 @@ def _paired(console: Any, d: dict[str, Any]) -> None:
         markup(
             "[bold]baseline[/bold] {} [dim]({})[/dim]: paired on {} shared questions",
             d["baseline"],
-            _who(d["baseline_backend"], d["baseline_emulated"]),
+            _who(d["baseline_backend"], d["baseline_emulated"], d.get("baseline_backend_mixed", True)),
             d["n_shared"],
         )
     )
@@ -79,7 +80,7 @@ def human(console: Any, d: dict[str, Any]) -> None:
         markup(
             "[bold]qvl eval[/bold] {} [dim]({}; metric {}; {})[/dim]",
             d["data"] or "(results file)",
-            _who(d["backend"], d["emulated"]),
+            _who(d["backend"], d["emulated"], d.get("backend_mixed", True)),
             d["metric"],
             d["results"],
         )
@@ -90,6 +91,11 @@ def human(console: Any, d: dict[str, Any]) -> None:
     print_left_out(console, print_table(console, cols, _rows(d)))
     if d["failed"]:
         console.print(markup("[yellow]{} requests did not run[/yellow] (counted wrong; see their error)", d["failed"]))
+    if d.get("annotated"):
+        console.print(
+            f"VQA accuracy {d['vqa_accuracy'] * 100:.2f} % (official VQA metric, mean over the questions)",
+            markup=False,
+        )
     if d.get("anls") is not None:
         console.print(f"ANLS {d['anls']:.4f} (mean of the items' scores, threshold 0.5)", markup=False)
     if "baseline" in d:
