@@ -193,6 +193,7 @@ _TABLES = [
     (3, 1, 1, 3),  # ad - bc = 8 > n/2 = 4: the corrected branch
     (2, 1, 1, 1),  # ad - bc = 1 <= n/2 = 2.5
     (5, 3, 4, 3),  # ad - bc = 3 <= n/2 = 7.5
+    (4, 2, 2, 2),  # ad - bc = 4: between n/3 and n/2 (the continuity threshold)
     (10, 0, 0, 0),  # an empty margin
     (1, 0, 0, 0),
     (0, 1, 0, 0),
