@@ -170,3 +170,35 @@ def test_hostile_lines_are_refused_with_their_cause_and_odd_breaks_and_a_bom_are
     path.write_bytes(b"\xef\xbb\xbf" + lines[0].encode("utf-8") + b"\n")
     (item,) = dataset.load(str(path)).items
     assert item.id == "ok" and "\u2028" in item.question
+
+
+def test_every_non_utf8_line_is_reported_at_once_as_the_question_files(tmp_path, capsys):
+    """New-user audit N6: two lines that are not UTF-8 are both named, as lines of the question file."""
+    path = tmp_path / "nonutf8.jsonl"
+    path.write_bytes(
+        b'{"id": "n1", "question": "caf\xe9?", "answers": ["x"]}\n'
+        b'{"id": "ok", "question": "fine?", "answers": ["x"]}\n'
+        b'{"id": "n2", "question": "ok", "answers": ["\xff\xfe"]}\n'
+    )
+    with pytest.raises(InputErrors) as caught:
+        dataset.load(str(path))
+    said = [p.one_line() for p in caught.value.problems]
+    assert len(said) == 2 and ":1: not UTF-8 text" in said[0] and ":3: not UTF-8 text" in said[1], said
+    assert all("question file" in s and "batch file" not in s for s in said), said
+
+
+@pytest.mark.parametrize("category", ["", "   "])
+def test_an_empty_category_is_refused(category, tmp_path):
+    """Mutant D08: an empty category would be counted silently under '(none)'."""
+    path = _write(tmp_path / "q.jsonl", [{"id": "q1", "question": "Q?", "answers": ["a"], "category": category}])
+    with pytest.raises(InputError) as caught:
+        dataset.load(str(path))
+    assert "category=" in str(caught.value) and "must be a non-empty string" in str(caught.value)
+
+
+def test_repeated_answers_are_kept_as_annotators_answers(tmp_path):
+    """A VQAv2-style line: ten answers with repeats are read as they are (not refused, not deduplicated)."""
+    answers = ["yes"] * 9 + ["no"]
+    path = _write(tmp_path / "q.jsonl", [{"id": "q1", "question": "Q?", "answers": answers}])
+    (item,) = dataset.load(str(path)).items
+    assert item.answers == answers
