@@ -111,3 +111,15 @@ def test_a_torn_last_line_is_left_out_and_the_complete_lines_scored(tmp_path: Pa
     code, doc, err = _eval(capsys, "--score", str(path))
     assert code == 0, err
     assert (doc["n"], doc["correct"]) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [["--max-new-tokens", "8"], ["--device", "0"], ["--visual-device", "1"], ["--torch-device", "cpu"],
+     ["--no-vit-packing"], ["--emulate"], ["--limit", "3"], ["--workers", "2"]],
+)  # fmt: skip
+def test_score_refuses_run_only_flags_in_one_line(flag, tmp_path, capsys):
+    path = _file(tmp_path / "r.jsonl", [_line("q1", True)])
+    code, out, err = run_main(["eval", "--score", str(path), *flag], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"{flag[0]} only apply to a run" in err, err

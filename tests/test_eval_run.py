@@ -184,3 +184,39 @@ def test_an_emulated_run_says_emulated_whatever_the_manifest_records(tiny_rbln, 
     code, doc, err = _eval(capsys, str(art), "--emulate", "--data", str(QUESTIONS), "--limit", "1", "-o", str(out))
     assert code == 0, err
     assert doc["emulated"] is True and all(x["emulated"] is True for x in _lines(out))
+
+
+def test_a_question_far_beyond_the_context_is_refused_at_once(tiny_model, tmp_path, capsys, no_model_load):
+    """New-user audit's 50 MB question, in small: a prompt with more bytes than max_seq_len tokens can hold is
+    refused before any tokenizing or writing; one just under the bound is not refused by this check."""
+    import time
+
+    from qwenvl_rbln.evaluation.length import bytes_per_token
+    from qwenvl_rbln.inference.target import resolve_target
+
+    max_seq_len = resolve_target(tiny_model, None, []).resolved.max_seq_len
+    limit = bytes_per_token(tiny_model) * max_seq_len
+    question = "x" * (limit + 1)
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"id": "huge", "question": question, "answers": ["a"]}) + "\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    started = time.monotonic()
+    code, _, err = _eval(capsys, str(tiny_model), "--data", str(data), "--output", str(out / "r.jsonl"))
+    assert code == 2 and "question 'huge': its prompt is" in err and f"{max_seq_len:,} tokens" in err, err
+    assert list(out.iterdir()) == []
+    assert time.monotonic() - started < 60  # no tokenizing of the whole text (generous: a loaded 2-core machine)
+
+
+def test_results_lines_keep_an_excerpt_of_a_long_question(tmp_path):
+    from qwenvl_rbln.evaluation.items import EvalItem
+    from qwenvl_rbln.evaluation.length import EXCERPT_CHARS
+    from qwenvl_rbln.evaluation.results import eval_lines
+
+    item = EvalItem("q1", "why " * 10_000, ["a"])
+    batch = tmp_path / "r.batch.jsonl"
+    batch.write_text(json.dumps({"id": "q1", "ok": False, "text": None, "error": {"kind": "too-long"}}) + "\n")
+    (line,) = eval_lines([item], batch, "vqa", {})
+    assert len(line["question"]) < EXCERPT_CHARS + 200 and len(line["prompt"]) < EXCERPT_CHARS + 200
+    assert line["question"].startswith("why why") and "40,000 characters in all" in line["question"]
+    assert line["prediction"] is None and line["correct"] is False

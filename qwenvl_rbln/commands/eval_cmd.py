@@ -19,6 +19,7 @@ from qwenvl_rbln.commands import infer_batch
 from qwenvl_rbln.commands.common import JsonOpt, PlotOpt, SetOpt, check_plot, plotted
 from qwenvl_rbln.commands.infer_batch import DevicesOpt, RayAddressOpt, WorkersOpt
 
+DEFAULT_NEW_TOKENS = 16  # lmms-eval's VQAv2 template (max_new_tokens: 16)
 ResumeOpt = typer.Option(
     False,
     "--resume",
@@ -57,12 +58,14 @@ def _run(opts: Any, data: str, limit: int | None, metric: str, job: dict[str, An
     """Run the questions through the batch job; (eval lines, results path, the job's notes)."""
     from qwenvl_rbln.evaluation import results
     from qwenvl_rbln.evaluation.dataset import load
+    from qwenvl_rbln.evaluation.length import check_lengths
     from qwenvl_rbln.inference import runner
     from qwenvl_rbln.inference.target import resolve_target
 
     dataset = load(data, limit)
     target = resolve_target(opts.directory, opts.preset, opts.sets)  # a wrong DIR fails before anything is written
     emulated = runner.emulation(opts, target)  # so does --emulate on a torch artifact, or an emulated one without it
+    check_lengths(dataset.items, target.resolved.max_seq_len, Path(target.directory))  # before any tokenizing
     output = job.pop("output")
     if output is None:
         output = results.default_output(dataset.name, limit, Path(target.directory))
@@ -170,7 +173,10 @@ def register(app: typer.Typer) -> None:
         preset: str = typer.Option(None, "--preset", "-p", help="Preset, as for `qvl infer` (e.g. cpu-tiny)."),
         sets: list[str] = SetOpt,
         max_new_tokens: int = typer.Option(
-            16, "--max-new-tokens", help="Tokens per answer at most (lmms-eval's VQA tasks use 16); greedy decoding."
+            None,
+            "--max-new-tokens",
+            help="Tokens per answer at most (default 16, as lmms-eval's VQA tasks); greedy decoding.",
+            show_default=False,
         ),
         device: str = typer.Option(None, "--device", help="rbln: NPU id for the LM graphs (one-NPU run)."),
         visual_device: str = typer.Option(None, "--visual-device", help="rbln: NPU id for the ViT (one-NPU run)."),
@@ -214,12 +220,15 @@ def register(app: typer.Typer) -> None:
         if score is not None:
             flags = {"DIR": directory, "--data": data, "--limit": limit, "--preset": preset, "--set": sets}
             flags |= {f"--{k.replace('_', '-')}": v for k, v in job.items()} | {"--emulate": emulate}
+            flags |= {"--max-new-tokens": max_new_tokens, "--device": device, "--visual-device": visual_device}
+            flags |= {"--torch-device": torch_device, "--no-vit-packing": no_vit_packing}
             lines, chosen, where, notes, name = _rescore(score, metric, flags)
         elif data is None:
             raise InputError("qvl eval needs --data", "pass --data FILE.jsonl or --data easy-vqa, or --score R.jsonl")
         else:
             chosen, name = _metric(metric), data
-            run = {"max_new_tokens": max_new_tokens, "device": device, "visual_device": visual_device}
+            tokens = DEFAULT_NEW_TOKENS if max_new_tokens is None else max_new_tokens
+            run = {"max_new_tokens": tokens, "device": device, "visual_device": visual_device}
             run |= {"torch_device": torch_device, "emulate": emulate, "no_vit_packing": no_vit_packing}
             opts = _infer_options(directory, preset, sets, run)
             lines, where, notes = _run(opts, data, limit, chosen, job, as_json)

@@ -23,6 +23,7 @@ from typing import Any
 
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.evaluation.items import EvalItem
+from qwenvl_rbln.evaluation.length import excerpt
 from qwenvl_rbln.evaluation.scoring import score_item
 
 DEFAULT_FOLDER = Path("qvl-out") / "eval"
@@ -200,10 +201,10 @@ def eval_lines(items: list[EvalItem], batch: Path, metric: str, run: dict[str, A
     for item in items:
         record = records[item.id]
         text = record.get("text")
-        line: dict[str, Any] = {"id": item.id, "question": item.question, "answers": list(item.answers)}
+        line: dict[str, Any] = {"id": item.id, "question": excerpt(item.question), "answers": list(item.answers)}
         if item.choices:
             line["choices"] = list(item.choices)
-        line |= {"category": item.category, "prompt": item.prompt(), **run}
+        line |= {"category": item.category, "prompt": excerpt(item.prompt()), **run}
         line["prediction"] = text.strip() if record.get("ok") and isinstance(text, str) else None
         line = score_line(line, metric)
         out.append(line | {k: v for k, v in record.items() if k != "id"})
