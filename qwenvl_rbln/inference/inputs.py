@@ -3,7 +3,7 @@
 Both backends build a batch the same way, so the reference (transformers) and the NPU (optimum-rbln)
 see identical ``input_ids`` / ``pixel_values`` for the same requests:
 
-* images: ``transformers.image_utils.load_image`` (EXIF transpose + RGB), as the chat template does;
+* images: EXIF transpose (as ``transformers.image_utils.load_image``), then RGB as vLLM's server converts them;
 * videos: PyAV, decoding only the frames ``Qwen3VLVideoProcessor.sample_frames`` would pick
   (``linspace(0, total - 1, n).round()``) and passing them with their ``VideoMetadata``
   (``frames_indices`` included, for the ``<t seconds>`` timestamps) and ``do_sample_frames=False``.
@@ -255,15 +255,34 @@ def check_prompt_texts(requests: list[Any], processor: Any) -> None:
 
 
 def load_image(path: Path) -> Any:
-    """PIL RGB image after EXIF transpose (transformers' load_image); decode errors name the file."""
-    from transformers.image_utils import load_image as hf_load_image
+    """PIL RGB image after EXIF transpose (as transformers' load_image), its mode converted as vLLM's server
+    converts it (``to_rgb``), so infer, eval and the batch job see the pixels ``qvl serve`` sees; decode errors
+    name the file."""
+    from PIL import Image, ImageOps
 
     try:
-        return hf_load_image(str(path))
+        with Image.open(path) as img:
+            img.load()
+            return to_rgb(ImageOps.exif_transpose(img))
     except Exception as exc:  # decode errors surface only here (probe reads headers)
         raise InputError(
             f"{path}: cannot decode the image ({type(exc).__name__}: {exc})", "re-export or re-download the image"
         ) from None
+
+
+def to_rgb(img: Any) -> Any:
+    """vLLM 0.22's ``ImageMediaIO`` rule (``vllm/multimodal/media/image.py``, ``rgba_to_rgb``): an RGBA image is
+    composited onto white through its alpha; any other mode is ``convert("RGB")`` (LA, PA and a palette's
+    transparency are dropped there, as vLLM drops them). transformers' load_image drops RGBA's alpha too."""
+    from PIL import Image
+
+    if img.mode == "RGB":
+        return img
+    if img.mode == "RGBA":
+        out = Image.new("RGB", img.size, (255, 255, 255))
+        out.paste(img, mask=img.split()[3])
+        return out
+    return img.convert("RGB")
 
 
 def sample_indices(
