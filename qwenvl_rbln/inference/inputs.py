@@ -255,10 +255,11 @@ def check_prompt_texts(requests: list[Any], processor: Any) -> None:
 
 
 def load_image(path: Path) -> Any:
-    """PIL RGB image after EXIF transpose (as transformers' load_image), its mode converted as vLLM's server
-    converts it (``to_rgb``), so infer, eval and the batch job see the pixels ``qvl serve`` sees; decode errors
-    name the file."""
+    """PIL RGB image: EXIF transpose (as transformers' load_image), then RGB as ``qvl serve`` (vLLM) converts it
+    (``images.to_rgb``); decode errors name the file."""
     from PIL import Image, ImageOps
+
+    from qwenvl_rbln.inference.images import to_rgb
 
     try:
         with Image.open(path) as img:
@@ -268,21 +269,6 @@ def load_image(path: Path) -> Any:
         raise InputError(
             f"{path}: cannot decode the image ({type(exc).__name__}: {exc})", "re-export or re-download the image"
         ) from None
-
-
-def to_rgb(img: Any) -> Any:
-    """vLLM 0.22's ``ImageMediaIO`` rule (``vllm/multimodal/media/image.py``, ``rgba_to_rgb``): an RGBA image is
-    composited onto white through its alpha; any other mode is ``convert("RGB")`` (LA, PA and a palette's
-    transparency are dropped there, as vLLM drops them). transformers' load_image drops RGBA's alpha too."""
-    from PIL import Image
-
-    if img.mode == "RGB":
-        return img
-    if img.mode == "RGBA":
-        out = Image.new("RGB", img.size, (255, 255, 255))
-        out.paste(img, mask=img.split()[3])
-        return out
-    return img.convert("RGB")
 
 
 def sample_indices(
