@@ -45,12 +45,11 @@ def test_the_contexts_are_sorted_once_per_graph(monkeypatch):
 
 
 def test_tune_computes_the_scale_factors_once(tmp_path, monkeypatch):
-    from qwenvl_rbln.tuning.search import Needs
-    from qwenvl_rbln.tuning.tune import run_tune
-
     from qwenvl_rbln.memory.calibration import model_key
     from qwenvl_rbln.tuning.measured import write_entry
     from qwenvl_rbln.tuning.roofline import Roofline
+    from qwenvl_rbln.tuning.search import Needs
+    from qwenvl_rbln.tuning.tune import run_tune
 
     monkeypatch.setenv("QVL_HOME", str(tmp_path))
     bound = Roofline(QWEN3_VL_2B, REBEL100_COMPUTE)
