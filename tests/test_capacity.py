@@ -98,7 +98,7 @@ def test_capacity_is_monotone_in_the_targets():
 def test_loose_targets_are_capped_below_the_saturation_throughput():
     cap = capacity(_load(), parse_slo("latency_p99=1000s"))
     assert cap["capacity_rps"] == pytest.approx(0.95 * cap["saturation_rps"])
-    assert cap["binding"].startswith("throughput (every target met at 95% of the saturation throughput)")
+    assert cap["binding"] == "throughput: every target met at 95% of saturation"
 
 
 def test_an_unreachable_target_says_which_and_by_how_much():

@@ -52,7 +52,8 @@ class Slo:
 
 
 def _secs(s: float) -> str:
-    return f"{s * 1000:g}ms" if s < 1 else f"{s:g}s"
+    """A time as a target is written: 3 significant figures, ms below a second."""
+    return f"{s * 1000:.3g}ms" if s < 1 else f"{s:.3g}s"
 
 
 def parse_slo(text: str) -> list[Slo]:
@@ -223,7 +224,7 @@ def capacity(load: Load, slos: list[Slo], *, rel_tol: float = 0.01, max_iter: in
         return {
             **out,
             "capacity_rps": top,
-            "binding": f"throughput (every target met at {MAX_UTILISATION:.0%} of the saturation throughput)",
+            "binding": f"throughput: every target met at {MAX_UTILISATION:.0%} of saturation",
             "at_capacity": load.at(top),
         }
     lo, hi = light, top
