@@ -141,3 +141,19 @@ def test_requests_the_engine_would_refuse_are_refused_naming_them():
         simulate(_engine(), TOY, [Request(0.0, 8000, 500)])
     with pytest.raises(InputError, match="needs 3 KV blocks; the pool has 2"):
         simulate(_engine(block_size=16, num_blocks=3, max_model_len=64), TOY, [Request(0.0, 40, 2)])
+
+
+def test_an_artifacts_scheduler_facts_are_read_as_vllm_rbln_syncs_them(tmp_path):
+    from qwenvl_rbln.planning.plan import build_plan
+    from qwenvl_rbln.tuning.simulate import engine_for_artifact
+    from tests.fakes_rbln import write_artifact
+
+    plan = build_plan("rebel100-2npu-batch4")
+    engine, buckets = engine_for_artifact(write_artifact(tmp_path / "a", plan))
+    r = plan.resolved
+    assert (engine.batch, engine.chunk, engine.block_size, engine.max_model_len) == (
+        r.batch_size, r.prefill_chunk_size, r.kvcache_block_size, r.max_seq_len)  # fmt: skip
+    assert engine.decoder_graphs() == tuple(sorted(r.decoder_batch_sizes))
+    assert buckets == tuple(sorted(r.vit_buckets))
+    with pytest.raises(InputError, match="rbln_config.json is missing"):
+        engine_for_artifact(tmp_path)

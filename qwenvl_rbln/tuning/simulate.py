@@ -31,6 +31,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.tuning.device_time import DeviceTimeModel
@@ -234,3 +235,34 @@ def simulate(engine: Engine, model: DeviceTimeModel, requests: Sequence[Request]
             raise InputError("the simulated engine cannot admit the next request", "a larger KV pool")
         now += seconds
     return Trace(records, sim.steps, now)
+
+
+def engine_for_artifact(artifact: Path) -> tuple[Engine, tuple[int, ...]]:
+    """The scheduler's facts of a compiled artifact (its rbln_config.json, as vllm-rbln syncs them: max_num_seqs =
+    batch_size, max_model_len = max_seq_len, block_size = kvcache_block_size, the pool = kvcache_num_blocks), and
+    its ViT buckets (visual.max_seq_len)."""
+    import json
+
+    path = Path(artifact) / "rbln_config.json"
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+        max_len = int(cfg["max_seq_len"])
+        block = int(cfg.get("kvcache_block_size") or cfg.get("kvcache_partition_len") or max_len)
+        engine = Engine(
+            batch=int(cfg["batch_size"]),
+            chunk=int(cfg.get("prefill_chunk_size") or 128),
+            block_size=block,
+            num_blocks=int(cfg.get("kvcache_num_blocks") or cfg["batch_size"] * math.ceil(max_len / block)),
+            max_model_len=max_len,
+            graphs=tuple(int(b) for b in cfg.get("decoder_batch_sizes") or ()),
+        )
+        visual = (cfg.get("visual") or {}).get("max_seq_len") or ()
+    except FileNotFoundError:
+        raise InputError(f"{path} is missing", "give an artifact directory that `qvl compile` wrote") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputError(
+            f"{path} cannot be read as an optimum-rbln config ({type(exc).__name__}: {exc})",
+            "recompile with `qvl compile --force`",
+        ) from None
+    buckets = tuple(sorted(int(b) for b in (visual if isinstance(visual, list) else [visual])))
+    return engine, buckets
