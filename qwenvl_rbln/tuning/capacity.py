@@ -255,3 +255,9 @@ def unreachable_text(missed: list[dict[str, Any]]) -> str:
         f"{_secs(m['over_s'])} over (x{m['over_ratio']:.2f})"
         for m in missed
     )
+
+
+def predict(engine: Engine, model: DeviceTimeModel, requests: Sequence[Request]) -> dict[str, Any]:
+    """The figures one replica shows for these requests (a replayed run: the arrival times a client sent at):
+    what a measured ``vllm bench serve``-style run of the same requests is checked against."""
+    return metrics(simulate(engine, model, requests))
