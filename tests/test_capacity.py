@@ -116,3 +116,27 @@ def test_fleet_size():
     assert fleet(3.0, 20.0, 2) == {"replicas": 7, "npus": 14}
     assert fleet(0.0, 20.0, 1) == {"replicas": None, "npus": None}
     assert math.ceil(20 / 3) == 7
+
+
+def test_a_replayed_trace_keeps_its_shape_at_every_rate(tmp_path):
+    from qwenvl_rbln.tuning.capacity import read_arrivals
+
+    even = tuple(float(i) for i in range(200))
+    bursty = tuple(float(i // 10) * 10 for i in range(200))  # ten at once, every ten seconds
+    slos = parse_slo("ttft_p90=300ms")
+    caps = {name: capacity(_load(arrivals=trace), slos)["capacity_rps"] for name, trace in
+            (("even", even), ("bursty", bursty))}  # fmt: skip
+    poisson = capacity(_load(), slos)["capacity_rps"]
+    assert caps["even"] > poisson > caps["bursty"]
+    path = tmp_path / "a.txt"
+    path.write_text("\n".join(map(str, even)) + "\n")
+    assert read_arrivals(path) == even
+    (tmp_path / "b.json").write_text("[0, 1, 0.5]")
+    with pytest.raises(InputError, match=r"entry 3 \(0.5\) is before entry 2 \(1.0\)"):
+        read_arrivals(tmp_path / "b.json")
+    (tmp_path / "c.txt").write_text("0 1 x")
+    with pytest.raises(InputError, match="is not a list of arrival times in seconds"):
+        read_arrivals(tmp_path / "c.txt")
+    (tmp_path / "d.txt").write_text("0 1 2")
+    with pytest.raises(InputError, match="has 3 arrivals over 2 s"):
+        read_arrivals(tmp_path / "d.txt")

@@ -112,3 +112,14 @@ def test_bad_targets_are_one_line_errors_naming_the_value_and_the_fix(home, extr
     res = _tune(home, *extra)
     lines = res.stderr.strip().splitlines()
     assert res.exit_code == 2 and len(lines) == 1 and said in lines[0] and "fix:" in lines[0], res.stderr
+
+
+def test_a_replayed_arrival_trace_is_searched_instead_of_poisson(home):
+    trace = home / "arrivals.txt"
+    trace.write_text("\n".join(str(0.1 * i) for i in range(30)) + "\n")
+    res = _tune(home, "--slo", "ttft_p90=150ms", "--arrivals", str(trace), "--json")
+    assert res.exit_code == 0, res.stderr
+    sec = json.loads(res.stdout)["capacity"]
+    assert sec["arrivals"].startswith("the --arrivals trace (30 requests)") and sec["requests_per_run"] == 30
+    bad = _tune(home, "--arrivals", str(trace))
+    assert bad.exit_code == 2 and "--arrivals replays a trace for the capacity search" in bad.stderr

@@ -57,6 +57,12 @@ def register(app: typer.Typer) -> None:
         ),
         sim_requests: int = typer.Option(400, "--sim-requests", help="Requests per simulated run (--slo)."),
         seed: int = typer.Option(0, "--seed", help="The simulated runs' seed (--slo): same seed, same answer."),
+        arrivals: Path = typer.Option(
+            None,
+            "--arrivals",
+            help="Replay these arrival times (seconds; JSON list or one per line) instead of Poisson arrivals "
+            "(--slo): the trace's shape, scaled to each rate searched.",
+        ),
         output: Path = typer.Option(None, "--output", "-o", help="Write the tuned preset here (default: stdout)."),
         force: bool = typer.Option(
             False, "--force", help="Let -o replace a file that qvl tune did not write (its own presets need not)."
@@ -69,7 +75,7 @@ def register(app: typer.Typer) -> None:
         profile` measured a graph; every row says which. With --slo (and --rate), ranked by the capacity a simulation
         of vllm-rbln's scheduler finds under the latency targets (and the NPUs the rate needs)."""
         from qwenvl_rbln.commands.common import check_plot
-        from qwenvl_rbln.tuning.capacity import check_rate, parse_slo
+        from qwenvl_rbln.tuning.capacity import check_rate, parse_slo, read_arrivals
         from qwenvl_rbln.tuning.result import check_output, write_preset
         from qwenvl_rbln.tuning.search import Needs
         from qwenvl_rbln.tuning.tune import run_tune
@@ -79,6 +85,11 @@ def register(app: typer.Typer) -> None:
         plot = check_plot(plot)
         slos = tuple(parse_slo(slo)) if slo is not None else ()
         check_rate(rate, list(slos))
+        if arrivals is not None and not slos:
+            from qwenvl_rbln.errors import InputError
+
+            raise InputError("--arrivals replays a trace for the capacity search", "add --slo (and --rate)")
+        replay = read_arrivals(arrivals) if arrivals is not None else None
         if output is not None:
             check_output(output, force=force)
         needs = Needs(
@@ -94,6 +105,7 @@ def register(app: typer.Typer) -> None:
             rate=rate,
             sim_requests=sim_requests,
             seed=seed,
+            arrivals=replay,
         )
         data, error = run_tune(
             needs,

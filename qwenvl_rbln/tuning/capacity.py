@@ -22,6 +22,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
@@ -84,6 +85,42 @@ def parse_slo(text: str) -> list[Slo]:
             raise InputError(f"--slo gives {slo.key} twice ({out[slo.key].text()} and {part})", "give it once")
         out[slo.key] = slo
     return list(out.values())
+
+
+def read_arrivals(path: Path) -> tuple[float, ...]:
+    """A trace of arrival times (seconds): a JSON list or one number per line, non-decreasing, at least 20, not all
+    at one instant. Replayed with its shape scaled to each rate the search tries."""
+    import json
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(
+            f"--arrivals {path} cannot be read ({exc.strerror or exc})", "give a file of arrival times"
+        ) from None
+    try:
+        raw = json.loads(text) if text.lstrip().startswith("[") else [ln for ln in text.split() if ln]
+        times = tuple(float(x) for x in raw)
+    except (ValueError, TypeError):
+        raise InputError(
+            f"--arrivals {path} is not a list of arrival times in seconds",
+            "a JSON list or one number per line, e.g. 0.0 0.13 0.52",
+        ) from None
+    bad = next((i for i, t in enumerate(times) if not math.isfinite(t) or t < 0), None)
+    if bad is not None:
+        raise InputError(f"--arrivals {path}: entry {bad + 1} ({times[bad]}) is not a time >= 0", "fix that entry")
+    back = next((i for i in range(1, len(times)) if times[i] < times[i - 1]), None)
+    if back is not None:
+        raise InputError(
+            f"--arrivals {path}: entry {back + 1} ({times[back]}) is before entry {back} ({times[back - 1]})",
+            "sort the arrival times",
+        )
+    if len(times) < 20 or times[-1] <= times[0]:
+        raise InputError(
+            f"--arrivals {path} has {len(times)} arrivals over {times[-1] - times[0] if times else 0:g} s",
+            "give at least 20 arrival times spread over time",
+        )
+    return times
 
 
 def check_rate(rate: float | None, slos: list[Slo] | None) -> None:
@@ -157,11 +194,18 @@ class Draw:
     kinds: tuple[int, ...]
 
 
-def draw(mix: Sequence[Kind], n: int, seed: int) -> Draw:
+def draw(mix: Sequence[Kind], n: int, seed: int, arrivals: Sequence[float] | None = None) -> Draw:
+    """Poisson gaps (unit rate), or a replayed trace's gaps scaled to a mean of 1 (its shape, at any rate); each
+    request's kind drawn from the mix with ``seed``."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    gaps = rng.standard_exponential(max(n - 1, 0))
+    if arrivals is not None:
+        n = len(arrivals)
+        diffs = np.diff(np.asarray(arrivals, dtype=float))
+        gaps = diffs / diffs.mean()
+    else:
+        gaps = rng.standard_exponential(max(n - 1, 0))
     weights = np.array([k.weight for k in mix], dtype=float)
     kinds = rng.choice(len(mix), size=n, p=weights / weights.sum())
     return Draw(tuple(float(g) for g in gaps), tuple(int(k) for k in kinds))
@@ -196,9 +240,10 @@ class Load:
     output: int
     requests: int = DEFAULT_REQUESTS
     seed: int = DEFAULT_SEED
+    arrivals: tuple[float, ...] | None = None  # a replayed trace (its shape scaled to each rate), else Poisson
 
     def __post_init__(self) -> None:
-        self._draw = draw(self.mix, self.requests, self.seed)
+        self._draw = draw(self.mix, self.requests, self.seed, self.arrivals)
         self._runs: dict[float, dict[str, Any]] = {}
 
     def at(self, rate: float) -> dict[str, Any]:

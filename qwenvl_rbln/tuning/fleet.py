@@ -81,6 +81,7 @@ def size_one(checker: Checker, cfg: Config, row: dict[str, Any]) -> dict[str, An
         checker.work.output_tokens,
         needs.sim_requests,
         needs.seed,
+        needs.arrivals,
     )
     cap = capacity(load, list(needs.slos))
     npus = row["npus"]
@@ -120,11 +121,13 @@ def size_candidates(
     section: dict[str, Any] = {
         "targets": [s.text() for s in needs.slos],
         "rate_rps": needs.rate,
-        "requests_per_run": needs.sim_requests,
+        "requests_per_run": len(needs.arrivals) if needs.arrivals else needs.sim_requests,
         "seed": needs.seed,
         "scheduler": SCHEDULER,
         "percentiles": PERCENTILE_RULE,
-        "arrivals": "Poisson at each rate searched (one seeded draw, scaled to the rate)",
+        "arrivals": "Poisson at each rate searched (one seeded draw, scaled to the rate)"
+        if needs.arrivals is None
+        else f"the --arrivals trace ({len(needs.arrivals)} requests), its gaps scaled to each rate searched",
         "search_top": f"{MAX_UTILISATION:.0%} of each candidate's saturation throughput",
         "ranked_by": "NPUs needed for --rate, then capacity per NPU" if needs.rate is not None else "capacity per NPU",
         "time_model": time_model(checker, items[0][0]).name if items else None,

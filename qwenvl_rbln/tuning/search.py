@@ -47,6 +47,7 @@ class Needs:
     rate: float | None = None  # requests/s the fleet must carry (needs slos)
     sim_requests: int = 400  # requests per simulated run
     seed: int = 0  # the simulated runs' draw
+    arrivals: tuple[float, ...] | None = None  # a replayed trace of arrival times, else Poisson arrivals
 
 
 @dataclass(frozen=True)
