@@ -157,3 +157,27 @@ def test_an_artifacts_scheduler_facts_are_read_as_vllm_rbln_syncs_them(tmp_path)
     assert buckets == tuple(sorted(r.vit_buckets))
     with pytest.raises(InputError, match="rbln_config.json is missing"):
         engine_for_artifact(tmp_path)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_coasting_through_identical_decode_steps_changes_nothing(seed):
+    """The fast path (runs of decode steps in one go) gives the same steps, times and records as one step at a time,
+    through arrivals, finishes, block boundaries, a full pool and preemptions."""
+    import random
+
+    rng = random.Random(seed)
+    eng = _engine(batch=rng.choice([1, 2, 3, 4]), block_size=16, num_blocks=rng.choice([4, 6, 9, 40]),
+                  max_model_len=64, graphs=(1, 2, 4))  # fmt: skip
+    model = linear_model(vit=(0.2, 0.0), prefill=(0.3, 0.0, 0.001), decode=(0.02, 0.01, 0.0001))
+    reqs, t = [], 0.0
+    for _ in range(30):
+        t += rng.expovariate(rng.choice([0.5, 2.0, 8.0]))
+        prompt = rng.randint(1, 40)
+        need = eng.usable_blocks() * 16
+        out = rng.randint(1, max(1, min(64, need) - prompt))
+        reqs.append(Request(round(t, 3), prompt, out, (64,) * rng.randint(0, 2)))
+    fast = simulate(eng, model, reqs, keep_steps=True)
+    slow = simulate(eng, model, reqs, keep_steps=True, fast=False)
+    assert fast.steps == slow.steps
+    assert [(r.first_token, r.finish, r.generated, r.preemptions) for r in fast.records] == [
+        (r.first_token, r.finish, r.generated, r.preemptions) for r in slow.records]  # fmt: skip

@@ -116,6 +116,7 @@ class _Sim:
         self.steps: list[tuple[str, float, float, int]] = []
         self.finished = 0
         self._prefill_cache: dict[tuple[int, tuple[int, ...]], float] = {}
+        self._decode_cache: dict[tuple[int, int], float] = {}
 
     def prefill_seconds(self, tokens: int, vit: tuple[int, ...]) -> float:
         key = (tokens, vit)
@@ -150,13 +151,21 @@ class _Sim:
     def decode(self, now: float) -> float | None:
         """One decode step of every running request that gets its block (preempting from the back): seconds."""
         scheduled: list[Record] = []
+        block, context, preempted = self.e.block_size, 0, False
         i = 0
         while i < len(self.running):
             rec = self.running[i]
-            need = self.e.blocks_for(rec.request.prompt + rec.generated) - rec.blocks
+            tokens = rec.request.prompt + rec.generated
+            context = max(context, tokens)
+            if tokens <= rec.blocks * block:  # its blocks hold the new token: the common case, no allocation
+                scheduled.append(rec)
+                i += 1
+                continue
+            need = self.e.blocks_for(tokens) - rec.blocks
             stopped = False
             while need > self.free:
                 victim = self.running.pop()
+                preempted = True
                 self.free += victim.blocks
                 victim.blocks = 0
                 victim.preemptions += 1
@@ -173,9 +182,9 @@ class _Sim:
         if not scheduled:
             return None
         n = len(scheduled)
-        graph = self.graphs[min(bisect.bisect_left(self.graphs, n), len(self.graphs) - 1)]
-        context = max(r.request.prompt + r.generated for r in scheduled)
-        seconds = self.m.decode(graph, context, rows=n) + self.e.step_overhead_s
+        if preempted:  # the context counted a row that was then preempted: the scheduled rows' own
+            context = max(r.request.prompt + r.generated for r in scheduled)
+        seconds = self.step_seconds(n, context)
         if self.keep:
             self.steps.append(("decode", now, seconds, n))
         end = now + seconds
@@ -184,6 +193,41 @@ class _Sim:
             if rec.generated >= rec.request.output:
                 self.finish(rec, end)
         return seconds
+
+    def step_seconds(self, n: int, context: int) -> float:
+        key = (n, context)
+        seconds = self._decode_cache.get(key)
+        if seconds is None:  # the same rows at the same context cost the same: look the graph up once
+            graph = self.graphs[min(bisect.bisect_left(self.graphs, n), len(self.graphs) - 1)]
+            seconds = self._decode_cache[key] = self.m.decode(graph, context, rows=n) + self.e.step_overhead_s
+        return seconds
+
+    def coast(self, now: float, arrival: float) -> float | None:
+        """Decode steps of the same rows while nothing can change the schedule, in one go (the same steps, times and
+        order of additions as ``decode`` one at a time): no row needs a new block, no row finishes before the last
+        step, and no arrival could start a prefill (with a free slot and nobody waiting, the run stops at the next
+        arrival; a waiting head that did not fit stays out until a row finishes). None when a row needs a block now.
+        Returns the time after the last step."""
+        rows, bs = self.running, self.e.block_size
+        tokens = [r.request.prompt + r.generated for r in rows]
+        slack = min(r.blocks * bs - t for r, t in zip(rows, tokens, strict=True))
+        if slack < 0:
+            return None
+        k = min(slack + 1, min(r.request.output - r.generated for r in rows))
+        watch = not self.waiting and len(rows) < self.e.batch
+        n, context = len(rows), max(tokens)
+        done = 0
+        while done < k and not (watch and done and now >= arrival):
+            seconds = self.step_seconds(n, context + done)
+            if self.keep:
+                self.steps.append(("decode", now, seconds, n))
+            now += seconds
+            done += 1
+        for rec in list(rows):
+            rec.generated += done
+            if rec.generated >= rec.request.output:
+                self.finish(rec, now)
+        return now
 
     def finish(self, rec: Record, end: float) -> None:
         rec.finish = end
@@ -212,8 +256,11 @@ def check_requests(engine: Engine, requests: Sequence[Request]) -> None:
             raise InputError(f"a request of {r.prompt} prompt and {r.output} output tokens", "both must be >= 1")
 
 
-def simulate(engine: Engine, model: DeviceTimeModel, requests: Sequence[Request], *, keep_steps: bool = False) -> Trace:
-    """Run the requests (any order; taken by arrival, ties in the given order) through the scheduler."""
+def simulate(
+    engine: Engine, model: DeviceTimeModel, requests: Sequence[Request], *, keep_steps: bool = False, fast: bool = True
+) -> Trace:
+    """Run the requests (any order; taken by arrival, ties in the given order) through the scheduler. ``fast``
+    takes runs of identical decode steps in one go (``_Sim.coast``); the result is the same step for step."""
     check_requests(engine, requests)
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i))
     records = [Record(requests[i]) for i in order]
@@ -227,6 +274,12 @@ def simulate(engine: Engine, model: DeviceTimeModel, requests: Sequence[Request]
             now = max(now, records[nxt].request.arrival)
             continue
         seconds = sim.try_prefill(now)
+        if seconds is None and fast and sim.running:
+            arrival = records[nxt].request.arrival if nxt < len(records) else math.inf
+            after = sim.coast(now, arrival)
+            if after is not None:
+                now = after
+                continue
         if seconds is None:
             seconds = sim.decode(now)
         if seconds is None:  # every running request was preempted: an empty step, then the next one prefills
