@@ -104,7 +104,6 @@ def test_an_unreachable_target_exits_4_naming_it_and_by_how_much(home):
     [
         (["--slo", "ttft_p90=2"], "--slo target 'ttft_p90=2' has no unit"),
         (["--slo", "ttft_p95=2s"], "p95 is not p50, p90 or p99"),
-        (["--rate", "20"], "--rate needs latency targets"),
         (["--slo", "ttft_p90=2s", "--rate", "0"], "--rate 0.0 is not a positive request rate"),
     ],
 )
@@ -122,4 +121,21 @@ def test_a_replayed_arrival_trace_is_searched_instead_of_poisson(home):
     sec = json.loads(res.stdout)["capacity"]
     assert sec["arrivals"].startswith("the --arrivals trace (30 requests)") and sec["requests_per_run"] == 30
     bad = _tune(home, "--arrivals", str(trace))
-    assert bad.exit_code == 2 and "--arrivals replays a trace for the capacity search" in bad.stderr
+    assert bad.exit_code == 2 and "--arrivals replays a trace for the serving simulation" in bad.stderr
+
+
+def test_a_rate_alone_predicts_each_candidates_figures_on_one_replica(home):
+    res = _tune(home, "--rate", "40", "--json")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["capacity"]["targets"] == [] and "best" not in doc["capacity"]
+    for row in doc["candidates"]:
+        at = row["capacity"]["at_rate"]
+        assert at["replica_rps"] == 40.0 and "capacity_rps" not in row["capacity"]
+        assert at["ttft"]["p50"] <= at["ttft"]["p90"] <= at["ttft"]["p99"]
+    # a smaller batch queues more at the same rate: its TTFT is no better
+    by_batch = {r["batch_size"]: r["capacity"]["at_rate"]["ttft"]["p90"] for r in doc["candidates"]}
+    assert by_batch[min(by_batch)] >= by_batch[max(by_batch)]
+    assert "replicas" not in doc["commands"]
+    human = _tune(home, "--rate", "40")
+    assert human.exit_code == 0 and "at 40 req/s on one replica (vllm-rbln's scheduler simulated" in human.stdout

@@ -53,7 +53,10 @@ def register(app: typer.Typer) -> None:
             show_default=False,
         ),
         rate: float = typer.Option(
-            None, "--rate", help="Requests/s the fleet must carry (with --slo): replicas and NPUs, ranked by NPUs."
+            None,
+            "--rate",
+            help="Requests/s the fleet must carry: with --slo the replicas and NPUs (ranked by NPUs); alone, each "
+            "candidate's simulated TTFT/TPOT/latency percentiles on one replica at that rate.",
         ),
         sim_requests: int = typer.Option(400, "--sim-requests", help="Requests per simulated run (--slo)."),
         seed: int = typer.Option(0, "--seed", help="The simulated runs' seed (--slo): same seed, same answer."),
@@ -85,10 +88,10 @@ def register(app: typer.Typer) -> None:
         plot = check_plot(plot)
         slos = tuple(parse_slo(slo)) if slo is not None else ()
         check_rate(rate, list(slos))
-        if arrivals is not None and not slos:
+        if arrivals is not None and not slos and rate is None:
             from qwenvl_rbln.errors import InputError
 
-            raise InputError("--arrivals replays a trace for the capacity search", "add --slo (and --rate)")
+            raise InputError("--arrivals replays a trace for the serving simulation", "add --slo and/or --rate")
         replay = read_arrivals(arrivals) if arrivals is not None else None
         if output is not None:
             check_output(output, force=force)

@@ -128,8 +128,6 @@ def check_rate(rate: float | None, slos: list[Slo] | None) -> None:
         return
     if not math.isfinite(rate) or rate <= 0:
         raise InputError(f"--rate {rate} is not a positive request rate", "requests per second, e.g. --rate 20")
-    if not slos:
-        raise InputError("--rate needs latency targets to size a fleet", f"add --slo, {EXAMPLE}")
 
 
 # ------------------------------------------------------------------------------------------------ figures

@@ -72,7 +72,8 @@ def _figures(fig: dict[str, Any]) -> dict[str, Any]:
 
 
 def size_one(checker: Checker, cfg: Config, row: dict[str, Any]) -> dict[str, Any]:
-    """One candidate's capacity under the targets (and, with --rate, its fleet)."""
+    """One candidate's capacity under the targets (and, with --rate, its fleet), and with --rate the figures each
+    replica shows at its share of the rate (the whole rate on one replica without targets)."""
     needs = checker.needs
     load = Load(
         engine_for(cfg, row, checker.roof.chunk),
@@ -83,8 +84,17 @@ def size_one(checker: Checker, cfg: Config, row: dict[str, Any]) -> dict[str, An
         needs.seed,
         needs.arrivals,
     )
+    out: dict[str, Any] = {}
+    if needs.slos:
+        out.update(_sized(load, needs, row["npus"]))
+    if needs.rate is not None:
+        share = needs.rate / (out.get("replicas") or 1)
+        out["at_rate"] = {"replica_rps": share, **_figures(load.at(share))}
+    return out
+
+
+def _sized(load: Load, needs: Any, npus: int) -> dict[str, Any]:
     cap = capacity(load, list(needs.slos))
-    npus = row["npus"]
     out: dict[str, Any] = {
         "capacity_rps": cap["capacity_rps"],
         "capacity_per_npu_rps": cap["capacity_rps"] / npus,
@@ -117,7 +127,11 @@ def size_candidates(
     needs = checker.needs
     for cfg, row in items:
         row["capacity"] = size_one(checker, cfg, row)
-    ranked = [(c, r) for _, c, r in sorted(((i, c, r) for i, (c, r) in enumerate(items)), key=lambda t: _key(needs, t))]
+    ranked = items
+    if needs.slos:
+        ranked = [
+            (c, r) for _, c, r in sorted(((i, c, r) for i, (c, r) in enumerate(items)), key=lambda t: _key(needs, t))
+        ]
     section: dict[str, Any] = {
         "targets": [s.text() for s in needs.slos],
         "rate_rps": needs.rate,
@@ -125,14 +139,18 @@ def size_candidates(
         "seed": needs.seed,
         "scheduler": SCHEDULER,
         "percentiles": PERCENTILE_RULE,
-        "arrivals": "Poisson at each rate searched (one seeded draw, scaled to the rate)"
+        "arrivals": "Poisson (one seeded draw, scaled to each rate simulated)"
         if needs.arrivals is None
-        else f"the --arrivals trace ({len(needs.arrivals)} requests), its gaps scaled to each rate searched",
-        "search_top": f"{MAX_UTILISATION:.0%} of each candidate's saturation throughput",
-        "ranked_by": "NPUs needed for --rate, then capacity per NPU" if needs.rate is not None else "capacity per NPU",
+        else f"the --arrivals trace ({len(needs.arrivals)} requests), its gaps scaled to each rate simulated",
+        "search_top": f"{MAX_UTILISATION:.0%} of each candidate's saturation throughput" if needs.slos else None,
+        "ranked_by": ("NPUs needed for --rate, then capacity per NPU" if needs.rate is not None else "capacity per NPU")
+        if needs.slos
+        else "the estimate (no --slo: the figures at --rate are predictions, not a ranking)",
         "time_model": time_model(checker, items[0][0]).name if items else None,
     }
     error = None
+    if not needs.slos:
+        return ranked, section, error
     if ranked and ranked[0][1]["capacity"]["capacity_rps"] <= 0:
         closest = min((r["capacity"]["unreachable"] for _, r in ranked), key=lambda m: max(x["over_ratio"] for x in m))
         error = DoesNotFit(

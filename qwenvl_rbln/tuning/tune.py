@@ -150,7 +150,7 @@ def run_tune(
     found.sort(key=_rank_key)
     _climb(checker, found)
     table, sizing, slo_error = _table(found), None, None
-    if needs.slos and table:  # rank the table by capacity under the targets (NPUs for --rate): #1 is handed over
+    if (needs.slos or needs.rate is not None) and table:  # --slo ranks by capacity (NPUs for --rate): #1 handed over
         table, sizing, slo_error = size_candidates(checker, table)
         first = table[0]
         found = [first, *(x for x in found if x is not first)]
@@ -260,7 +260,7 @@ def _description(checker: Checker, best: dict[str, Any]) -> str:
 def _capacity_text(checker: Checker, best: dict[str, Any]) -> str:
     """#1's simulated capacity under the targets (and its fleet for --rate), for the preset's description."""
     cap = best.get("capacity")
-    if not cap or not cap["capacity_rps"]:
+    if not cap or not cap.get("capacity_rps"):
         return ""
     targets = ",".join(t.text() for t in checker.needs.slos)
     text = f"; simulated capacity {cap['capacity_rps']:.2f} req/s per replica under {targets}"

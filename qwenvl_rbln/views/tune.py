@@ -182,10 +182,45 @@ def print_human(console: Any, data: dict[str, Any]) -> None:
     _searched(console, data)
 
 
+def _at_rate(console: Any, data: dict[str, Any]) -> None:
+    """--rate without targets: what each row shows on one replica at that rate (simulated)."""
+    sec = data["capacity"]
+    cols = [Col("#"), Col("batch")]
+    cols += [Col(f"{m} p{q} ms") for m in ("ttft", "tpot", "latency") for q in (50, 90, 99)]
+    cols += [Col("req/s done"), Col("tok/s"), Col("preempted")]
+    rows = []
+    for i, row in enumerate(data["candidates"], 1):
+        at = (row.get("capacity") or {}).get("at_rate") or {}
+        cells = [str(i), str(row["batch_size"])]
+        cells += [_ms((at.get(m) or {}).get(f"p{q}")) for m in ("ttft", "tpot", "latency") for q in (50, 90, 99)]
+        cells += [
+            f"{at.get('requests_per_s', 0):.2f}",
+            f"{at.get('output_tokens_per_s', 0):.0f}",
+            str(at.get("preemptions", 0)),
+        ]
+        rows.append(cells)
+    title = f"at {sec['rate_rps']:g} req/s on one replica (vllm-rbln's scheduler simulated; {sec['time_model']})"
+    print_left_out(console, print_table(console, cols, rows, title=title))
+    console.print(
+        markup(
+            "[dim]{}; percentiles: {}; {} requests, seed {}; arrivals: {}[/dim]",
+            sec["scheduler"],
+            sec["percentiles"],
+            sec["requests_per_run"],
+            sec["seed"],
+            sec["arrivals"],
+        ),
+        highlight=False,
+    )
+
+
 def _capacity(console: Any, data: dict[str, Any]) -> None:
     """Each row's simulated capacity under the latency targets, the figures there, and the fleet for --rate."""
     sec = data["capacity"]
     targets = sec["targets"]
+    if not targets:
+        _at_rate(console, data)
+        return
     fleet = sec.get("rate_rps") is not None
     cols = [Col("#"), Col("batch"), Col("NPUs/replica"), Col("req/s per replica"), Col("req/s per NPU")]
     cols += [Col(f"{t.split('=')[0]} ms") for t in targets]
