@@ -35,16 +35,24 @@ def test_json_round_trip_gives_the_same_figures():
     m = time_model_for(model=MODEL, chunk=512, block=8192)
     back = DeviceTimeModel.from_json(m.to_json())
     assert back == m and back.name == m.name
-    assert [back.vit(1024), back.prefill(512, 1024), back.decode(2, 100)] == [m.vit(1024), m.prefill(512, 1024),
-                                                                            m.decode(2, 100)]  # fmt: skip
+    assert [back.vit(1024), back.prefill(512, 1024), back.decode(2, 100)] == [
+        m.vit(1024),
+        m.prefill(512, 1024),
+        m.decode(2, 100),
+    ]
 
 
 def test_timings_kind_uses_the_measured_graph_and_scales_the_others(tmp_path):
     roof = Roofline(QWEN3_VL_2B, REBEL100_COMPUTE, chunk=512)
     pts = [(n, 2.0 * roof.decode_step(4, 4, n, 8192)) for n in (0, 4096, 8192)]
-    entry = {"model_key": model_key(QWEN3_VL_2B), "npu": "RBLN-CR13", "profiled_at": "2026-12-03T10:00:00+00:00",
-             "graphs": {decoder_key(4, 8192): {"points": [{"context": n, "median_s": t, "p10_s": t, "p90_s": t}
-                                                           for n, t in pts]}}}  # fmt: skip
+    entry = {
+        "model_key": model_key(QWEN3_VL_2B),
+        "npu": "RBLN-CR13",
+        "profiled_at": "2026-12-03T10:00:00+00:00",
+        "graphs": {
+            decoder_key(4, 8192): {"points": [{"context": n, "median_s": t, "p10_s": t, "p90_s": t} for n, t in pts]}
+        },
+    }
     path = tmp_path / "timings.json"
     write_entry("k", entry, emulated=False, path=path)
     m = time_model_for(model=MODEL, chunk=512, block=8192, timings=path)
@@ -67,3 +75,24 @@ def test_linear_model_and_refusals():
         DeviceTimeModel.from_json({"kind": "nope"})
     with pytest.raises(InputError, match=r"decode=\[-1, 0, 0\] has a negative"):
         DeviceTimeModel.from_json({"kind": "linear", "vit": [0, 0], "prefill": [0, 0, 0], "decode": [-1, 0, 0]})
+
+
+def test_an_artifacts_time_model_is_at_its_compiled_shapes(tmp_path):
+    from qwenvl_rbln.artifacts.manifest import write_manifest
+    from qwenvl_rbln.planning.plan import build_plan
+    from qwenvl_rbln.tuning.device_time import time_model_for_artifact
+    from tests.fakes_rbln import write_artifact
+
+    plan = build_plan("rebel100-1npu")
+    art = write_artifact(tmp_path / "art", plan)
+    write_manifest(art, {"format": 1, "npu": plan.npu, "placement": plan.placement, "model": {"id": MODEL}})
+    m = time_model_for_artifact(art, model=MODEL)
+    r = plan.resolved
+    assert (m.spec["chunk"], m.spec["block"]) == (r.prefill_chunk_size, r.kvcache_partition_len)
+    assert m.decode(1, 100) == time_model_for(
+        model=MODEL, chunk=r.prefill_chunk_size, block=r.kvcache_partition_len
+    ).decode(1, 100)
+    timed = time_model_for_artifact(art, model=MODEL, timings=tmp_path / "none.json")
+    assert timed.spec["graph_hash"] and timed.decode(1, 100) == m.decode(1, 100)  # nothing measured: the bound
+    with pytest.raises(InputError, match="rbln_config.json is missing"):
+        time_model_for_artifact(tmp_path)

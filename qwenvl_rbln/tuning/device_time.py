@@ -193,15 +193,17 @@ def time_model_for_artifact(artifact: Path, *, timings: Path | None = None, mode
                             emulated: bool = False) -> DeviceTimeModel:  # fmt: skip
     """The time model at an artifact's compiled shapes (its rbln_config.json): the roofline of ``model`` (default:
     the artifact's own config.json), or ``timings``' entries for this artifact's graphs (its graph hash)."""
-    from qwenvl_rbln.profiling.graphs import discover
+    from qwenvl_rbln.tuning.artifact_config import read_rbln_config
 
-    _, shapes = discover(artifact, 0, 0)
+    _, cfg = read_rbln_config(artifact)
+    chunk = int(cfg.get("prefill_chunk_size") or 128)  # as profiling.graphs.discover reads the shapes
+    block = int(cfg.get("kvcache_partition_len") or cfg.get("max_seq_len") or 0)
     ghash = None
     if timings is not None:
         from qwenvl_rbln.artifacts.manifest import graph_hash, read_manifest
 
         ghash = graph_hash(artifact, read_manifest(artifact))
-    return time_model_for(model=model or str(artifact), chunk=shapes.chunk, block=shapes.block, timings=timings,
+    return time_model_for(model=model or str(artifact), chunk=chunk, block=block, timings=timings,
                           emulated=emulated, graph_hash=ghash)  # fmt: skip
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.tuning.artifact_config import read_rbln_config
 from qwenvl_rbln.tuning.device_time import DeviceTimeModel
 
 
@@ -294,11 +295,8 @@ def engine_for_artifact(artifact: Path) -> tuple[Engine, tuple[int, ...]]:
     """The scheduler's facts of a compiled artifact (its rbln_config.json, as vllm-rbln syncs them: max_num_seqs =
     batch_size, max_model_len = max_seq_len, block_size = kvcache_block_size, the pool = kvcache_num_blocks), and
     its ViT buckets (visual.max_seq_len)."""
-    import json
-
-    path = Path(artifact) / "rbln_config.json"
+    path, cfg = read_rbln_config(artifact)
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
         max_len = int(cfg["max_seq_len"])
         block = int(cfg.get("kvcache_block_size") or cfg.get("kvcache_partition_len") or max_len)
         engine = Engine(
@@ -310,9 +308,7 @@ def engine_for_artifact(artifact: Path) -> tuple[Engine, tuple[int, ...]]:
             graphs=tuple(int(b) for b in cfg.get("decoder_batch_sizes") or ()),
         )
         visual = (cfg.get("visual") or {}).get("max_seq_len") or ()
-    except FileNotFoundError:
-        raise InputError(f"{path} is missing", "give an artifact directory that `qvl compile` wrote") from None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InputError(
             f"{path} cannot be read as an optimum-rbln config ({type(exc).__name__}: {exc})",
             "recompile with `qvl compile --force`",
