@@ -139,3 +139,24 @@ def test_a_replayed_trace_keeps_its_shape_at_every_rate(tmp_path):
     (tmp_path / "d.txt").write_text("0 1 2")
     with pytest.raises(InputError, match="has 3 arrivals over 2 s"):
         read_arrivals(tmp_path / "d.txt")
+
+
+def test_the_simulator_imports_neither_vllm_nor_torch():
+    """Pure Python at run time: a capacity search over a roofline model loads no vLLM, vllm-rbln or torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from qwenvl_rbln.tuning.capacity import Kind, Load, capacity, parse_slo\n"
+        "from qwenvl_rbln.tuning.device_time import time_model_for\n"
+        "from qwenvl_rbln.tuning.simulate import Engine\n"
+        "import qwenvl_rbln.tuning.fleet\n"
+        "m = time_model_for(model='Qwen/Qwen3-VL-2B-Instruct', chunk=512, block=8192)\n"
+        "e = Engine(batch=2, chunk=512, block_size=8192, num_blocks=8, max_model_len=32768)\n"
+        "capacity(Load(e, m, [Kind(700, (1024,), 1.0)], output=16, requests=30), parse_slo('ttft_p90=1s'))\n"
+        "bad = sorted(n for n in sys.modules if n.split('.')[0] in ('vllm', 'vllm_rbln', 'torch'))\n"
+        "assert not bad, bad\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
