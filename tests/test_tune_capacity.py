@@ -66,8 +66,9 @@ def test_the_commands_carry_the_replica_count_and_qvl_deploy_takes_it(sized, tmp
     # the same options on an artifact of the base preset: deploy writes that many replicas
     plan = build_plan("rebel100-1npu")
     art = write_artifact(tmp_path / "art", plan)
-    write_manifest(art, {"format": 1, "npu": plan.npu, "placement": plan.placement,
-                         "model": {"id": "Qwen/Qwen3-VL-2B-Instruct"}})  # fmt: skip
+    write_manifest(
+        art, {"format": 1, "npu": plan.npu, "placement": plan.placement, "model": {"id": "Qwen/Qwen3-VL-2B-Instruct"}}
+    )
     argv[2] = str(art)
     argv[argv.index("--artifact") + 1] = "pvc:models"
     argv[argv.index("--image") + 1] = "registry.internal/vllm-rbln:0.12.0"
@@ -139,3 +140,20 @@ def test_a_rate_alone_predicts_each_candidates_figures_on_one_replica(home):
     assert "replicas" not in doc["commands"]
     human = _tune(home, "--rate", "40")
     assert human.exit_code == 0 and "at 40 req/s on one replica (vllm-rbln's scheduler simulated" in human.stdout
+
+
+def test_the_workload_mix_becomes_request_kinds_with_packed_vit_calls():
+    from qwenvl_rbln.tuning.fleet import kinds
+    from qwenvl_rbln.tuning.workload import Work
+
+    work = Work(
+        path="w", requests=10, lines=2, distinct=2, errors=0, first_error=None, vit_buckets=[1024, 4096],
+        vit_section={}, groups={}, prompt_tokens=100, output_tokens=8,
+        mix={(900, 1, 230): 5, (200, 4, 210): 3, (1000, 3, 760): 2},
+    )  # fmt: skip
+    got = {(k.prompt, k.vit): k.weight for k in kinds(work, [1024, 4096])}
+    # each request in the smallest bucket that holds one of its images (as tune's estimate and the packer):
+    # 900 patches: one 1024 call; four 200-patch images share one 1024 call (5 fit); three of 1000: one 1024 call each
+    assert got == {(330, (1024,)): 5.0, (310, (1024,)): 3.0, (860, (1024, 1024, 1024)): 2.0}
+    # an image larger than every bucket cannot be served: it is left out, as tune's estimate leaves it
+    assert {(k.prompt, k.vit) for k in kinds(work, [512])} == {(310, (512, 512))}
