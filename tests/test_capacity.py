@@ -142,7 +142,8 @@ def test_a_replayed_trace_keeps_its_shape_at_every_rate(tmp_path):
 
 
 def test_the_simulator_imports_neither_vllm_nor_torch():
-    """Pure Python at run time: a capacity search over a roofline model loads no vLLM, vllm-rbln or torch."""
+    """Pure Python at run time: a capacity search over a roofline model loads no vLLM, vllm-rbln or torch, nor
+    numpy (not in qvl's core install)."""
     import subprocess
     import sys
 
@@ -155,8 +156,21 @@ def test_the_simulator_imports_neither_vllm_nor_torch():
         "m = time_model_for(model='Qwen/Qwen3-VL-2B-Instruct', chunk=512, block=8192)\n"
         "e = Engine(batch=2, chunk=512, block_size=8192, num_blocks=8, max_model_len=32768)\n"
         "capacity(Load(e, m, [Kind(700, (1024,), 1.0)], output=16, requests=30), parse_slo('ttft_p90=1s'))\n"
-        "bad = sorted(n for n in sys.modules if n.split('.')[0] in ('vllm', 'vllm_rbln', 'torch'))\n"
+        "bad = sorted(n for n in sys.modules if n.split('.')[0] in ('vllm', 'vllm_rbln', 'torch', 'numpy'))\n"
         "assert not bad, bad\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_percentile_is_numpys_default_bit_for_bit():
+    import random
+
+    from qwenvl_rbln.tuning.capacity import percentile
+
+    rng = random.Random(5)
+    for _ in range(500):
+        xs = [rng.expovariate(1.0) * 10 ** rng.randint(-3, 3) for _ in range(rng.randint(1, 60))]
+        for q in (0, 1, 50, 90, 99, 100, rng.uniform(0, 100)):
+            assert percentile(xs, q) == float(np.percentile(xs, q))
+    assert percentile([], 90) == float(np.percentile(0, 90))  # vllm bench serve's `ttfts or 0`

@@ -3,8 +3,9 @@
 - ``parse_slo("ttft_p90=2s,tpot_p99=100ms")``: targets on TTFT, TPOT or latency at p50/p90/p99.
 - ``metrics``: TTFT, TPOT ((latency - TTFT) / (output - 1), requests with more than one output token) and latency
   (e2el) percentiles with ``numpy.percentile``'s default (linear) method, which is what ``vllm bench serve``
-  calls (``vllm/benchmarks/serve.py::calculate_metrics``, ``np.percentile(ttfts or 0, p)``); throughput over
-  the run from the first arrival to the last finish.
+  calls (``vllm/benchmarks/serve.py::calculate_metrics``, ``np.percentile(ttfts or 0, p)``); ``percentile`` is
+  a literal port (qvl's core install has no numpy), checked bit for bit against numpy in the tests. Throughput
+  over the run from the first arrival to the last finish.
 - ``capacity``: the largest Poisson arrival rate one replica sustains with every target met, by bisection over the
   serving simulator (``tuning.simulate``) with one seed and one draw of requests scaled to each rate (common
   random numbers), so the search is deterministic and its figure moves smoothly with the rate. It is capped at
@@ -134,9 +135,16 @@ def check_rate(rate: float | None, slos: list[Slo] | None) -> None:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    import numpy as np
-
-    return float(np.percentile(list(values) or [0.0], q))
+    """``numpy.percentile(values or 0, q)`` with its default (linear) method, ported literally so that qvl's core
+    install (no numpy) computes the same figure: the virtual index (q / 100) x (n - 1) between the two order
+    statistics around it, interpolated as numpy's ``_lerp`` does (from the upper one when the weight is >= 0.5)."""
+    xs = sorted(values) or [0.0]
+    h = (q / 100) * (len(xs) - 1)
+    lo = math.floor(h)
+    hi = min(lo + 1, len(xs) - 1)
+    a, b, t = xs[lo], xs[hi], h - lo
+    diff = b - a
+    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 
 
 def metrics(trace: Trace) -> dict[str, Any]:
@@ -195,18 +203,18 @@ class Draw:
 def draw(mix: Sequence[Kind], n: int, seed: int, arrivals: Sequence[float] | None = None) -> Draw:
     """Poisson gaps (unit rate), or a replayed trace's gaps scaled to a mean of 1 (its shape, at any rate); each
     request's kind drawn from the mix with ``seed``."""
-    import numpy as np
+    import random
 
-    rng = np.random.default_rng(seed)
+    rng = random.Random(seed)  # the standard library's: qvl's core install has no numpy
     if arrivals is not None:
         n = len(arrivals)
-        diffs = np.diff(np.asarray(arrivals, dtype=float))
-        gaps = diffs / diffs.mean()
+        diffs = [float(b) - float(a) for a, b in zip(arrivals, arrivals[1:], strict=False)]
+        mean = sum(diffs) / len(diffs)
+        gaps = [d / mean for d in diffs]
     else:
-        gaps = rng.standard_exponential(max(n - 1, 0))
-    weights = np.array([k.weight for k in mix], dtype=float)
-    kinds = rng.choice(len(mix), size=n, p=weights / weights.sum())
-    return Draw(tuple(float(g) for g in gaps), tuple(int(k) for k in kinds))
+        gaps = [rng.expovariate(1.0) for _ in range(max(n - 1, 0))]
+    kinds = rng.choices(range(len(mix)), weights=[k.weight for k in mix], k=n)
+    return Draw(tuple(gaps), tuple(kinds))
 
 
 def requests_at(mix: Sequence[Kind], d: Draw, rate: float, output: int) -> list[Request]:
