@@ -36,7 +36,7 @@ CASES = {
     "1 NPU, context 32768, batch >= 4": ["--context", "32768", "--min-batch", "4"],
     "2 NPUs, context 262144, batch >= 4": ["--context", "262144", "--min-batch", "4", "--devices", "2"],
     "1 NPU, context 262144, batch >= 64 (unmet)": ["--context", "262144", "--min-batch", "64"],
-    # the capacity search: each table row simulated (vllm-rbln's scheduler, 400 requests a run) under the targets
+    # the capacity search: each table row simulated (vllm-rbln's scheduler, 1000 requests a run) under the targets
     "1 NPU, context 32768, --slo ttft_p90=2s,tpot_p99=100ms --rate 20": [
         "--context",
         "32768",

@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
             help="Requests/s the fleet must carry: with --slo the replicas and NPUs (ranked by NPUs); alone, each "
             "candidate's simulated TTFT/TPOT/latency percentiles on one replica at that rate.",
         ),
-        sim_requests: int = typer.Option(400, "--sim-requests", help="Requests per simulated run (--slo)."),
+        sim_requests: int = typer.Option(1000, "--sim-requests", help="Requests per simulated run (--slo, --rate)."),
         seed: int = typer.Option(0, "--seed", help="The simulated runs' seed (--slo): same seed, same answer."),
         arrivals: Path = typer.Option(
             None,

@@ -33,7 +33,7 @@ from qwenvl_rbln.tuning.simulate import Engine, Request, Trace, simulate
 METRICS = ("ttft", "tpot", "latency")
 PERCENTILES = (50, 90, 99)
 EXAMPLE = "e.g. --slo ttft_p90=2s,tpot_p99=100ms"
-DEFAULT_REQUESTS = 400
+DEFAULT_REQUESTS = 1000
 DEFAULT_SEED = 0
 MAX_UTILISATION = 0.95  # the search's top, as a fraction of the saturation throughput
 _TARGET = re.compile(r"(?P<metric>[a-z]+)_p(?P<pct>\d+)=(?P<num>[0-9]*\.?[0-9]+(?:e[-+]?\d+)?)(?P<unit>ms|s)?")
