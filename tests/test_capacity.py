@@ -174,3 +174,16 @@ def test_percentile_is_numpys_default_bit_for_bit():
         for q in (0, 1, 50, 90, 99, 100, rng.uniform(0, 100)):
             assert percentile(xs, q) == float(np.percentile(xs, q))
     assert percentile([], 90) == float(np.percentile(0, 90))  # vllm bench serve's `ttfts or 0`
+
+
+def test_a_runs_kinds_follow_the_mix_exactly_in_a_seeded_order():
+    from collections import Counter
+
+    from qwenvl_rbln.tuning.capacity import apportion, draw
+
+    assert Counter(apportion([3.0, 1.0, 0.02], 100)) == {0: 75, 1: 25}  # largest remainder: 74.6, 24.9, 0.5 -> 75, 25
+    assert sorted(Counter(apportion([1.0, 1.0, 1.0], 10)).values()) == [3, 3, 4]
+    mix = [Kind(10, (), 0.9), Kind(5000, (16384,), 0.1)]
+    runs = [draw(mix, 200, seed) for seed in (0, 1)]
+    assert [Counter(r.kinds) for r in runs] == [{0: 180, 1: 20}] * 2  # the rare heavy kind: exactly its share
+    assert runs[0].kinds != runs[1].kinds and draw(mix, 200, 0) == runs[0]  # order: the seed's, repeatably

@@ -201,8 +201,8 @@ class Draw:
 
 
 def draw(mix: Sequence[Kind], n: int, seed: int, arrivals: Sequence[float] | None = None) -> Draw:
-    """Poisson gaps (unit rate), or a replayed trace's gaps scaled to a mean of 1 (its shape, at any rate); each
-    request's kind drawn from the mix with ``seed``."""
+    """Poisson gaps (unit rate), or a replayed trace's gaps scaled to a mean of 1 (its shape, at any rate); the
+    requests' kinds in the mix's proportions (``apportion``), in an order shuffled with ``seed``."""
     import random
 
     rng = random.Random(seed)  # the standard library's: qvl's core install has no numpy
@@ -213,8 +213,22 @@ def draw(mix: Sequence[Kind], n: int, seed: int, arrivals: Sequence[float] | Non
         gaps = [d / mean for d in diffs]
     else:
         gaps = [rng.expovariate(1.0) for _ in range(max(n - 1, 0))]
-    kinds = rng.choices(range(len(mix)), weights=[k.weight for k in mix], k=n)
+    kinds = apportion([k.weight for k in mix], n)
+    rng.shuffle(kinds)
     return Draw(tuple(gaps), tuple(kinds))
+
+
+def apportion(weights: Sequence[float], n: int) -> list[int]:
+    """``n`` request kinds in the workload's proportions (largest remainder), not drawn at random: a mix with a rare
+    heavy kind (a video's ViT calls) drawn at random puts a different number of them in each run, and the
+    capacity would follow that count more than the scheduler."""
+    total = sum(weights)
+    quotas = [w * n / total for w in weights]
+    counts = [math.floor(q) for q in quotas]
+    order = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - counts[i]), i))
+    for i in order[: n - sum(counts)]:
+        counts[i] += 1
+    return [i for i, c in enumerate(counts) for _ in range(c)]
 
 
 def requests_at(mix: Sequence[Kind], d: Draw, rate: float, output: int) -> list[Request]:
@@ -228,7 +242,7 @@ def requests_at(mix: Sequence[Kind], d: Draw, rate: float, output: int) -> list[
 
 
 def replay(mix: Sequence[Kind], arrivals: Sequence[float], output: int, seed: int) -> list[Request]:
-    """A replayed trace of arrival times (seconds), each request's kind drawn from the mix with ``seed``."""
+    """A replayed trace of arrival times (seconds), the kinds in the mix's proportions, shuffled with ``seed``."""
     d = draw(mix, len(arrivals), seed)
     return [Request(float(a), mix[k].prompt, output, mix[k].vit) for a, k in zip(arrivals, d.kinds, strict=True)]
 
