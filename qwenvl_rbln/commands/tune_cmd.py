@@ -59,12 +59,12 @@ def register(app: typer.Typer) -> None:
             "candidate's simulated TTFT/TPOT/latency percentiles on one replica at that rate.",
         ),
         sim_requests: int = typer.Option(1000, "--sim-requests", help="Requests per simulated run (--slo, --rate)."),
-        seed: int = typer.Option(0, "--seed", help="The simulated runs' seed (--slo): same seed, same answer."),
+        seed: int = typer.Option(0, "--seed", help="The simulated runs' seed (--slo, --rate): same seed, same answer."),
         arrivals: Path = typer.Option(
             None,
             "--arrivals",
             help="Replay these arrival times (seconds; JSON list or one per line) instead of Poisson arrivals "
-            "(--slo): the trace's shape, scaled to each rate searched.",
+            "(--slo, --rate): the trace's shape, scaled to each rate simulated.",
         ),
         output: Path = typer.Option(None, "--output", "-o", help="Write the tuned preset here (default: stdout)."),
         force: bool = typer.Option(
