@@ -8,8 +8,9 @@ does, not sweep like a GPU autotuner. Each run is a fresh `python -m qwenvl_rbln
 * workload: 10,000 JSONL lines, seeded: common photo sizes with jitter and random sizes up to 4096 px, counts
   1..20, 10 % multi-image requests ("images": 2..6), 2 % videos.
 * trace: 1,000 running-batch sizes, seeded, 1..16.
-* cases: one NPU at 32,768 (the document's batch-4 case), two NPUs at 262,144 (the ViT on its own NPU), and the
-  need nothing meets (262,144 at batch 64 on one NPU: the nearest configurations).
+* cases: one NPU at 32,768 (the document's batch-4 case), two NPUs at 262,144 (the ViT on its own NPU), the
+  need nothing meets (262,144 at batch 64 on one NPU: the nearest configurations), and the capacity search under
+  latency targets at a rate (every table row through the serving simulator).
 
 Usage: python benchmarks/bench_tune.py [--lines N] [--trace N] [--runs R]
 """
@@ -35,6 +36,15 @@ CASES = {
     "1 NPU, context 32768, batch >= 4": ["--context", "32768", "--min-batch", "4"],
     "2 NPUs, context 262144, batch >= 4": ["--context", "262144", "--min-batch", "4", "--devices", "2"],
     "1 NPU, context 262144, batch >= 64 (unmet)": ["--context", "262144", "--min-batch", "64"],
+    # the capacity search: each table row simulated (vllm-rbln's scheduler, 1000 requests a run) under the targets
+    "1 NPU, context 32768, --slo ttft_p90=2s,tpot_p99=100ms --rate 20": [
+        "--context",
+        "32768",
+        "--slo",
+        "ttft_p90=2s,tpot_p99=100ms",
+        "--rate",
+        "20",
+    ],
 }
 
 
@@ -93,6 +103,9 @@ def main() -> None:
                 if best
                 else f"exit 4, {len(doc['nearest'])} nearest"
             )
+            if (best or {}).get("capacity", {}).get("capacity_rps"):
+                cap = best["capacity"]
+                answer += f"; capacity {cap['capacity_rps']:.2f} req/s per replica, {cap['replicas']} replica(s)"
             print(
                 f"{name}: wall median {statistics.median(walls):.2f} s (max {max(walls):.2f}), in-process "
                 f"{statistics.median(inner):.2f} s, {doc['searched']} planner calls, "

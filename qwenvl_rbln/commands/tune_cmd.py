@@ -45,6 +45,27 @@ def register(app: typer.Typer) -> None:
         device_memory: str = typer.Option(
             None, "--device-memory", help="Usable memory per NPU if not the nominal 140 GiB (e.g. 120GiB)."
         ),
+        slo: str = typer.Option(
+            None,
+            "--slo",
+            help="Latency targets, e.g. ttft_p90=2s,tpot_p99=100ms (ttft, tpot or latency at p50/p90/p99): each "
+            "candidate's capacity under them, from a simulation of vllm-rbln's scheduler.",
+            show_default=False,
+        ),
+        rate: float = typer.Option(
+            None,
+            "--rate",
+            help="Requests/s the fleet must carry: with --slo the replicas and NPUs (ranked by NPUs); alone, each "
+            "candidate's simulated TTFT/TPOT/latency percentiles on one replica at that rate.",
+        ),
+        sim_requests: int = typer.Option(1000, "--sim-requests", help="Requests per simulated run (--slo, --rate)."),
+        seed: int = typer.Option(0, "--seed", help="The simulated runs' seed (--slo, --rate): same seed, same answer."),
+        arrivals: Path = typer.Option(
+            None,
+            "--arrivals",
+            help="Replay these arrival times (seconds; JSON list or one per line) instead of Poisson arrivals "
+            "(--slo, --rate): the trace's shape, scaled to each rate simulated.",
+        ),
         output: Path = typer.Option(None, "--output", "-o", help="Write the tuned preset here (default: stdout)."),
         force: bool = typer.Option(
             False, "--force", help="Let -o replace a file that qvl tune did not write (its own presets need not)."
@@ -54,8 +75,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Search batch, context, KV partition, ViT buckets, decoder graphs and placement for a workload; every
         configuration checked by the memory planner, ranked by a roofline estimate (a bound) except where `qvl
-        profile` measured a graph; every row says which."""
+        profile` measured a graph; every row says which. With --slo (and --rate), ranked by the capacity a simulation
+        of vllm-rbln's scheduler finds under the latency targets (and the NPUs the rate needs)."""
         from qwenvl_rbln.commands.common import check_plot
+        from qwenvl_rbln.tuning.capacity import check_rate, parse_slo, read_arrivals
         from qwenvl_rbln.tuning.result import check_output, write_preset
         from qwenvl_rbln.tuning.search import Needs
         from qwenvl_rbln.tuning.tune import run_tune
@@ -63,6 +86,13 @@ def register(app: typer.Typer) -> None:
         from qwenvl_rbln.views.tune import print_human
 
         plot = check_plot(plot)
+        slos = tuple(parse_slo(slo)) if slo is not None else ()
+        check_rate(rate, list(slos))
+        if arrivals is not None and not slos and rate is None:
+            from qwenvl_rbln.errors import InputError
+
+            raise InputError("--arrivals replays a trace for the serving simulation", "add --slo and/or --rate")
+        replay = read_arrivals(arrivals) if arrivals is not None else None
         if output is not None:
             check_output(output, force=force)
         needs = Needs(
@@ -74,6 +104,11 @@ def register(app: typer.Typer) -> None:
             max_buckets=max_buckets,
             device_memory=device_memory,
             concurrency=concurrency,
+            slos=slos,
+            rate=rate,
+            sim_requests=sim_requests,
+            seed=seed,
+            arrivals=replay,
         )
         data, error = run_tune(
             needs,

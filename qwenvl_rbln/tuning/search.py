@@ -43,6 +43,11 @@ class Needs:
     max_buckets: int = 3
     device_memory: str | None = None
     concurrency: int | None = None  # requests in flight at once, when known (else half the largest batch)
+    slos: tuple[Any, ...] = ()  # latency targets (capacity.Slo): size each candidate's capacity under them
+    rate: float | None = None  # requests/s the fleet must carry (needs slos)
+    sim_requests: int = 1000  # requests per simulated run
+    seed: int = 0  # the simulated runs' draw
+    arrivals: tuple[float, ...] | None = None  # a replayed trace of arrival times, else Poisson arrivals
 
 
 @dataclass(frozen=True)
@@ -319,6 +324,11 @@ def check_needs(needs: Needs, max_position: int, has_trace: bool = False) -> Non
         raise InputError(f"--max-buckets {needs.max_buckets} must be at least 1", "e.g. --max-buckets 3")
     if needs.concurrency is not None and not 1 <= needs.concurrency <= BATCH_CAP:
         raise InputError(f"--concurrency {needs.concurrency} is outside 1..{BATCH_CAP}", "e.g. --concurrency 8")
+    from qwenvl_rbln.tuning.capacity import check_rate
+
+    check_rate(needs.rate, list(needs.slos))
+    if not 20 <= needs.sim_requests <= 100_000:
+        raise InputError(f"--sim-requests {needs.sim_requests} is outside 20..100000", "e.g. --sim-requests 1000")
     if needs.concurrency is not None and has_trace:
         raise InputError(
             "--concurrency and --batch-trace both describe the load",

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import DoesNotFit
+from qwenvl_rbln.tuning.fleet import size_candidates
 from qwenvl_rbln.tuning.measured_roofline import KINDS, ROOFLINE, SCALED, MeasuredRoofline, kind_of, row_timing
 from qwenvl_rbln.tuning.neighbours import nearest, neighbours
 from qwenvl_rbln.tuning.result import HEADER, commands, output_dir_for, preset_data, preset_yaml
@@ -87,14 +88,14 @@ def _search(checker: Checker) -> tuple[list[tuple[Config, dict[str, Any]]], list
     return found, frontier
 
 
-def _table(found: list[tuple[Config, dict[str, Any]]]) -> list[dict[str, Any]]:
+def _table(found: list[tuple[Config, dict[str, Any]]]) -> list[tuple[Config, dict[str, Any]]]:
     """The best rows, one per placement and batch (its best partition): the table shows choices, not repeats."""
     seen: set[tuple[bool, int]] = set()
     rows = []
     for cfg, row in found:
         if (cfg.split, cfg.batch) not in seen:
             seen.add((cfg.split, cfg.batch))
-            rows.append(row)
+            rows.append((cfg, row))
     return rows[:TABLE_ROWS]
 
 
@@ -148,6 +149,11 @@ def run_tune(
     found = [(c, r) for c, r in found if r["counts"]]
     found.sort(key=_rank_key)
     _climb(checker, found)
+    table, sizing, slo_error = _table(found), None, None
+    if (needs.slos or needs.rate is not None) and table:  # --slo ranks by capacity (NPUs for --rate): #1 handed over
+        table, sizing, slo_error = size_candidates(checker, table)
+        first = table[0]
+        found = [first, *(x for x in found if x is not first)]
     doc: dict[str, Any] = {
         "needs": {
             "model": checker.base.model_id,
@@ -158,6 +164,8 @@ def run_tune(
             "max_buckets": needs.max_buckets,
             "device_memory": needs.device_memory,
             "concurrency": needs.concurrency,
+            "slo": [t.text() for t in needs.slos] or None,
+            "rate_rps": needs.rate,
         },
         "base_preset": BASE_PRESET,
         "workload": checker.work.to_dict(),
@@ -170,9 +178,11 @@ def run_tune(
             **checker.cost_notes(),
         },
         "frontier": frontier,
-        "candidates": _table(found),
+        "candidates": [row for _, row in table],
         "searched": 0,
     }
+    if sizing is not None:
+        doc["capacity"] = sizing
     error = None
     if found:
         best_cfg, best = found[0]
@@ -184,6 +194,7 @@ def run_tune(
     else:
         doc["nearest"] = nearest(checker)
         error = _unmet(checker, doc["nearest"])
+    error = error or slo_error
     doc["cost_model"].update(_timing_sources(checker, doc))
     doc["searched"] = checker.calls
     doc["search_s"] = round(time.perf_counter() - start, 3)
@@ -201,6 +212,7 @@ def _timing_sources(checker: Checker, doc: dict[str, Any]) -> dict[str, Any]:
             row["timing"] = row_timing(row, roof)
     on_estimates = sum(1 for r in doc["candidates"] if (r.get("timing") or {}).get("rests_on_estimates", True))
     extrapolated = sum(1 for r in doc["candidates"] if (r.get("timing") or {}).get("extrapolated"))
+    scales = roof.scales()  # once: _ranked_by prints the same factors
     label = (
         LABEL
         if not roof.used_measured
@@ -212,16 +224,16 @@ def _timing_sources(checker: Checker, doc: dict[str, Any]) -> dict[str, Any]:
         "sources": dict(sorted(roof.sources.items())),
         "rows_on_estimates": on_estimates,
         "rows_extrapolated": extrapolated,
-        "scaled_by": roof.scales(),
-        "ranked_by": _ranked_by(roof),
+        "scaled_by": scales,
+        "ranked_by": _ranked_by(roof, scales),
     }
 
 
-def _ranked_by(roof: MeasuredRoofline) -> str:
+def _ranked_by(roof: MeasuredRoofline, scales: dict[str, float]) -> str:
     """The footing every row is ranked on, in one line (the table prints it under itself)."""
     if not roof.used_measured:
         return "the roofline bound in every row (no measured timings for this model and NPU)"
-    scaled = ", ".join(f"{kind} x{factor:.2f}" for kind, factor in roof.scales().items())
+    scaled = ", ".join(f"{kind} x{factor:.2f}" for kind, factor in scales.items())
     bare = sorted({KINDS[p[0]] for key, s in roof.sources.items() if s == ROOFLINE and (p := kind_of(key))})
     text = "one footing: measured figures where timings.json has them"
     if scaled and any(s.startswith(SCALED) for s in roof.sources.values()):
@@ -241,7 +253,20 @@ def _description(checker: Checker, best: dict[str, Any]) -> str:
         f"needs context {needs.context}, batch >= {needs.min_batch}, {needs.devices} NPU(s), objective "
         f"{needs.objective}; estimate ({origin}): {est['output_tokens_per_s']:.0f} output tokens/s, TTFT "
         f"{est['ttft_s'] * 1000:.1f} ms, TPOT {est['tpot_s'] * 1000:.2f} ms{_moe_span(est)}"
+        f"{_capacity_text(checker, best)}"
     )
+
+
+def _capacity_text(checker: Checker, best: dict[str, Any]) -> str:
+    """#1's simulated capacity under the targets (and its fleet for --rate), for the preset's description."""
+    cap = best.get("capacity")
+    if not cap or not cap.get("capacity_rps"):
+        return ""
+    targets = ",".join(t.text() for t in checker.needs.slos)
+    text = f"; simulated capacity {cap['capacity_rps']:.2f} req/s per replica under {targets}"
+    if cap.get("replicas"):
+        text += f"; {cap['replicas']} replica(s), {cap['npus']} NPU(s), for {checker.needs.rate:g} req/s"
+    return text
 
 
 def _moe_span(est: dict[str, Any]) -> str:
@@ -270,13 +295,21 @@ def _hand_over(checker: Checker, cfg: Config, best: dict[str, Any], output: Path
         header[0] = f"{HEADER} The figures in the description are {label} (qvl profile, docs/profiling.md)."
         header[1] = "Check it: qvl compile --preset THIS_FILE --dry-run"
     ref = str(output) if output is not None else "tuned.yaml"
+    cmds = commands(ref, data, plan)
+    replicas = (best.get("capacity") or {}).get("replicas")
+    if replicas:  # --rate: the fleet that carries it, as qvl deploy writes it
+        cmds["replicas"] = replicas
+        out_dir = data["output_dir"]  # CLAIM and IMAGE are the user's: where the pods find it, the serving image
+        cmds["deploy"] = (
+            f"qvl deploy {out_dir} --replicas {replicas} --artifact pvc:CLAIM --image IMAGE --out {out_dir}-deploy"
+        )
     return {
         "preset": data,
         "preset_yaml": preset_yaml(data, header),
         "preset_verdict": verdict,
         "preset_path": str(output) if output is not None else None,
         "preset_replaced": False,  # the command sets it once -o has replaced a preset tune wrote before
-        "commands": commands(ref, data, plan),
+        "commands": cmds,
     }
 
 

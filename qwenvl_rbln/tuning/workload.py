@@ -40,6 +40,8 @@ class Work:
     output_tokens: int = 256
     longest: tuple[str, int, int] | None = None  # the request with the most media tokens: (line, tokens, images)
     vit_note: str | None = None  # why the buckets differ from bucket-plan --optimize K's, when they do
+    # (patches per segment, segments per request, LM media tokens) -> requests: the joint mix the simulator draws
+    mix: dict[tuple[int, int, int], int] = field(default_factory=dict)
 
     @property
     def mean_input_tokens(self) -> float:
@@ -94,11 +96,14 @@ def read_work(
     buckets, note = above_min_pixels(list(section["buckets"]), base_plan, k)
     groups: dict[tuple[int, int], int] = {}
     tokens: dict[int, int] = {}
+    mix: dict[tuple[int, int, int], int] = {}
     longest = max(good, key=lambda it: it["lm_fit"]["tokens"] if it.get("lm_fit") else 0)
     for it in good:
         key = (it["patches"], it["vit_calls"])
         groups[key] = groups.get(key, 0) + it["count"]
         tokens[it["lm_tokens"]] = tokens.get(it["lm_tokens"], 0) + it["count"]
+        joint = (*key, it["lm_tokens"])
+        mix[joint] = mix.get(joint, 0) + it["count"]
     return Work(
         path=wl.path,
         requests=wl.requests,
@@ -118,6 +123,7 @@ def read_work(
         if longest["lm_fit"]
         else None,
         vit_note=note,
+        mix=mix,
     )
 
 

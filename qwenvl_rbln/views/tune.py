@@ -157,6 +157,8 @@ def print_human(console: Any, data: dict[str, Any]) -> None:
         rows = [_config_row(i + 1, r) + _load_cells(r, data) for i, r in enumerate(data["candidates"])]
         cols = _config_cols(data["needs"]) + _load_cols(data)
         print_left_out(console, print_table(console, cols, rows, title="best configurations (every one fits)"))
+        if data.get("capacity"):
+            _capacity(console, data)
         _timing_sources(console, data)
         console.print(markup("decoder graphs: {}", data.get("decoder_graphs_from") or ""))
         capped = [f["largest_batch"] for f in data["frontier"] if f["batch_cap_reached"]]
@@ -178,6 +180,96 @@ def print_human(console: Any, data: dict[str, Any]) -> None:
             console, print_table(console, cols, rows, title="nothing meets the needs; the nearest configurations")
         )
     _searched(console, data)
+
+
+def _at_rate(console: Any, data: dict[str, Any]) -> None:
+    """--rate without targets: what each row shows on one replica at that rate (simulated)."""
+    sec = data["capacity"]
+    cols = [Col("#"), Col("batch")]
+    cols += [Col(f"{m} p{q} ms") for m in ("ttft", "tpot", "latency") for q in (50, 90, 99)]
+    cols += [Col("req/s done"), Col("tok/s"), Col("preempted")]
+    rows = []
+    for i, row in enumerate(data["candidates"], 1):
+        at = (row.get("capacity") or {}).get("at_rate") or {}
+        cells = [str(i), str(row["batch_size"])]
+        cells += [_ms((at.get(m) or {}).get(f"p{q}")) for m in ("ttft", "tpot", "latency") for q in (50, 90, 99)]
+        cells += [
+            f"{at.get('requests_per_s', 0):.2f}",
+            f"{at.get('output_tokens_per_s', 0):.0f}",
+            str(at.get("preemptions", 0)),
+        ]
+        rows.append(cells)
+    title = f"at {sec['rate_rps']:g} req/s on one replica (vllm-rbln's scheduler simulated; {sec['time_model']})"
+    print_left_out(console, print_table(console, cols, rows, title=title))
+    console.print(
+        markup(
+            "[dim]{}; percentiles: {}; {} requests, seed {}; arrivals: {}[/dim]",
+            sec["scheduler"],
+            sec["percentiles"],
+            sec["requests_per_run"],
+            sec["seed"],
+            sec["arrivals"],
+        ),
+        highlight=False,
+    )
+
+
+def _capacity(console: Any, data: dict[str, Any]) -> None:
+    """Each row's simulated capacity under the latency targets, the figures there, and the fleet for --rate."""
+    sec = data["capacity"]
+    targets = sec["targets"]
+    if not targets:
+        _at_rate(console, data)
+        return
+    fleet = sec.get("rate_rps") is not None
+    cols = [Col("#"), Col("batch"), Col("NPUs/replica"), Col("req/s per replica"), Col("req/s per NPU")]
+    cols += [Col(f"{t.split('=')[0]} ms") for t in targets]
+    cols += [Col("replicas"), Col("NPUs")] if fleet else []
+    cols.append(Col("bound by", justify="left", fold=True))
+    rows = []
+    for i, row in enumerate(data["candidates"], 1):
+        cap = row.get("capacity") or {}
+        at = cap.get("at_capacity") or cap.get("at_lightest") or {}
+        figs = []
+        for t in targets:
+            metric, pct = t.split("=")[0].rsplit("_", 1)
+            figs.append(_ms((at.get(metric) or {}).get(pct)))
+        cells = [
+            str(i),
+            str(row["batch_size"]),
+            str(row["npus"]),
+            f"{cap.get('capacity_rps', 0):.2f}",
+            f"{cap.get('capacity_per_npu_rps', 0):.2f}",
+            *figs,
+        ]
+        if fleet:
+            cells += [str(cap.get("replicas") or "-"), str(cap.get("npus") or "-")]
+        cells.append(cap.get("unreachable_text") or cap.get("binding") or "-")
+        rows.append(cells)
+    title = f"capacity under {','.join(targets)} (vllm-rbln's scheduler simulated; device times: {sec['time_model']})"
+    print_left_out(console, print_table(console, cols, rows, title=title))
+    console.print(
+        markup(
+            "[dim]{}; percentiles: {}; {} requests per run, seed {}; search top {}[/dim]",
+            sec["scheduler"],
+            sec["percentiles"],
+            sec["requests_per_run"],
+            sec["seed"],
+            sec["search_top"],
+        ),
+        highlight=False,
+    )
+    best = sec.get("best")
+    if best and fleet:
+        console.print(
+            markup(
+                "[bold]fleet[/bold] {} req/s: {} of #1, {} NPU(s) ({} req/s per replica)",
+                f"{sec['rate_rps']:g}",
+                f"{best['replicas']} replica(s)",
+                best["npus"],
+                f"{best['capacity_rps']:.2f}",
+            )
+        )
 
 
 def _timing_sources(console: Any, data: dict[str, Any]) -> None:
@@ -264,6 +356,8 @@ def _hand_over(console: Any, data: dict[str, Any]) -> None:
     console.print(markup("  {}", cmds["dry_run"]))
     console.print(markup("  {}", cmds["compile"]))
     console.print(markup("  {}", cmds["serve"]))
+    if cmds.get("deploy"):  # --rate: the replicas that carry it (serve runs one)
+        console.print(markup("  {}  [dim]({} replicas)[/dim]", cmds["deploy"], cmds["replicas"]))
     env = " ".join(f"{k}={v}" for k, v in cmds["env"].items())
     # one line, never wrapped: it is the exact command `qvl serve` runs (serving.command.vllm_launch)
     console.print(markup("  [dim]which runs: {} {}[/dim]", env, shlex.join(cmds["vllm"])), soft_wrap=True)
