@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.artifacts.layout import vit_buckets_and_patch
+from qwenvl_rbln.artifacts.processor_files import Reader, on_disk
 from qwenvl_rbln.errors import InputError
 
 EXAMPLE_IMAGE = (4000, 3000)  # a 12 MP photo
@@ -95,7 +96,7 @@ def _known_video_class(name: str) -> str | None:
     return name if video_processor_class_from_name(name) is not None else None
 
 
-def video_processor_class(root: Path) -> dict[str, Any]:
+def video_processor_class(root: Path, *, read: Reader | None = None) -> dict[str, Any]:
     """The video processor class ``AutoVideoProcessor.from_pretrained(root)`` loads, as transformers 5.15.1 resolves
     it (``models/auto/video_processing_auto.py``): the config is ``processor_config.json``'s ``video_processor``
     section, else ``video_preprocessor_config.json``, else ``preprocessor_config.json``; the class is its
@@ -103,16 +104,17 @@ def video_processor_class(root: Path) -> dict[str, Any]:
     class exists (a checkpoint without a video processor config: ``Qwen2VLVideoProcessor``), else the model type's
     (``Qwen3VLVideoProcessor``). Returns ``{"cls", "file", "section", "key", "value", "supported"}`` (``file``,
     ``key``, ``value`` None for the model type's default); ``supported``: qvl's per-frame cap patches that class
-    (``vision.frame_cap.FAMILIES``, the one list)."""
-    from qwenvl_rbln.artifacts.layout import read_json_quiet
+    (``vision.frame_cap.FAMILIES``, the one list). ``read``: the files as already read (``CheckedArtifact.read``)."""
     from qwenvl_rbln.vision.frame_cap import FAMILIES
+
+    read = read or on_disk(root)
 
     def found(cls: str, file: str | None = None, section: str | None = None, key: str | None = None, value: Any = None):
         head = {"cls": cls, "file": file, "section": section, "key": key, "value": value}
         return {**head, "supported": cls in FAMILIES}
 
     for name, section in VIDEO_CLASS_SOURCES:
-        data = read_json_quiet(root / name)
+        data = read(name)
         part = data.get(section) if data is not None and section else data
         if not isinstance(part, dict):
             continue
@@ -125,19 +127,21 @@ def video_processor_class(root: Path) -> dict[str, Any]:
             if inferred in FAMILIES or _known_video_class(inferred) is not None:
                 return found(inferred, name, section, "image_processor_type", image)
         break
-    named = (read_json_quiet(root / "config.json") or {}).get("video_processor_type")
+    named = (read("config.json") or {}).get("video_processor_type")
     if isinstance(named, str):
         return found(named, "config.json", None, "video_processor_type", named)
     return found(DEFAULT_VIDEO_CLASS)
 
 
-def video_class_problem(root: Path, resolved: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def video_class_problem(
+    root: Path, resolved: dict[str, Any] | None = None, *, read: Reader | None = None
+) -> dict[str, Any] | None:
     """A video processor class qvl's per-frame cap does not patch, with the one-line message and its fix (None:
     supported). ``qvl infer`` refuses it before a model loads; ``qvl serve`` refuses it; load-check warns.
     ``resolved``: ``video_processor_class(root)`` when the caller has it already."""
     from qwenvl_rbln.vision.frame_cap import FAMILIES
 
-    resolved = resolved or video_processor_class(root)
+    resolved = resolved or video_processor_class(root, read=read)
     if resolved["supported"]:
         return None
     cls, file, section, key = resolved["cls"], resolved["file"], resolved["section"], resolved["key"]
