@@ -7,10 +7,10 @@ This prints, for each command, the calls made from outside ``artifacts/`` into `
 artifact directory (an audit hook: Python's own "open" event, so reads through ``Path.read_text`` and hashing
 count too).
 
-Each case runs ``qvl`` in a fresh process (``python benchmarks/artifact_walk.py --one ...``). Without DIR arguments
-two artifacts are made in a temporary directory: a fake optimum-rbln 0.12 artifact with a manifest
-(``tests/fakes_rbln.py``, for ``qvl serve DIR --dry-run``) and, with ``--emulated DIR``, an artifact that
-``qvl compile --preset cpu-tiny-rbln --emulate -o DIR`` wrote (for ``--emulate``).
+Each case runs ``qvl`` in a fresh process (``python benchmarks/artifact_walk.py --one ...``): ``serve --dry-run``,
+``load-check --no-runtime`` and ``bench-serve --dry-run`` on a fake optimum-rbln 0.12 artifact with a manifest, made
+in a temporary directory (``tests/fakes_rbln.py``), and with ``--emulated DIR`` also ``serve --emulate --dry-run``
+on an artifact that ``qvl compile --preset cpu-tiny-rbln --emulate -o DIR`` wrote.
 
 Usage: python benchmarks/artifact_walk.py [--emulated DIR] [--json]
 """
@@ -40,6 +40,7 @@ def _measure(root: Path, argv: list[str]) -> dict:
     opens: Counter[str] = Counter()
     rooms: Counter[str] = Counter()
     layout_rooms: Counter[str] = Counter()
+    asks: Counter[str] = Counter()  # a CheckedArtifact's methods: answers from what was read once, not rooms
 
     def audit(event: str, args: tuple) -> None:
         if event != "open" or not isinstance(args[0], str | bytes | os.PathLike):
@@ -60,7 +61,8 @@ def _measure(root: Path, argv: list[str]) -> dict:
         caller = frame.f_back.f_code.co_filename if frame.f_back is not None else ""
         name = f"{Path(code.co_filename).stem}.{code.co_name}"
         if not caller.startswith(artifacts):
-            rooms[name] += 1
+            method = code.co_qualname.startswith("CheckedArtifact.")
+            (asks if method else rooms)[name if not method else f"checked.{code.co_qualname}"] += 1
         if code.co_filename == layout and not caller.startswith(artifacts):
             layout_rooms[name] += 1
 
@@ -80,6 +82,7 @@ def _measure(root: Path, argv: list[str]) -> dict:
         "exit": code,
         "layout_entries": sum(layout_rooms.values()),
         "artifacts_entries": sum(rooms.values()),
+        "checked_asks": sum(asks.values()),
         "files_opened": sum(opens.values()),
         "opens": dict(sorted(opens.items())),
         "layout_rooms": dict(sorted(layout_rooms.items())),
@@ -140,7 +143,8 @@ def main() -> None:
     for name, r in results.items():
         print(f"qvl {name}  (exit {r['exit']})")
         print(f"  entries into artifacts/layout.py: {r['layout_entries']}  {r['layout_rooms']}")
-        print(f"  entries into artifacts/ from outside: {r['artifacts_entries']}")
+        print(f"  entries into artifacts/ from outside: {r['artifacts_entries']}  {r['rooms']}")
+        print(f"  asks of the CheckedArtifact (no file read): {r.get('checked_asks', 0)}")
         print(f"  files opened under DIR: {r['files_opened']}  {r['opens']}")
 
 

@@ -26,6 +26,11 @@ from qwenvl_rbln.artifacts.layout import (
     refuse_old_format,
 )
 from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME, manifest_object, unsafe_relpath, verify_manifest
+from qwenvl_rbln.artifacts.processor_files import SECTIONS
+
+# the small JSON files every check reads (model config, processor, tokenizer config: the chat template key), read
+# with the config so a hash check that comes before a processor check never opens them a second time
+HELD = tuple(dict.fromkeys(["config.json", *(name for name, _, _ in SECTIONS), "tokenizer_config.json"]))
 
 
 def _read_bytes(path: Path) -> bytes | OSError:
@@ -118,4 +123,6 @@ def _open(root: Path, kind: str, *, old_format_ok: bool) -> CheckedArtifact:
         refuse_old_format(root / name, art.cfg)
     if (root / MANIFEST_NAME).is_file():
         art.manifest = manifest_object(root / MANIFEST_NAME, art._bytes(MANIFEST_NAME))
+    for name in HELD:  # bytes only: a missing or broken file is refused (or skipped) where a check asks for it
+        art._bytes(name)
     return art

@@ -162,19 +162,21 @@ def video_class_problem(
     }
 
 
-def processor_warnings(root: Path, cfg: dict[str, Any], manifest: dict[str, Any] | None) -> list[dict[str, Any]]:
+def processor_warnings(
+    root: Path, cfg: dict[str, Any], manifest: dict[str, Any] | None, *, read: Reader | None = None
+) -> list[dict[str, Any]]:
     """``processor_files.findings`` with ``inputs`` (what would fail) and ``warning`` (the one line to show), and
     a video processor class qvl cannot cap (``video_class_problem``)."""
     from qwenvl_rbln.artifacts.processor_files import findings
 
-    found = vit_buckets_and_patch(root, cfg)
+    found = vit_buckets_and_patch(root, cfg, read=read)
     if found is None:
         return []
     out = []
-    problem = video_class_problem(root)
+    problem = video_class_problem(root, read=read)
     if problem is not None:
         out.append({**problem, "inputs": None, "warning": f"{problem['message']}; fix: {problem['fix']}"})
-    for item in findings(root, found[0], found[1], (manifest or {}).get("processor")):
+    for item in findings(root, found[0], found[1], (manifest or {}).get("processor"), read=read):
         inputs = {"image": _image_inputs, "video": _video_inputs}.get(item["what"], lambda _: None)(item)
         head, _, fix = item["message"].partition("; fix: ")
         warning = f"{head}; {inputs}" if inputs else head
@@ -182,10 +184,12 @@ def processor_warnings(root: Path, cfg: dict[str, Any], manifest: dict[str, Any]
     return out
 
 
-def processor_part(root: Path, kind: str, cfg: dict[str, Any], manifest: dict[str, Any] | None) -> dict[str, Any]:
+def processor_part(
+    root: Path, kind: str, cfg: dict[str, Any], manifest: dict[str, Any] | None, *, read: Reader | None = None
+) -> dict[str, Any]:
     """The processor files against the compiled buckets: warnings (file, key, the inputs that would fail), since
     the graphs load and run every input that fits; ``--strict`` turns them into exit 2."""
-    found = processor_warnings(root, cfg, manifest) if kind == "rbln" else []
+    found = processor_warnings(root, cfg, manifest, read=read) if kind == "rbln" else []
     return {
         "ok": not found,
         "warnings": [f["warning"] for f in found],

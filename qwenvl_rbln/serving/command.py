@@ -451,8 +451,8 @@ def remap_memory_gate(art: Artifact, opts: ServeOptions, plan: Any) -> None:
         return
     from qwenvl_rbln.artifacts.layout import check_layout
     from qwenvl_rbln.errors import DoesNotFit
-    from qwenvl_rbln.jobs.load_check import memory_for_placement
     from qwenvl_rbln.jobs.load_check_fixes import devices_text
+    from qwenvl_rbln.jobs.load_check_memory import memory_for_placement
     from qwenvl_rbln.memory.placement import check_placement
     from qwenvl_rbln.memory.verdicts import gate_message, gate_stops, verdict_of
 
@@ -463,7 +463,7 @@ def remap_memory_gate(art: Artifact, opts: ServeOptions, plan: Any) -> None:
         return  # the placement planned at compile, spelled out: the compile's gate already judged it
     read = art.checked.read if art.checked is not None else None
     layout = check_layout(art.root, "rbln", art.cfg, None, read=read)
-    memory = memory_for_placement(art.root, "rbln", art.cfg, layout, target, where["requested"], None)
+    memory = memory_for_placement(art.root, "rbln", art.cfg, layout, target, where["requested"], None, art=art.checked)
     verdict = verdict_of(memory) if memory.get("source") != "unavailable" else None
     given = (("--device", opts.device), ("--visual-device", opts.visual_device))
     shown = " ".join(f"{flag} {devices_text(value)}" for flag, value in given if value is not None)
