@@ -84,8 +84,9 @@ def _assert_once(counts: Counter[str]) -> None:
         ["serve", "{root}", "--dry-run"],
         ["bench-serve", "{root}", "--dry-run", "--json"],
         ["load-check", "{root}", "--no-runtime", "--json"],
+        ["deploy", "{root}", "--artifact", "pvc:models", "--image", "reg.example/vllm-rbln:1", "--dry-run", "--json"],
     ],
-    ids=["serve-json", "serve", "bench-serve", "load-check"],
+    ids=["serve-json", "serve", "bench-serve", "load-check", "deploy"],
 )
 def test_each_file_is_read_once(argv, tmp_path, monkeypatch, capsys):
     root = _artifact(tmp_path / "art")
@@ -125,3 +126,18 @@ def test_a_file_edited_after_compile_is_caught_from_the_bytes_read(tmp_path, cap
     (root / RBLN_CONFIG_NAME).write_text(json.dumps(cfg, indent=4))  # same values, other bytes
     code, _, err = run_main(["serve", str(root), "--dry-run"], capsys)
     assert code == 2 and f"{RBLN_CONFIG_NAME} changed or missing since compile" in err, err
+
+
+def test_deploy_dry_run_builds_no_wheel_and_says_when_it_is_built(tmp_path, monkeypatch, capsys):
+    from qwenvl_rbln.deploy import build as deploy_build
+    from qwenvl_rbln.deploy.wheel import wheel_name
+
+    root = _artifact(tmp_path / "art")
+    monkeypatch.setattr(deploy_build, "build_wheel", lambda: pytest.fail("a dry run built the wheel"))
+    argv = ["deploy", str(root), "--artifact", "pvc:models", "--image", "reg.example/vllm-rbln:1", "--dry-run"]
+    code, out, err = run_main([*argv, "--json"], capsys)
+    assert code == 0, err
+    row = next(r for r in json.loads(out)["files"] if r["path"] == wheel_name())
+    assert row["bytes"] is None and row["text"] is None
+    code, out, err = run_main(argv, capsys)
+    assert code == 0 and f"# ---- {wheel_name()} (binary, built when the folder is written: not shown) ----" in out
