@@ -51,7 +51,9 @@ class CheckedArtifact:
     manifest: dict[str, Any] | None
     _raw: dict[str, bytes | OSError] = field(default_factory=dict, repr=False)
 
-    def _bytes(self, name: str) -> bytes | OSError:
+    def raw(self, name: str) -> bytes | OSError:
+        """The bytes of ``name`` (or the error reading it raised), read on the first ask only: for a caller that
+        parses a file with refusals of its own (``qvl profile``'s)."""
         if name not in self._raw:
             self._raw[name] = _read_bytes(self.root / name)
         return self._raw[name]
@@ -60,7 +62,7 @@ class CheckedArtifact:
         """The JSON object in ``name`` (relative to the root), None when it is absent or not one; read once."""
         if unsafe_relpath(name):
             return None
-        raw = self._bytes(name)
+        raw = self.raw(name)
         if isinstance(raw, OSError):
             return None
         try:
@@ -71,7 +73,7 @@ class CheckedArtifact:
 
     def read_strict(self, name: str) -> dict[str, Any]:
         """``layout.read_json`` of ``name``: the object, or its one-line refusal; read once."""
-        return json_object(self.root / name, self._bytes(name))
+        return json_object(self.root / name, self.raw(name))
 
     @property
     def known(self) -> dict[str, tuple[int, str]]:
@@ -97,6 +99,13 @@ class CheckedArtifact:
         load-check adds its problems to it)."""
         return copy.deepcopy(self._target)
 
+    def load_manifest(self) -> dict[str, Any] | None:
+        """qvl-manifest.json (``read_manifest``'s None when absent, and its refusals), into ``manifest``; read once."""
+        path = self.root / MANIFEST_NAME
+        if path.is_file():
+            self.manifest = manifest_object(path, self.raw(MANIFEST_NAME))
+        return self.manifest
+
     def verify(self) -> dict[str, Any]:
         """``verify_manifest`` against the manifest, hashing only the files not read already (there must be one)."""
         assert self.manifest is not None
@@ -121,8 +130,7 @@ def _open(root: Path, kind: str, *, old_format_ok: bool) -> CheckedArtifact:
     art.cfg = art.read_strict(name)
     if not old_format_ok:
         refuse_old_format(root / name, art.cfg)
-    if (root / MANIFEST_NAME).is_file():
-        art.manifest = manifest_object(root / MANIFEST_NAME, art._bytes(MANIFEST_NAME))
+    art.load_manifest()
     for name in HELD:  # bytes only: a missing or broken file is refused (or skipped) where a check asks for it
-        art._bytes(name)
+        art.raw(name)
     return art
