@@ -8,9 +8,9 @@ artifact directory (an audit hook: Python's own "open" event, so reads through `
 count too).
 
 Each case runs ``qvl`` in a fresh process (``python benchmarks/artifact_walk.py --one ...``): ``serve --dry-run``,
-``load-check --no-runtime`` and ``bench-serve --dry-run`` on a fake optimum-rbln 0.12 artifact with a manifest, made
-in a temporary directory (``tests/fakes_rbln.py``), and with ``--emulated DIR`` also ``serve --emulate --dry-run``
-on an artifact that ``qvl compile --preset cpu-tiny-rbln --emulate -o DIR`` wrote.
+``load-check --no-runtime``, ``bench-serve --dry-run`` and ``deploy --dry-run`` on a fake optimum-rbln 0.12 artifact
+with a manifest, made in a temporary directory (``tests/fakes_rbln.py``), and with ``--emulated DIR`` also
+``serve --emulate --dry-run`` on an artifact that ``qvl compile --preset cpu-tiny-rbln --emulate -o DIR`` wrote.
 
 Usage: python benchmarks/artifact_walk.py [--emulated DIR] [--json]
 """
@@ -133,6 +133,8 @@ def main() -> None:
         cases = [(fake, ["serve", str(fake), "--dry-run", "--json"])]
         cases.append((fake, ["load-check", str(fake), "--no-runtime", "--json"]))
         cases.append((fake, ["bench-serve", str(fake), "--dry-run", "--json"]))
+        deploy = ["--artifact", "pvc:models", "--image", "reg.example/vllm-rbln:1", "--dry-run", "--json"]
+        cases.append((fake, ["deploy", str(fake), *deploy]))
         if args.emulated is not None:
             emu = args.emulated.resolve()
             cases.insert(0, (emu, ["serve", str(emu), "--emulate", "--dry-run", "--json"]))
