@@ -82,11 +82,12 @@ def _assert_once(counts: Counter[str]) -> None:
     [
         ["serve", "{root}", "--dry-run", "--json"],
         ["serve", "{root}", "--dry-run"],
+        ["serve", "{root}", "--device", "1", "--dry-run", "--json"],  # a remap: load-check's memory gate too
         ["bench-serve", "{root}", "--dry-run", "--json"],
         ["load-check", "{root}", "--no-runtime", "--json"],
         ["deploy", "{root}", "--artifact", "pvc:models", "--image", "reg.example/vllm-rbln:1", "--dry-run", "--json"],
     ],
-    ids=["serve-json", "serve", "bench-serve", "load-check", "deploy"],
+    ids=["serve-json", "serve", "serve-remap", "bench-serve", "load-check", "deploy"],
 )
 def test_each_file_is_read_once(argv, tmp_path, monkeypatch, capsys):
     root = _artifact(tmp_path / "art")
