@@ -102,7 +102,8 @@ def written(tmp_path_factory):
     plan = build_plan("rebel100-1npu")
     art = write_artifact(base / "art", plan)
     write_manifest(art, {"format": 1, "npu": plan.npu, "placement": plan.placement, "model": {"id": "m"}})
-    result = build(DeployOptions(directory=art, artifact="pvc:m", image="reg.example/vllm-rbln:1", dry_run=True))
+    opts = DeployOptions(directory=art, artifact="pvc:m", image="reg.example/vllm-rbln:1", out=base / "k8s")
+    result = build(opts)  # not a dry run: that builds no wheel
     return write_folder(base / "k8s", result["files"], force=False)
 
 

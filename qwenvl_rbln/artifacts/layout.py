@@ -25,6 +25,7 @@ from qwenvl_rbln.artifacts.manifest import (
     unsafe_relpath,
     verify_manifest,
 )
+from qwenvl_rbln.artifacts.processor_files import Reader
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.paths import user_path
 from qwenvl_rbln.planning.lm.resolved import ResolvedLM
@@ -58,7 +59,24 @@ def artifact_kind(artifact_dir: Path) -> str | None:
 
 def read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        raw: bytes | OSError = Path(path).read_bytes()
+    except OSError as exc:
+        raw = exc
+    return json_object(path, raw)
+
+
+def json_text(raw: bytes) -> str:
+    """``raw`` as ``Path.read_text(encoding="utf-8")`` gives it: UTF-8, universal newlines."""
+    return raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+
+
+def json_object(path: Path, raw: bytes | OSError) -> dict[str, Any]:
+    """``read_json``'s object and refusals from bytes already read (or the error reading them raised), so a file
+    read once for its hash is parsed from the same bytes."""
+    try:
+        if isinstance(raw, OSError):
+            raise raw
+        data = json.loads(json_text(raw))
     except FileNotFoundError:
         raise InputError(f"{path} does not exist", "point at a directory written by `qvl compile`") from None
     except (OSError, ValueError) as exc:
@@ -68,8 +86,8 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def read_artifact_config(artifact_dir: Path) -> tuple[str, dict[str, Any]]:
-    """(kind, config): rbln_config.json of an optimum-rbln artifact, or qvl-rbln-config.json of a torch one."""
+def locate_artifact(artifact_dir: Path) -> tuple[Path, str]:
+    """(directory, kind) of a compiled artifact, or the one-line refusal of a path that is not one."""
     artifact_dir = user_path(artifact_dir)
     if not artifact_dir.is_dir():
         what = "is a file, not a directory" if artifact_dir.exists() else "does not exist"
@@ -83,13 +101,28 @@ def read_artifact_config(artifact_dir: Path) -> tuple[str, dict[str, Any]]:
             f"{artifact_dir} is not a compiled artifact (no {RBLN_CONFIG_NAME} or {TORCH_CONFIG_NAME})",
             "pass the directory `qvl compile` wrote (-o), or compile into it first",
         )
-    name = RBLN_CONFIG_NAME if kind == "rbln" else TORCH_CONFIG_NAME
-    cfg = read_json(artifact_dir / name)
+    return artifact_dir, kind
+
+
+def config_name(kind: str) -> str:
+    """The config file of an artifact of ``kind``: rbln_config.json, or the torch backend's copy of it."""
+    return RBLN_CONFIG_NAME if kind == "rbln" else TORCH_CONFIG_NAME
+
+
+def refuse_old_format(path: Path, cfg: dict[str, Any]) -> None:
     if "_meta" in cfg:
         raise InputError(
-            f"{artifact_dir / name} is an old-format rbln_config.json (has _meta)",
+            f"{path} is an old-format rbln_config.json (has _meta)",
             "recompile with optimum-rbln 0.12.0 (`qvl compile --force`)",
         )
+
+
+def read_artifact_config(artifact_dir: Path) -> tuple[str, dict[str, Any]]:
+    """(kind, config): rbln_config.json of an optimum-rbln artifact, or qvl-rbln-config.json of a torch one."""
+    artifact_dir, kind = locate_artifact(artifact_dir)
+    path = artifact_dir / config_name(kind)
+    cfg = read_json(path)
+    refuse_old_format(path, cfg)
     return kind, cfg
 
 
@@ -222,27 +255,33 @@ def _torch_weight_files(root: Path) -> tuple[list[str], list[str]]:
     return ["model.safetensors (or sharded weights with an index)"], []
 
 
-def vit_buckets_and_patch(root: Path, cfg: dict[str, Any]) -> tuple[list[int], int] | None:
+def vit_buckets_and_patch(
+    root: Path, cfg: dict[str, Any], *, read: Reader | None = None
+) -> tuple[list[int], int] | None:
     """The compiled ViT buckets (rbln_config.json) and the patch size (config.json, 16 when absent); None when the
-    config has no valid bucket list (the config check reports it)."""
+    config has no valid bucket list (the config check reports it). ``read``: the artifact's files as already read
+    (``CheckedArtifact.read``), else from disk."""
     visual = cfg.get("visual") if isinstance(cfg.get("visual"), dict) else {}
     buckets = visual.get("max_seq_len")
     buckets = [buckets] if isinstance(buckets, int) else buckets
     if not (isinstance(buckets, list) and buckets and all(type(b) is int and b > 0 for b in buckets)):
         return None
-    vision = (read_json_quiet(root / "config.json") or {}).get("vision_config") or {}
+    model = read("config.json") if read is not None else read_json_quiet(root / "config.json")
+    vision = (model or {}).get("vision_config") or {}
     patch = vision.get("patch_size", 16) if isinstance(vision, dict) else 16
     return buckets, patch if type(patch) is int and patch > 0 else 16
 
 
-def processor_problems(root: Path, cfg: dict[str, Any], manifest: dict[str, Any] | None) -> list[str]:
+def processor_problems(
+    root: Path, cfg: dict[str, Any], manifest: dict[str, Any] | None, *, read: Reader | None = None
+) -> list[str]:
     """The processor files against the compiled ViT buckets and the recorded caps (``processor_files.check``)."""
     from qwenvl_rbln.artifacts.processor_files import check
 
-    found = vit_buckets_and_patch(root, cfg)
+    found = vit_buckets_and_patch(root, cfg, read=read)
     if found is None:
         return []  # the config check reports a broken bucket list
-    return check(root, found[0], found[1], (manifest or {}).get("processor"))
+    return check(root, found[0], found[1], (manifest or {}).get("processor"), read=read)
 
 
 def read_json_quiet(path: Path) -> dict[str, Any] | None:
@@ -254,10 +293,19 @@ def read_json_quiet(path: Path) -> dict[str, Any] | None:
 
 
 def check_layout(
-    artifact_dir: Path, kind: str, cfg: dict[str, Any], manifest: dict[str, Any] | None, *, processor: bool = True
+    artifact_dir: Path,
+    kind: str,
+    cfg: dict[str, Any],
+    manifest: dict[str, Any] | None,
+    *,
+    processor: bool = True,
+    read: Reader | None = None,
+    known: dict[str, tuple[int, str]] | None = None,
 ) -> dict:
     """Files the loader needs, checked against the artifact's own config; manifest hashes when present.
-    ``processor=False``: the processor caps are left to the caller (load-check reports them as warnings)."""
+    ``processor=False``: the processor caps are left to the caller (load-check reports them as warnings). ``read``
+    and ``known``: the files a ``CheckedArtifact`` read already (parsed, and their size and sha256), not read
+    again."""
     root = Path(artifact_dir)
     missing: list[str] = []
     unexpected: list[str] = []
@@ -308,7 +356,7 @@ def check_layout(
             need(rel)
         need_group(PROCESSOR_FILES)
         need_group(TOKENIZER_FILES)
-        problems += processor_problems(root, cfg, manifest) if processor else []
+        problems += processor_problems(root, cfg, manifest, read=read) if processor else []
         wanted = {info["file"] for info in graphs.values()}
         for sub in ("", "visual/"):
             base = root / sub if sub else root
@@ -340,7 +388,7 @@ def check_layout(
         if kind == "rbln":
             notes.append("no qvl-manifest.json (not compiled by qvl): edits after compile cannot be detected")
     else:
-        verdict = verify_manifest(root, manifest)
+        verdict = verify_manifest(root, manifest, known=known)
         modified = verdict["modified"]
         manifest_check = {"present": True, **verdict}
         for rel in verdict["unsafe"][:4]:

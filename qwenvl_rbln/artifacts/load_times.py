@@ -18,13 +18,16 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwenvl_rbln.artifacts import flock
 from qwenvl_rbln.artifacts.manifest import RBLN_CONFIG_NAME, graph_hash, read_manifest, write_json_atomic
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.planning.catalogue.modelinfo import qvl_home
 from qwenvl_rbln.units import fmt_json
+
+if TYPE_CHECKING:
+    from qwenvl_rbln.artifacts.checked import CheckedArtifact
 
 FORMAT = "qvl-load-times"
 VERSION = 1
@@ -67,18 +70,27 @@ def _compiled_npu(artifact: Path, manifest: dict[str, Any] | None) -> str | None
     return compile_target(cfg, manifest)["npu"] if cfg is not None else None
 
 
-def record_load(artifact: Path, seconds: float, path: Path | None = None, *, key: str | None = None) -> Path:
+def record_load(
+    artifact: Path,
+    seconds: float,
+    path: Path | None = None,
+    *,
+    key: str | None = None,
+    art: CheckedArtifact | None = None,
+) -> Path:
     """Keep this artifact's measured load (runtimes created on a real NPU) for later deploys. ``key``: its graph hash
-    when the caller computed it already."""
+    when the caller computed it already; ``art``: the artifact as the caller read it (manifest and target NPU are not
+    read again)."""
     path = path or load_times_path()
-    manifest = read_manifest(artifact)
+    manifest = art.manifest if art is not None else read_manifest(artifact)
     key = key or graph_hash(artifact, manifest)
+    npu = art.target["npu"] if art is not None else _compiled_npu(artifact, manifest)
     path.parent.mkdir(parents=True, exist_ok=True)
     with flock.held(path.with_name(f".{path.name}.lock"), blocking=True):
         data = _read(path)
         data["entries"][key] = {
             "seconds": round(float(seconds), 3),
-            "npu": _compiled_npu(artifact, manifest),
+            "npu": npu,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "artifact": str(artifact.resolve()),
         }
@@ -86,14 +98,14 @@ def record_load(artifact: Path, seconds: float, path: Path | None = None, *, key
     return path
 
 
-def measured_load(artifact: Path, path: Path | None = None) -> dict[str, Any] | None:
+def measured_load(artifact: Path, path: Path | None = None, *, key: str | None = None) -> dict[str, Any] | None:
     """The newest recorded load of this artifact's graphs, or None when load-check never measured one here. An entry
     whose seconds are not a load time (NaN, 0, negative, absurd: a damaged file) is refused in one line, never used
-    and never silently read as "not measured"."""
+    and never silently read as "not measured". ``key``: the graph hash when the caller computed it already."""
     path = path or load_times_path()
     if not path.is_file():
         return None
-    entry = _read(path)["entries"].get(graph_hash(artifact, read_manifest(artifact)))
+    entry = _read(path)["entries"].get(key or graph_hash(artifact, read_manifest(artifact)))
     if entry is None:
         return None
     raw = entry.get("seconds") if isinstance(entry, dict) else entry

@@ -304,7 +304,18 @@ def read_manifest(artifact_dir: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw: bytes | OSError = path.read_bytes()
+    except OSError as exc:
+        raw = exc
+    return manifest_object(path, raw)
+
+
+def manifest_object(path: Path, raw: bytes | OSError) -> dict[str, Any]:
+    """``read_manifest``'s table and refusals from bytes already read (or the error reading them raised)."""
+    try:
+        if isinstance(raw, OSError):
+            raise raw
+        data = json.loads(raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n"))
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: unreadable manifest ({exc})", "recompile with `qvl compile --force`") from None
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
@@ -312,9 +323,14 @@ def read_manifest(artifact_dir: Path) -> dict[str, Any] | None:
     return data
 
 
-def verify_manifest(artifact_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Compare the files on disk with the manifest: modified (size or sha256), missing, extra."""
+def verify_manifest(
+    artifact_dir: Path, manifest: dict[str, Any], *, known: dict[str, tuple[int, str]] | None = None
+) -> dict[str, Any]:
+    """Compare the files on disk with the manifest: modified (size or sha256), missing, extra. ``known``: relative
+    path -> (size, sha256) of files the caller read already (``CheckedArtifact``), compared without reading them
+    again: the bytes it checked are the bytes it parsed."""
     artifact_dir = Path(artifact_dir)
+    known = known or {}
     listed: dict[str, Any] = manifest.get("files") or {}
     if not isinstance(listed, dict):
         listed = {}
@@ -327,7 +343,8 @@ def verify_manifest(artifact_dir: Path, manifest: dict[str, Any]) -> dict[str, A
     for rel in sorted(set(listed) & present):
         want = listed[rel] if isinstance(listed[rel], dict) else {}
         path = artifact_dir / rel
-        if path.stat().st_size != want.get("size") or sha256_file(path) != want.get("sha256"):
+        size, digest = known[rel] if rel in known else (path.stat().st_size, None)
+        if size != want.get("size") or (digest or sha256_file(path)) != want.get("sha256"):
             modified.append(rel)
     return {
         "ok": not (missing or extra or modified or unsafe),

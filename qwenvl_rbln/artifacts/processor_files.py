@@ -18,6 +18,7 @@ the caps the manifest recorded)? Each problem names the file and the key. Plain 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,15 @@ def wanted(caps: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
+Reader = Callable[[str], dict[str, Any] | None]
+"""An artifact file by name as a JSON object, None when it is absent or not one: ``CheckedArtifact.read`` (each file
+read once per command), else ``on_disk``."""
+
+
+def on_disk(root: Path) -> Reader:
+    return lambda name: _read(Path(root) / name)
+
+
 def _read(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -55,13 +65,16 @@ def _read(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def sections(root: Path) -> list[tuple[str, str | None, str, dict[str, Any], dict[str, Any]]]:
+def sections(
+    root: Path, *, read: Reader | None = None
+) -> list[tuple[str, str | None, str, dict[str, Any], dict[str, Any]]]:
     """(file, section, kind, the file's data, the section's dict) for every processor section present."""
+    read = read or on_disk(root)
     out = []
     files: dict[str, dict[str, Any] | None] = {}  # one parsed copy per file: its sections are edited together
     for name, section, kind in SECTIONS:
         if name not in files:
-            files[name] = _read(root / name)
+            files[name] = read(name)
         data = files[name]
         if data is None:
             continue
@@ -149,7 +162,9 @@ def caps_for_buckets(root: Path, largest: int, patch_size: int, recorded: dict[s
     return caps
 
 
-def findings(root: Path, buckets: list[int], patch_size: int, recorded: dict[str, Any] | None) -> list[dict[str, Any]]:
+def findings(
+    root: Path, buckets: list[int], patch_size: int, recorded: dict[str, Any] | None, *, read: Reader | None = None
+) -> list[dict[str, Any]]:
     """``check``'s problems as data: file, section, key, value, what (``image`` | ``video`` | ``recorded``), the
     largest bucket and its pixel cap, and the one-line message (``check`` returns the messages)."""
     largest = max(buckets)
@@ -161,7 +176,7 @@ def findings(root: Path, buckets: list[int], patch_size: int, recorded: dict[str
         head = {"file": name, "section": section, "what": what, "key": key, "value": value}
         found.append({**head, "largest_bucket": largest, "cap_pixels": cap, **more, "message": message})
 
-    for name, section, kind, _, part in sections(root):
+    for name, section, kind, _, part in sections(root, read=read):
         path = f"{section}." if section else ""  # a key's path inside the file: video_processor.size.longest_edge
         size = part.get("size") if isinstance(part.get("size"), dict) else {}
         longest = _number(part.get("max_pixels")) or _number(size.get("longest_edge"))
@@ -215,7 +230,9 @@ def findings(root: Path, buckets: list[int], patch_size: int, recorded: dict[str
     return found
 
 
-def check(root: Path, buckets: list[int], patch_size: int, recorded: dict[str, Any] | None) -> list[str]:
+def check(
+    root: Path, buckets: list[int], patch_size: int, recorded: dict[str, Any] | None, *, read: Reader | None = None
+) -> list[str]:
     """Problems of ``root``'s processor files against the largest compiled bucket and the recorded caps, each naming
     the file and the key (empty: consistent)."""
-    return [f["message"] for f in findings(root, buckets, patch_size, recorded)]
+    return [f["message"] for f in findings(root, buckets, patch_size, recorded, read=read)]

@@ -204,7 +204,7 @@ def register(app: typer.Typer) -> None:
         from qwenvl_rbln.backends.emulator import refuse_real_rebel, requested
         from qwenvl_rbln.memory.placement import parse_device
         from qwenvl_rbln.serving.command import serve_command
-        from qwenvl_rbln.serving.engine import check_runnable, resolve
+        from qwenvl_rbln.serving.engine import check_runnable
         from qwenvl_rbln.serving.options import ServeOptions
 
         directory, extra = _split(directory, vllm_args)
@@ -231,7 +231,7 @@ def register(app: typer.Typer) -> None:
         if opts.emulate:
             _emulated(launch, serve=True)
         if not dry_run and vllm_rbln is not None:
-            check_runnable(resolve(vllm_rbln))
+            check_runnable(launch.engine)  # the engine serve_command resolved, not a second resolve
         _run(launch, warnings, dry_run=dry_run, as_json=as_json)
 
     @app.command("bench-serve")

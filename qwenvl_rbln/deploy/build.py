@@ -44,7 +44,8 @@ def spec_for(opts: DeployOptions) -> manifests.Spec:
     served = pod.argv[pod.argv.index("--served-model-name") + 1]
     name = opts.name or default_name(served)
     size = tree_bytes(pod.art.root)
-    measured, measured_from = sizing.measured_load_s(opts.load_check, pod.art.root)
+    graphs = graph_hash(pod.art.root, pod.art.manifest)  # once: the load time and the timings are keyed by it
+    measured, measured_from = sizing.measured_load_s(opts.load_check, pod.art.root, graphs)
     volume, mount, init = source.artifact_volume(src, size)
     selector = {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "model-server"}
     labels = {**selector, "app.kubernetes.io/managed-by": "qvl", "app.kubernetes.io/version": __version__}
@@ -63,14 +64,9 @@ def spec_for(opts: DeployOptions) -> manifests.Spec:
         init=init,
         budget=sizing.load_budget(measured, size, measured_from),
         resources=sizing.host_resources(pod.art.cfg, size),
-        npu=_npu(pod.art),
+        npu=pod.art.target.get("npu"),
+        graph_hash=graphs,
     )
-
-
-def _npu(art: Any) -> str | None:
-    from qwenvl_rbln.artifacts.layout import compile_target
-
-    return compile_target(art.cfg, art.manifest).get("npu")
 
 
 def _max_model_len(argv: list[str]) -> int:
@@ -154,7 +150,7 @@ def build(opts: DeployOptions) -> dict[str, Any]:
     extra: dict[str, dict[str, Any]] = {}
     if opts.target == "llm-d":
         art = spec.pod.art
-        prefill = sizing.prefill_throughput(art.model_config, art.cfg, spec.npu, graph_hash(art.root, art.manifest))
+        prefill = sizing.prefill_throughput(art.model_config, art.cfg, spec.npu, spec.graph_hash)
         select = {k: v for k, v in spec.labels.items() if k.startswith("llm-d.ai/")}
         cited = "Follows llm-d/llm-d " + ", ".join(llmd.GUIDE_FILES) + "."
         extra["llm-d/router.values.yaml"] = llmd.router_values(select, _max_model_len(spec.pod.argv), prefill)
@@ -165,10 +161,14 @@ def build(opts: DeployOptions) -> dict[str, Any]:
             "Not in kustomization.yaml: the router chart creates this pool from router.values.yaml. Apply it only "
             "with a gateway set up without that chart. " + cited,
         )
+    pending: list[str] = []  # files written, not built, on --dry-run (the wheel: a zip of the whole package)
     if opts.plugin:
         files["Containerfile"] = containerfile(spec)
-        files[wheel_name()] = build_wheel()
-    return {"spec": spec, "objects": objects, "extra": extra, "files": dict(sorted(files.items()))}
+        if opts.dry_run:
+            pending.append(wheel_name())
+        else:
+            files[wheel_name()] = build_wheel()
+    return {"spec": spec, "objects": objects, "extra": extra, "files": dict(sorted(files.items())), "pending": pending}
 
 
 def report(result: dict[str, Any], out: str | None, *, dry_run: bool) -> dict[str, Any]:
@@ -179,6 +179,8 @@ def report(result: dict[str, Any], out: str | None, *, dry_run: bool) -> dict[st
         for row in files:
             content = result["files"][row["path"]]
             row["text"] = content if isinstance(content, str) else None  # the wheel: binary, listed by size
+        pending = [{"path": p, "bytes": None, "text": None} for p in result.get("pending", [])]  # built when written
+        files = sorted(files + pending, key=lambda row: row["path"])
     notes = []
     if spec.opts.plugin:
         notes.append(f"build and push {spec.image} from {out or 'OUT'}/Containerfile before applying: "

@@ -55,8 +55,11 @@ def _same_dir(named: Any, artifact: Path) -> bool:
         return False
 
 
-def _check_identity(path: Path, report: dict[str, Any], runtime: dict[str, Any], artifact: Path) -> None:
-    """The report measured ``artifact``'s graphs, else an InputError saying whose it is."""
+def _check_identity(
+    path: Path, report: dict[str, Any], runtime: dict[str, Any], artifact: Path, ours: str | None = None
+) -> None:
+    """The report measured ``artifact``'s graphs (``ours``: their hash, when the caller has it), else an InputError
+    saying whose it is."""
     from qwenvl_rbln.artifacts.manifest import graph_hash, read_manifest
 
     theirs = runtime.get("graph_hash")
@@ -70,7 +73,7 @@ def _check_identity(path: Path, report: dict[str, Any], runtime: dict[str, Any],
             f"the report is of {where} and carries no graph hash (an older qvl wrote it), so it cannot be matched "
             f"with {artifact}",
         )
-    ours = graph_hash(artifact, read_manifest(artifact))
+    ours = ours or graph_hash(artifact, read_manifest(artifact))
     if theirs != ours:
         raise _refuse(
             path,
@@ -79,8 +82,9 @@ def _check_identity(path: Path, report: dict[str, Any], runtime: dict[str, Any],
         )
 
 
-def read_load_check(path: Path, artifact: Path) -> float:
-    """The measured load (seconds) of ``artifact`` from a ``qvl load-check --json`` report; InputError otherwise."""
+def read_load_check(path: Path, artifact: Path, *, graph_hash: str | None = None) -> float:
+    """The measured load (seconds) of ``artifact`` from a ``qvl load-check --json`` report; InputError otherwise.
+    ``graph_hash``: the artifact's, when the caller computed it."""
     from qwenvl_rbln.paths import user_path
 
     path = user_path(path, "--load-check")
@@ -108,5 +112,5 @@ def read_load_check(path: Path, artifact: Path) -> float:
             f"runtime.seconds={fmt_json(runtime.get('seconds'))} is not a load time (a number of seconds above 0 "
             f"and at most {MAX_LOAD_S})",
         )
-    _check_identity(path, report, runtime, artifact)
+    _check_identity(path, report, runtime, artifact, graph_hash)
     return seconds

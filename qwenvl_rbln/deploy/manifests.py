@@ -46,6 +46,7 @@ class Spec:
     budget: dict[str, Any]
     resources: dict[str, Any]
     npu: str | None  # the NPU the graphs were compiled for
+    graph_hash: str | None = None  # manifest.graph_hash of the artifact, computed once (load time, timings)
 
     @property
     def npu_family(self) -> str | None:

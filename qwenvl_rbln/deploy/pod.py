@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qwenvl_rbln.deploy.options import PORT
-from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.serving.decode_sort import SORT_ENV
 from qwenvl_rbln.serving.options import (
     API_KEY_ENV,
@@ -79,16 +78,9 @@ DEPLOY_OWNED = {
 
 def check_deploy_flags(extra: list[str]) -> None:
     """Refuse pass-through flags that qvl deploy sets for the pod, with deploy's fix; nothing is written."""
-    from qwenvl_rbln.serving.flags import parse_flags
+    from qwenvl_rbln.serving.flags import refuse_owned
 
-    for flag, value, _, _ in parse_flags(extra):
-        base = flag.split(".", 1)[0]
-        if base in DEPLOY_OWNED:
-            value = "<hidden>" if base == "--api-key" and value is not None else value
-            shown = flag if value is None else f"{flag} {value}"
-            raise InputError(
-                f"pass-through flag `{shown}` is set by qvl deploy; nothing was written", DEPLOY_OWNED[base]
-            )
+    refuse_owned(extra, DEPLOY_OWNED, by="qvl deploy", fix="{}", outcome="nothing was written")
 
 
 def pod_launch(opts: ServeOptions, model_path: str, *, plugin: bool) -> PodLaunch:

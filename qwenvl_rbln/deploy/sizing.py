@@ -28,16 +28,17 @@ def _round_up(seconds: float, step: int = 60) -> int:
     return int(math.ceil(seconds / step) * step)
 
 
-def measured_load_s(load_check: Path | None, artifact: Path) -> tuple[float | None, str]:
+def measured_load_s(load_check: Path | None, artifact: Path, graph_hash: str | None = None) -> tuple[float | None, str]:
     """(seconds, where it came from): the --load-check report when given, else the load ``qvl load-check``
-    recorded for this artifact's graphs on this machine ($QVL_HOME/load-times.json), else (None, "")."""
+    recorded for this artifact's graphs on this machine ($QVL_HOME/load-times.json), else (None, "").
+    ``graph_hash``: the artifact's, when the caller computed it (``manifest.graph_hash``)."""
     if load_check is not None:
         from qwenvl_rbln.deploy.load_report import read_load_check
 
-        return read_load_check(load_check, artifact), f"the report {load_check}"
+        return read_load_check(load_check, artifact, graph_hash=graph_hash), f"the report {load_check}"
     from qwenvl_rbln.artifacts.load_times import measured_load
 
-    entry = measured_load(artifact)
+    entry = measured_load(artifact, key=graph_hash)
     if entry is None:
         return None, ""
     return float(entry["seconds"]), f"recorded {str(entry.get('date'))[:10]} in {entry['file']}"

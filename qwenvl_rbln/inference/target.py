@@ -26,11 +26,14 @@ import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.inference.agreement import conflict, disagreements
 from qwenvl_rbln.paths import user_path
+
+if TYPE_CHECKING:
+    from qwenvl_rbln.artifacts.processor_files import Reader
 
 DEFAULT_PRESET = "rebel100-1npu"
 TINY_PRESET = "cpu-tiny"  # default for a plain tiny-model directory (rebel100-1npu's 262144 tokens do not fit it)
@@ -300,16 +303,12 @@ def _artifact_plan(directory: Path, preset_ref: str, base: list[str], sets: list
 
 
 def _artifact_target(directory: Path, kind: str, preset: str | None, sets: list[str], fallback: str | None) -> Target:
-    from qwenvl_rbln.artifacts.layout import (
-        check_layout,
-        describe_layout_problem,
-        read_artifact_config,
-        resolved_from_rbln_config,
-    )
-    from qwenvl_rbln.artifacts.manifest import RBLN_CONFIG_NAME, TORCH_CONFIG_NAME, read_manifest
+    from qwenvl_rbln.artifacts.checked import read_artifact
+    from qwenvl_rbln.artifacts.layout import check_layout, describe_layout_problem, resolved_from_rbln_config
+    from qwenvl_rbln.artifacts.manifest import RBLN_CONFIG_NAME, TORCH_CONFIG_NAME
 
-    _, cfg = read_artifact_config(directory)
-    manifest = read_manifest(directory)
+    art = read_artifact(directory)  # config, manifest and the small JSON files, read once for every check below
+    cfg, manifest = art.cfg, art.manifest
     _qwen3_vl_config(directory)  # the artifact's config.json must be a Qwen3-VL config
     source = directory / (RBLN_CONFIG_NAME if kind == "rbln" else TORCH_CONFIG_NAME)
     resolved = resolved_from_rbln_config(cfg, source=str(source))
@@ -328,23 +327,25 @@ def _artifact_target(directory: Path, kind: str, preset: str | None, sets: list[
     warnings: list[str] = []
     # files present; hashes are load-check's job. Processor files saved outside qvl (the checkpoint's caps) do not
     # stop infer: it applies the plan's caps to the processor it loads (inputs.apply_caps), so it says so instead.
-    layout = check_layout(directory, kind, cfg, None, processor=False)
+    layout = check_layout(directory, kind, cfg, None, processor=False, read=art.read)
     if layout["missing"] or layout["problems"]:
         raise InputError(
             f"{directory}: {describe_layout_problem({**layout, 'unexpected': [], 'modified': []})}",
             "`qvl load-check DIR` lists every problem; recompile with `qvl compile --force`",
         )
-    warnings += _processor_file_warnings(directory, kind, cfg, plan)
+    warnings += _processor_file_warnings(directory, kind, cfg, plan, art.read)
     check_model_files(directory)
     tiny = _is_tiny(directory, manifest)
     return Target(directory, kind, kind, plan, resolved, manifest, cfg, tiny, warnings, artifact_sets=base)
 
 
-def _processor_file_warnings(directory: Path, kind: str, cfg: dict[str, Any], plan: Any) -> list[str]:
+def _processor_file_warnings(
+    directory: Path, kind: str, cfg: dict[str, Any], plan: Any, read: Reader | None = None
+) -> list[str]:
     """One warning when the artifact's processor files let inputs exceed its buckets: infer caps them anyway."""
     from qwenvl_rbln.artifacts.layout import processor_problems
 
-    if kind != "rbln" or not processor_problems(directory, cfg, None):
+    if kind != "rbln" or not processor_problems(directory, cfg, None, read=read):
         return []
     caps = plan.processor
     frame = getattr(caps, "video_max_frame_pixels", None)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.artifacts.layout import vit_buckets_and_patch
+from qwenvl_rbln.artifacts.processor_files import Reader, on_disk
 from qwenvl_rbln.errors import InputError
 
 EXAMPLE_IMAGE = (4000, 3000)  # a 12 MP photo
@@ -95,7 +96,7 @@ def _known_video_class(name: str) -> str | None:
     return name if video_processor_class_from_name(name) is not None else None
 
 
-def video_processor_class(root: Path) -> dict[str, Any]:
+def video_processor_class(root: Path, *, read: Reader | None = None) -> dict[str, Any]:
     """The video processor class ``AutoVideoProcessor.from_pretrained(root)`` loads, as transformers 5.15.1 resolves
     it (``models/auto/video_processing_auto.py``): the config is ``processor_config.json``'s ``video_processor``
     section, else ``video_preprocessor_config.json``, else ``preprocessor_config.json``; the class is its
@@ -103,16 +104,17 @@ def video_processor_class(root: Path) -> dict[str, Any]:
     class exists (a checkpoint without a video processor config: ``Qwen2VLVideoProcessor``), else the model type's
     (``Qwen3VLVideoProcessor``). Returns ``{"cls", "file", "section", "key", "value", "supported"}`` (``file``,
     ``key``, ``value`` None for the model type's default); ``supported``: qvl's per-frame cap patches that class
-    (``vision.frame_cap.FAMILIES``, the one list)."""
-    from qwenvl_rbln.artifacts.layout import read_json_quiet
+    (``vision.frame_cap.FAMILIES``, the one list). ``read``: the files as already read (``CheckedArtifact.read``)."""
     from qwenvl_rbln.vision.frame_cap import FAMILIES
+
+    read = read or on_disk(root)
 
     def found(cls: str, file: str | None = None, section: str | None = None, key: str | None = None, value: Any = None):
         head = {"cls": cls, "file": file, "section": section, "key": key, "value": value}
         return {**head, "supported": cls in FAMILIES}
 
     for name, section in VIDEO_CLASS_SOURCES:
-        data = read_json_quiet(root / name)
+        data = read(name)
         part = data.get(section) if data is not None and section else data
         if not isinstance(part, dict):
             continue
@@ -125,19 +127,21 @@ def video_processor_class(root: Path) -> dict[str, Any]:
             if inferred in FAMILIES or _known_video_class(inferred) is not None:
                 return found(inferred, name, section, "image_processor_type", image)
         break
-    named = (read_json_quiet(root / "config.json") or {}).get("video_processor_type")
+    named = (read("config.json") or {}).get("video_processor_type")
     if isinstance(named, str):
         return found(named, "config.json", None, "video_processor_type", named)
     return found(DEFAULT_VIDEO_CLASS)
 
 
-def video_class_problem(root: Path, resolved: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def video_class_problem(
+    root: Path, resolved: dict[str, Any] | None = None, *, read: Reader | None = None
+) -> dict[str, Any] | None:
     """A video processor class qvl's per-frame cap does not patch, with the one-line message and its fix (None:
     supported). ``qvl infer`` refuses it before a model loads; ``qvl serve`` refuses it; load-check warns.
     ``resolved``: ``video_processor_class(root)`` when the caller has it already."""
     from qwenvl_rbln.vision.frame_cap import FAMILIES
 
-    resolved = resolved or video_processor_class(root)
+    resolved = resolved or video_processor_class(root, read=read)
     if resolved["supported"]:
         return None
     cls, file, section, key = resolved["cls"], resolved["file"], resolved["section"], resolved["key"]
@@ -158,19 +162,21 @@ def video_class_problem(root: Path, resolved: dict[str, Any] | None = None) -> d
     }
 
 
-def processor_warnings(root: Path, cfg: dict[str, Any], manifest: dict[str, Any] | None) -> list[dict[str, Any]]:
+def processor_warnings(
+    root: Path, cfg: dict[str, Any], manifest: dict[str, Any] | None, *, read: Reader | None = None
+) -> list[dict[str, Any]]:
     """``processor_files.findings`` with ``inputs`` (what would fail) and ``warning`` (the one line to show), and
     a video processor class qvl cannot cap (``video_class_problem``)."""
     from qwenvl_rbln.artifacts.processor_files import findings
 
-    found = vit_buckets_and_patch(root, cfg)
+    found = vit_buckets_and_patch(root, cfg, read=read)
     if found is None:
         return []
     out = []
-    problem = video_class_problem(root)
+    problem = video_class_problem(root, read=read)
     if problem is not None:
         out.append({**problem, "inputs": None, "warning": f"{problem['message']}; fix: {problem['fix']}"})
-    for item in findings(root, found[0], found[1], (manifest or {}).get("processor")):
+    for item in findings(root, found[0], found[1], (manifest or {}).get("processor"), read=read):
         inputs = {"image": _image_inputs, "video": _video_inputs}.get(item["what"], lambda _: None)(item)
         head, _, fix = item["message"].partition("; fix: ")
         warning = f"{head}; {inputs}" if inputs else head
@@ -178,10 +184,12 @@ def processor_warnings(root: Path, cfg: dict[str, Any], manifest: dict[str, Any]
     return out
 
 
-def processor_part(root: Path, kind: str, cfg: dict[str, Any], manifest: dict[str, Any] | None) -> dict[str, Any]:
+def processor_part(
+    root: Path, kind: str, cfg: dict[str, Any], manifest: dict[str, Any] | None, *, read: Reader | None = None
+) -> dict[str, Any]:
     """The processor files against the compiled buckets: warnings (file, key, the inputs that would fail), since
     the graphs load and run every input that fits; ``--strict`` turns them into exit 2."""
-    found = processor_warnings(root, cfg, manifest) if kind == "rbln" else []
+    found = processor_warnings(root, cfg, manifest, read=read) if kind == "rbln" else []
     return {
         "ok": not found,
         "warnings": [f["warning"] for f in found],

@@ -48,9 +48,14 @@ class Shapes:
     num_blocks: int
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _read(path: Path, raw: bytes | OSError | None = None) -> dict[str, Any]:
+    """rbln_config.json, from ``raw`` when the caller read its bytes already (``CheckedArtifact.raw``)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        if raw is None:
+            raw = path.read_bytes()
+        if isinstance(raw, OSError):
+            raise raw
+        data = json.loads(raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n"))
     except FileNotFoundError:
         raise InputError(f"{path} is missing", "profile an artifact that `qvl compile` wrote (rbln backend)") from None
     except (OSError, ValueError) as exc:
@@ -65,10 +70,12 @@ def _dynamic(info: list[Any], static: set[str]) -> tuple[tuple[str, tuple[int, .
                  not str(n).startswith(STATIC_PREFIX))  # fmt: skip
 
 
-def discover(artifact: Path, device: int, visual_device: int) -> tuple[list[Graph], Shapes]:
+def discover(
+    artifact: Path, device: int, visual_device: int, *, raw: bytes | OSError | None = None
+) -> tuple[list[Graph], Shapes]:
     """Every graph of the artifact: the ViT buckets (on ``visual_device``), the prefill chunk and each decoder batch
-    (on ``device``)."""
-    cfg = _read(artifact / "rbln_config.json")
+    (on ``device``). ``raw``: rbln_config.json's bytes when the caller read them already."""
+    cfg = _read(artifact / "rbln_config.json", raw)
     static = {str(m.get("name")) for m in cfg.get("cache_metas") or [] if isinstance(m, dict)}
     max_seq_len = int(cfg["max_seq_len"])
     shapes = Shapes(

@@ -12,15 +12,18 @@ import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from qwenvl_rbln.artifacts.manifest import graph_hash
+from qwenvl_rbln.artifacts.manifest import RBLN_CONFIG_NAME, graph_hash
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.profiling.compare import compare, roofline_seconds
 from qwenvl_rbln.profiling.graphs import Graph, Shapes, contexts, discover, synthetic_inputs
 from qwenvl_rbln.profiling.timer import time_call
 from qwenvl_rbln.tuning.fit import fit_quadratic
 from qwenvl_rbln.tuning.measured import SPREAD, check_writable, entry_key, write_entry
+
+if TYPE_CHECKING:
+    from qwenvl_rbln.artifacts.checked import CheckedArtifact
 
 
 @dataclass(frozen=True)
@@ -82,26 +85,31 @@ def _versions(rebel: Any) -> dict[str, str]:
     return {"rebel": version, "optimum_rbln": installed["optimum-rbln"]}
 
 
-def _load(opts: ProfileOptions) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    from qwenvl_rbln.artifacts.manifest import read_manifest
+def _load(opts: ProfileOptions) -> tuple[CheckedArtifact, dict[str, Any]]:
+    """The artifact's files, read once (the manifest now, rbln_config.json when ``discover`` parses it), and the
+    placement it was compiled for."""
+    from qwenvl_rbln.artifacts.checked import CheckedArtifact
 
     art = opts.directory
     if opts.check is not None and not (math.isfinite(opts.check) and opts.check >= 0):
         raise InputError(f"--check {opts.check}: not a tolerance", "pass a finite TOL >= 0, e.g. --check 0.5 (+-50 %)")
     if not art.is_dir():
         raise InputError(f"artifact directory {art} does not exist", "pass the directory `qvl compile` wrote")
-    manifest = read_manifest(art)
+    files = CheckedArtifact(root=art, kind="rbln", cfg={}, manifest=None)  # cfg: discover's own refusals
+    manifest = files.load_manifest()
     if (manifest or {}).get("emulated") and not opts.emulate:
         raise InputError(f"{art} was compiled on the CPU emulator", f"profile it with `qvl profile {art} --emulate`")
-    return manifest, (manifest or {}).get("placement") or {"device": 0, "visual_device": 0}
+    return files, (manifest or {}).get("placement") or {"device": 0, "visual_device": 0}
 
 
-def _intact(art: Path, manifest: dict[str, Any] | None, graphs: list[Graph]) -> str:
+def _intact(files: CheckedArtifact, graphs: list[Graph]) -> str:
     """Refuse what would record wrong figures under a good key: a graph file that is not there, or any file changed
-    since compile (the manifest's sha256, the check load-check and serve run). Returns the manifest's verdict."""
-    from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME, verify_manifest
+    since compile (the manifest's sha256, the check load-check and serve run; the files read already are compared
+    from their bytes). Returns the manifest's verdict."""
+    from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME
     from qwenvl_rbln.jobs.load_check_fixes import recompile_command
 
+    art, manifest = files.root, files.manifest
     fix = f"restore it, or recompile with `{recompile_command(art, manifest)}`"
     for g in graphs:
         if not (art / g.file).is_file():
@@ -109,7 +117,7 @@ def _intact(art: Path, manifest: dict[str, Any] | None, graphs: list[Graph]) -> 
                              f"{fix}; `qvl load-check {art} --no-runtime` lists every problem")  # fmt: skip
     if manifest is None:
         return f"no {MANIFEST_NAME} (not compiled by qvl): edits after compile cannot be detected"
-    verdict = verify_manifest(art, manifest)
+    verdict = files.verify()
     bad = verdict["modified"] + verdict["missing"] + verdict["unsafe"]
     if bad:
         raise InputError(
@@ -126,15 +134,16 @@ def run_profile(opts: ProfileOptions) -> dict[str, Any]:
     from qwenvl_rbln.backends import emulator
     from qwenvl_rbln.tuning.measured import timings_path
 
-    manifest, placement = _load(opts)
-    art = opts.directory
-    graphs, shapes = discover(art, int(placement.get("device") or 0), int(placement.get("visual_device") or 0))
+    files, placement = _load(opts)
+    art, manifest = opts.directory, files.manifest
+    device, visual_device = int(placement.get("device") or 0), int(placement.get("visual_device") or 0)
+    graphs, shapes = discover(art, device, visual_device, raw=files.raw(RBLN_CONFIG_NAME))
     if opts.only:
         graphs = [g for g in graphs if g.kind in opts.only or g.key in opts.only]
         if not graphs:
             raise InputError(f"--only {', '.join(opts.only)} names no graph of {art}", "name vit, prefill, decoder or "
                              "a graph key that `qvl profile --json` lists")  # fmt: skip
-    integrity = _intact(art, manifest, graphs)
+    integrity = _intact(files, graphs)
     ghash = graph_hash(art, manifest)
     with emulator.active() if opts.emulate else contextlib.nullcontext():
         rebel = _import_rebel()

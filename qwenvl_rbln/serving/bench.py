@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.serving import emulated
 from qwenvl_rbln.serving.command import resolve_directory, served_name
-from qwenvl_rbln.serving.flags import parse_flags, refuse
+from qwenvl_rbln.serving.flags import refuse_owned
 from qwenvl_rbln.serving.options import (
     API_KEY_ENV,
     BENCH_KEY_ENV,
@@ -93,10 +93,7 @@ def bench_command(opts: BenchOptions, environ: Mapping[str, str] | None = None) 
     directory, warnings = resolve_directory(opts.directory, opts.preset, "bench-serve")
     art = preflight(directory, verify_hashes=False, emulated=opts.emulate)
     checks = list(art.checks)
-    for flag, value, _, _ in parse_flags(opts.extra):
-        base = flag.split(".", 1)[0]
-        if base in BENCH_OWNED:
-            raise refuse(flag, value, "is set by qvl bench-serve", f"use {BENCH_OWNED[base]}")
+    refuse_owned(opts.extra, BENCH_OWNED, by="qvl bench-serve", fix="use {}")
     sizes, notes = bench_images(art, opts.input_len, opts.output_len)
     if not sizes:
         raise InputError(

@@ -7,13 +7,15 @@ that its placement flag carries, and decides ViT packing and the decode batch so
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qwenvl_rbln.artifacts.layout import compile_target, placement_from_artifact
+from qwenvl_rbln.artifacts.layout import placement_from_artifact
 from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.paths import user_path
@@ -93,7 +95,7 @@ def placement(
         vis = recorded.get("visual_device", lm)
     else:
         vis = lm
-    target = compile_target(art.cfg, art.manifest)
+    target = art.target
     refusal = multi_device_refusal(target["npu"], target["num_devices"], target["visual_num_devices"], "qvl serve")
     if refusal is not None and not force:
         raise refusal
@@ -224,12 +226,41 @@ SERVE_OWNED = {
 }
 
 
+@dataclass
+class ServeCheck:
+    """What serve checks once before any replica: the artifact that passed the preflight (its files read once), the
+    preset's plan, the vllm-rbln the line is for, and the warnings so far. A fleet of N replicas builds each one's
+    launch from one ``ServeCheck`` (``replica_command``), never running the preflight N times."""
+
+    art: Artifact
+    plan: Any
+    engine: Engine
+    warnings: list[str]
+
+
 def serve_command(opts: ServeOptions, environ: Mapping[str, str]) -> tuple[Launch, list[str]]:
     """Preflight, then ``vllm serve DIR ...`` and its environment; InputError before anything starts."""
-    _, launch, warnings = checked_launch(opts, environ)
+    return replica_command(check_serve(opts), opts, environ)
+
+
+def replica_command(check: ServeCheck, opts: ServeOptions, environ: Mapping[str, str]) -> tuple[Launch, list[str]]:
+    """``serve_command`` for one replica of an artifact checked already: ``opts`` may differ from the checked one's
+    in port, devices and pass-through flags (each is checked here); the artifact is not read again."""
+    _, launch, warnings = replica_launch(check, opts, environ)
     key, key_source = api_key(opts.api_key_file, environ)
     _auth(launch, opts, key, key_source, warnings)
     return launch, warnings
+
+
+def check_serve(opts: ServeOptions, *, command: str = "serve") -> ServeCheck:
+    """The checks that hold for every replica, in the order a refusal should come: the vllm-rbln version, the
+    emulated host, the directory, the preflight (which reads the artifact, once), the preset."""
+    engine = resolve(opts.vllm_rbln, look_here=opts.engine_here)
+    if opts.emulate:
+        emulated.check_host(opts.host, opts.port)
+    directory, warnings = resolve_directory(opts.directory, opts.preset, command)
+    art = preflight(directory, emulated=opts.emulate)
+    return ServeCheck(art=art, plan=_preset_plan(opts.preset), engine=engine, warnings=warnings)
 
 
 def checked_launch(
@@ -244,12 +275,20 @@ def checked_launch(
     ``--emulate`` the artifact must be an emulated one and the host loopback (the command adds the emulator's
     environment: ``emulated.apply``). ``qvl deploy`` calls it too (``remap`` renumbers the placement as a
     pod sees its claimed NPUs), so a cluster runs exactly the command serve would for that vllm-rbln."""
-    engine = resolve(opts.vllm_rbln, look_here=opts.engine_here)
-    if opts.emulate:
-        emulated.check_host(opts.host, opts.port)
-    directory, warnings = resolve_directory(opts.directory, opts.preset, command)
-    art = preflight(directory, emulated=opts.emulate)
-    plan = _preset_plan(opts.preset)
+    return replica_launch(check_serve(opts, command=command), opts, environ, remap=remap)
+
+
+def replica_launch(
+    check: ServeCheck,
+    opts: ServeOptions,
+    environ: Mapping[str, str],
+    *,
+    remap: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> tuple[Artifact, Launch, list[str]]:
+    """``checked_launch`` after ``check_serve``: the pass-through checks, the placement and its memory gate, then
+    ``vllm_launch``. Each call gets its own copy of the checks and warnings, so replicas never share lines."""
+    art = dataclasses.replace(check.art, checks=list(check.art.checks))
+    plan, engine, warnings = check.plan, check.engine, list(check.warnings)
     replaced = check_pass_through(opts.extra, art, SERVE_OWNED)
     where = placement(art, opts.device, opts.visual_device, getattr(plan, "placement", None), opts.force)
     remap_memory_gate(art, opts, plan)
@@ -339,7 +378,7 @@ def vllm_launch(
             "optimum-rbln 0.12 refuses a decode batch not sorted by length), and vllm-rbln's optimum runner does not "
             f"sort: the {PLUGIN_NAME} plugin sorts each one in every vLLM process",
         )
-    return Launch(argv=argv, env=env, checks=checks, device_env=engine.device_env)
+    return Launch(argv=argv, env=env, checks=checks, device_env=engine.device_env, engine=engine)
 
 
 def _image_cap(art: Artifact, argv: list[str], replaced: set[str] | frozenset[str], checks: list) -> None:
@@ -410,20 +449,21 @@ def remap_memory_gate(art: Artifact, opts: ServeOptions, plan: Any) -> None:
     (``jobs.load_check``) and the compile gate: does_not_fit exits 4; uncertain exits 4 unless --uncertain-ok."""
     if opts.device is None and opts.visual_device is None:
         return
-    from qwenvl_rbln.artifacts.layout import check_layout, compile_target
+    from qwenvl_rbln.artifacts.layout import check_layout
     from qwenvl_rbln.errors import DoesNotFit
-    from qwenvl_rbln.jobs.load_check import memory_for_placement
     from qwenvl_rbln.jobs.load_check_fixes import devices_text
+    from qwenvl_rbln.jobs.load_check_memory import memory_for_placement
     from qwenvl_rbln.memory.placement import check_placement
     from qwenvl_rbln.memory.verdicts import gate_message, gate_stops, verdict_of
 
-    target = compile_target(art.cfg, art.manifest)
+    target = art.target
     fallback = {"preset": plan.preset, "placement": plan.placement} if plan is not None else None
     where = check_placement(opts.device, opts.visual_device, art.manifest, target, fallback, art.cfg)
     if where["matches"] and where["compiled"] is not None:
         return  # the placement planned at compile, spelled out: the compile's gate already judged it
-    layout = check_layout(art.root, "rbln", art.cfg, None)
-    memory = memory_for_placement(art.root, "rbln", art.cfg, layout, target, where["requested"], None)
+    read = art.checked.read if art.checked is not None else None
+    layout = check_layout(art.root, "rbln", art.cfg, None, read=read)
+    memory = memory_for_placement(art.root, "rbln", art.cfg, layout, target, where["requested"], None, art=art.checked)
     verdict = verdict_of(memory) if memory.get("source") != "unavailable" else None
     given = (("--device", opts.device), ("--visual-device", opts.visual_device))
     shown = " ".join(f"{flag} {devices_text(value)}" for flag, value in given if value is not None)

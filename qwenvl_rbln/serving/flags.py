@@ -61,9 +61,36 @@ def parse_count(value: str | None) -> int | None:
     return int(number) if number == int(number) else None
 
 
-def refuse(flag: str, value: str | None, why: str, fix: str) -> InputError:
+def refuse(flag: str, value: str | None, why: str, fix: str, *, outcome: str = "nothing was started") -> InputError:
     shown = flag if value is None else f"{flag} {value}"
-    return InputError(f"pass-through flag `{shown}` {why}; nothing was started", fix)
+    return InputError(f"pass-through flag `{shown}` {why}; {outcome}", fix)
+
+
+def owned_refusal(
+    flag: str,
+    value: str | None,
+    owned: Mapping[str, str],
+    *,
+    by: str = "qvl",
+    fix: str = "use {} instead",
+    outcome: str = "nothing was started",
+) -> InputError | None:
+    """The refusal of a pass-through flag that ``by`` sets itself (``owned``: base flag -> what to use instead,
+    put into ``fix``), or None. The one rule serve, bench-serve and deploy refuse their own flags by; an API key's
+    value is never shown."""
+    base = flag.split(".", 1)[0]
+    if base not in owned:
+        return None
+    value = "<hidden>" if base == "--api-key" and value is not None else value
+    return refuse(flag, value, f"is set by {by}", fix.format(owned[base]), outcome=outcome)
+
+
+def refuse_owned(extra: Sequence[str], owned: Mapping[str, str], **how: str) -> None:
+    """``owned_refusal`` over every pass-through flag, in order: the first one ``by`` sets is refused."""
+    for flag, value, _, _ in parse_flags(extra):
+        problem = owned_refusal(flag, value, owned, **how)
+        if problem is not None:
+            raise problem
 
 
 def _must_equal(flag: str, value: str | None, want: int, what: str) -> None:
@@ -114,8 +141,8 @@ def check_pass_through(extra: Sequence[str], art: Artifact, owned: Mapping[str, 
             _must_equal(flag, value, cfg["batch_size"], "the compiled batch_size")
         elif base == "--block-size":
             _must_equal(flag, value, block, "the compiled kvcache_block_size")
-        elif base in owned:
-            raise refuse(flag, value, "is set by qvl", f"use {owned[base]} instead")
+        elif (owned_flag := owned_refusal(flag, value, owned)) is not None:
+            raise owned_flag
         elif base == "--mm-processor-kwargs":
             _check_max_pixels(flag, value, art)
             replaced.add(base)

@@ -9,9 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwenvl_rbln.errors import InputError
+
+if TYPE_CHECKING:
+    from qwenvl_rbln.artifacts.checked import CheckedArtifact
+    from qwenvl_rbln.serving.engine import Engine
 
 PLUGIN_NAME = "qvl_vit_packing"  # the vllm.general_plugins entry point (pyproject.toml)
 PLUGIN_GROUP = "vllm.general_plugins"
@@ -38,6 +42,7 @@ class Launch:
     secret: frozenset[str] = frozenset()  # env keys whose values are never shown (--dry-run, --json)
     device_env: str = "RBLN_DEVICES"  # the variable that picks the NPUs (engine.Engine.device_env)
     emulated: bool = False  # --emulate: qvl runs it as a labelled child (supervise.py), never execs it
+    engine: Engine | None = None  # the vllm-rbln the line is for (engine.resolve), checked again before exec
 
     def to_dict(self) -> dict[str, Any]:
         """What --dry-run shows: the env with every secret value replaced by ``REDACTED``."""
@@ -66,6 +71,17 @@ class Artifact:
     # what the processor files let through (preflight): {"image": bool, "video": bool, "min_pixels", "why", "cap"};
     # a True kind is capped by serve (images per request, video frames through the plugin), the files untouched
     processor_fix: dict[str, Any] = field(default_factory=dict)
+    # the files as the preflight read them, once (None for ``plan_artifact``'s artifact, which has no files)
+    checked: CheckedArtifact | None = None
+
+    @property
+    def target(self) -> dict[str, Any]:
+        """The NPU and num_devices the graphs were compiled for (``layout.compile_target``)."""
+        if self.checked is not None:
+            return self.checked.target
+        from qwenvl_rbln.artifacts.layout import compile_target
+
+        return compile_target(self.cfg, self.manifest)
 
     @property
     def buckets(self) -> list[int]:

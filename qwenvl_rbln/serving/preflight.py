@@ -6,25 +6,15 @@ artifact is refused: a torch or emulated one, a foreign config, missing graphs o
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
+from qwenvl_rbln.artifacts.checked import CheckedArtifact, open_artifact
 from qwenvl_rbln.artifacts.emulated import emulated_graph_files, manifest_marks_emulated
-from qwenvl_rbln.artifacts.layout import (
-    QWEN3_VL_CONFIG_CLSES,
-    QWEN3_VL_MOE_CONFIG_CLS,
-    expected_graph_names,
-    read_json,
-)
-from qwenvl_rbln.artifacts.manifest import (
-    MANIFEST_NAME,
-    RBLN_CONFIG_NAME,
-    TORCH_CONFIG_NAME,
-    read_manifest,
-    verify_manifest,
-)
+from qwenvl_rbln.artifacts.layout import QWEN3_VL_CONFIG_CLSES, QWEN3_VL_MOE_CONFIG_CLS, expected_graph_names
+from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME, RBLN_CONFIG_NAME, TORCH_CONFIG_NAME
+from qwenvl_rbln.artifacts.processor_files import Reader
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.paths import user_path
 from qwenvl_rbln.serving.options import Artifact
@@ -59,15 +49,12 @@ def _missing_group(root: Path, alternatives: tuple[tuple[str, ...], ...]) -> boo
     return not any(all((root / name).is_file() for name in names) for names in alternatives)
 
 
-def _has_chat_template(root: Path) -> str | None:
+def _has_chat_template(root: Path, read: Reader) -> str | None:
     for name in CHAT_TEMPLATE_FILES:
         if (root / name).is_file():
             return name
     for name in CHAT_TEMPLATE_KEY_FILES:
-        try:
-            data = json.loads((root / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
+        data = read(name)
         if isinstance(data, dict) and data.get("chat_template"):
             return f"{name} (chat_template key)"
     return None
@@ -85,22 +72,29 @@ def preflight(directory: Path, *, verify_hashes: bool = True, emulated: bool = F
     not be."""
     root = user_path(directory, "artifact directory").absolute()
     checks: list[dict[str, Any]] = []
-    cfg, manifest = _load(root, checks, emulated)
+    art = _load(root, checks, emulated)
+    cfg, manifest = art.cfg, art.manifest
     _check_config(cfg, root / RBLN_CONFIG_NAME, checks)
     check_kv_pool(cfg, root / RBLN_CONFIG_NAME, checks)
     _check_graphs(root, cfg, checks, emulated)
-    _check_processor(root, checks, _source_model(manifest))
-    _check_video_class(root, checks)
-    caps_fix = _check_processor_caps(root, cfg, manifest, checks)
+    _check_processor(root, checks, _source_model(manifest), art.read)
+    _check_video_class(root, checks, art.read)
+    caps_fix = _check_processor_caps(art, checks)
     if manifest is None:
         ok(checks, "manifest hashes", "no qvl-manifest.json: edits after compile cannot be detected")
     elif verify_hashes:
-        _check_hashes(root, manifest, checks)
-    model_config = read_json(root / "config.json")
+        _check_hashes(art, checks)
+    model_config = art.model_config
     if cfg.get("cls_name") == QWEN3_VL_MOE_CONFIG_CLS:
         _note_moe(model_config, checks)
     return Artifact(
-        root=root, cfg=cfg, manifest=manifest, model_config=model_config, checks=checks, processor_fix=caps_fix
+        root=root,
+        cfg=cfg,
+        manifest=manifest,
+        model_config=model_config,
+        checks=checks,
+        processor_fix=caps_fix,
+        checked=art,
     )
 
 
@@ -116,9 +110,9 @@ def _note_moe(model_config: Any, checks: list[dict[str, Any]]) -> None:
     ok(checks, "model", line or "Qwen3-VL-MoE")
 
 
-def _load(root: Path, checks: list[dict[str, Any]], emulated: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def _load(root: Path, checks: list[dict[str, Any]], emulated: bool) -> CheckedArtifact:
     """rbln_config.json and qvl-manifest.json of an optimum-rbln artifact that qvl's emulator did not write (or, with
-    ``emulated``, did)."""
+    ``emulated``, did), read once (``artifacts.checked``)."""
     if not root.is_dir():
         what = "is a file, not a directory" if root.exists() else "does not exist"
         raise InputError(f"artifact directory {root} {what}", "compile first (`qvl compile --preset P -o DIR`)")
@@ -135,11 +129,11 @@ def _load(root: Path, checks: list[dict[str, Any]], emulated: bool) -> tuple[dic
             "Hugging Face model and compile it itself)",
             "pass the directory `qvl compile` wrote for an rbln preset",
         )
-    cfg = read_json(rbln_config)
+    art = open_artifact(root)
+    manifest = art.manifest
     ok(checks, "rbln_config", f"{rbln_config} loads")
-    manifest = read_manifest(root)
     if emulated:
-        return cfg, manifest  # _check_graphs: every graph must be the emulator's
+        return art  # _check_graphs: every graph must be the emulator's
     if manifest_marks_emulated(manifest):
         raise InputError(
             f"{root} was compiled by qvl's CPU emulator (qvl-manifest.json emulated: true): it holds no NPU graphs "
@@ -147,7 +141,7 @@ def _load(root: Path, checks: list[dict[str, Any]], emulated: bool) -> tuple[dic
             EMULATED_FIX,
         )
     ok(checks, "not emulated", "a real NPU compile" if manifest else "no qvl-manifest.json (not compiled by qvl)")
-    return cfg, manifest
+    return art
 
 
 def _check_config(cfg: dict[str, Any], path: Path, checks: list[dict[str, Any]]) -> None:
@@ -249,7 +243,7 @@ def _source_model(manifest: dict[str, Any] | None) -> str:
     return ident if isinstance(ident, str) and ident else "the model it was compiled from"
 
 
-def _check_processor(root: Path, checks: list[dict[str, Any]], source: str) -> None:
+def _check_processor(root: Path, checks: list[dict[str, Any]], source: str, read: Reader) -> None:
     """What vLLM loads from --model: processor config, tokenizer, chat template."""
     for what, groups in PROCESSOR_GROUPS:
         if _missing_group(root, groups):
@@ -258,7 +252,7 @@ def _check_processor(root: Path, checks: list[dict[str, Any]], source: str) -> N
                 f"{root}: no {what} file ({names}); vLLM loads the processor from the artifact directory",
                 f"copy it from the source model directory ({source}) into {root}",
             )
-    template = _has_chat_template(root)
+    template = _has_chat_template(root, read)
     if template is None:
         raise InputError(
             f"{root}: no chat template (chat_template.jinja, chat_template.json, or a chat_template key in "
@@ -268,12 +262,12 @@ def _check_processor(root: Path, checks: list[dict[str, Any]], source: str) -> N
     ok(checks, "processor files", f"processor config, tokenizer, chat template ({template})")
 
 
-def _check_video_class(root: Path, checks: list[dict[str, Any]]) -> None:
+def _check_video_class(root: Path, checks: list[dict[str, Any]], read: Reader) -> None:
     """The video processor class vLLM will load must be one qvl's per-frame cap patches (``frame_cap.FAMILIES``),
     else serve would claim a cap the plugin cannot apply: refused before vLLM starts, as ``qvl infer`` refuses it."""
     from qwenvl_rbln.jobs.processor_fix import video_class_problem, video_processor_class
 
-    resolved = video_processor_class(root)  # may import transformers to look a class up: once
+    resolved = video_processor_class(root, read=read)  # may import transformers to look a class up: once
     problem = video_class_problem(root, resolved)
     if problem is not None:
         raise InputError(f"{problem['message']}; nothing was started", problem["fix"])
@@ -282,9 +276,7 @@ def _check_video_class(root: Path, checks: list[dict[str, Any]]) -> None:
     ok(checks, "video processor", f"{resolved['cls']} ({where}): qvl's per-frame video cap patches it")
 
 
-def _check_processor_caps(
-    root: Path, cfg: dict[str, Any], manifest: dict[str, Any] | None, checks: list[dict[str, Any]]
-) -> dict[str, Any]:
+def _check_processor_caps(art: CheckedArtifact, checks: list[dict[str, Any]]) -> dict[str, Any]:
     """What the processor files vLLM loads let through, against the largest compiled bucket.
 
     Files that disagree with the buckets (the checkpoint's, as the product doc's scripts and plain optimum-rbln save
@@ -295,12 +287,13 @@ def _check_processor_caps(
     from qwenvl_rbln.artifacts.layout import vit_buckets_and_patch
     from qwenvl_rbln.artifacts.processor_files import FRAME_KEY, findings, sections
 
-    found = vit_buckets_and_patch(root, cfg)
+    root = art.root
+    found = vit_buckets_and_patch(root, art.cfg, read=art.read)
     assert found is not None  # _check_config refused a config without a valid bucket list
     buckets, patch = found
     recorded = [
         f["message"]
-        for f in findings(root, buckets, patch, (manifest or {}).get("processor"))
+        for f in findings(root, buckets, patch, (art.manifest or {}).get("processor"), read=art.read)
         if f["what"] == "recorded"
     ]
     if recorded:
@@ -312,7 +305,7 @@ def _check_processor_caps(
     fix: dict[str, Any] = {"min_pixels": None, "why": [], "cap": cap}
     seen = {"image": False, "video": False}
     bad = {"image": False, "video": False}
-    for name, section, kind, _, part in sections(root):
+    for name, section, kind, _, part in sections(root, read=art.read):
         if not part:
             continue
         where = f"{name} {section}" if section else name
@@ -343,8 +336,9 @@ def _count(value: Any) -> int | None:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else None
 
 
-def _check_hashes(root: Path, manifest: dict[str, Any], checks: list[dict[str, Any]]) -> None:
-    verdict = verify_manifest(root, manifest)
+def _check_hashes(art: CheckedArtifact, checks: list[dict[str, Any]]) -> None:
+    root, manifest = art.root, art.manifest or {}
+    verdict = art.verify()  # the files read above are compared from the bytes read, not read again
     bad = verdict["modified"] + verdict["missing"] + verdict["unsafe"]
     if bad:
         raise InputError(

@@ -12,6 +12,9 @@ def human(console: Any, d: dict[str, Any]) -> None:
 
     if d["dry_run"]:
         for row in d["files"]:
+            if row["text"] is None and row["bytes"] is None:
+                say(f"# ---- {row['path']} (binary, built when the folder is written: not shown) ----")
+                continue
             if row["text"] is None:
                 say(f"# ---- {row['path']} ({row['bytes']} bytes, binary: not shown) ----")
                 continue
