@@ -39,6 +39,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
 _OWN_BASETEMP = pytest.StashKey[str]()
 
+# The per-test limit (pyproject: timeout) counts a test's setup, so the first test to use a session fixture that
+# compiles an artifact or starts the engine pays for it; such tests get a larger bound, not a budget: the engine's
+# own start bound (engine_server.START_S, 420 s) plus a compile under load.
+LONG_FIXTURES_S = {"engine_artifact": 1800, "tiny_rbln": 1200, "tiny_model": 900}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test without its own timeout marker that uses a slow session fixture gets that fixture's limit."""
+    for item in items:
+        if item.get_closest_marker("timeout") is not None:
+            continue
+        limits = [s for name, s in LONG_FIXTURES_S.items() if name in getattr(item, "fixturenames", ())]
+        if limits:
+            item.add_marker(pytest.mark.timeout(max(limits)))
+
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Remove the private base folder again (pytest's own default keeps the last three runs instead)."""
