@@ -210,7 +210,7 @@ def test_loser_waits_for_the_owner_record_of_a_holder_that_just_took_the_lock(tm
             pass
         assert f"pid {os.getpid()}" in info.value.message, info.value.message
     finally:
-        late.join()
+        late.join(timeout=60)
         holder.release()
 
 
@@ -218,7 +218,9 @@ def test_a_dead_holders_stale_owner_record_is_not_named(tmp_path):
     target = tmp_path / "out"
     lp = lock_path(target)
     lp.parent.mkdir(parents=True, exist_ok=True)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, timeout=120
+    )
     stale = {"pid": int(dead.stdout), "host": socket.gethostname(), "started": "long ago"}
     lp.with_name(lp.name + ".owner").write_text(json.dumps(stale))
     with output_lock(target):  # the lock is free: the stale record does not make it busy

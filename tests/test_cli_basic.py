@@ -38,6 +38,7 @@ def test_import_package_is_light():
         capture_output=True,
         text=True,
         cwd=REPO,
+        timeout=300,
     )
     assert proc.stdout.strip() == "[]"
 

@@ -312,7 +312,7 @@ def test_concurrent_compiles_busy_then_sigterm_cleans_up(tmp_path, tiny_model, e
     finally:
         if first.poll() is None:
             first.kill()
-            first.wait()
+            first.wait(timeout=60)
     assert first.returncode == 130, err1
     assert "nothing half-written" in err1
     assert not out.exists() and temp_entries(tmp_path) == []

@@ -23,7 +23,7 @@ from qwenvl_rbln.artifacts.emulated import FORMAT
 from qwenvl_rbln.artifacts.manifest import write_manifest
 from qwenvl_rbln.planning.plan import build_plan
 from tests.fakes_rbln import run_main, write_artifact
-from tests.helpers_cli import REPO
+from tests.helpers_cli import REPO, readline_within
 
 SHIM = REPO / "qwenvl_rbln" / "backends" / "emulator" / "shim"
 
@@ -210,7 +210,7 @@ def test_ctrl_c_of_qvl_serve_emulate_ends_vllms_whole_group_and_labels_every_lin
     cmd = [sys.executable, "-m", "qwenvl_rbln", "serve", str(art), "--emulate", "--port", "8799"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        first = proc.stdout.readline()  # bounded by the stand-in: it prints at once
+        first = readline_within(proc.stdout)  # the stand-in prints at once
         assert first.startswith("qvl emulated | ready grandchild="), first
         grandchild = int(first.rsplit("=", 1)[1])
         vllm = [p for p in psutil.Process(proc.pid).children() if p.pid != grandchild]
