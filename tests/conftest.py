@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
+
+# Ctrl-C as a terminal gives it: a test run started in the background (`pytest &` in a script, some CI steps)
+# inherits SIGINT ignored, and then neither this process nor any qvl it starts would see the Ctrl-C the tests send
+# (Python installs its KeyboardInterrupt handler only when SIGINT is not ignored; exec resets a caught signal).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 os.environ["QVL_HOME"] = tempfile.mkdtemp(prefix="qvl-test-home-")
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -62,6 +69,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         import shutil
 
         shutil.rmtree(own, ignore_errors=True)
+
+
+@pytest.fixture
+def own_qvl_home(tmp_path, monkeypatch):
+    """A QVL_HOME of the test's own: no load another test recorded ($QVL_HOME/load-times.json) turns a stated
+    startup figure into a measured one or stands in for a load-check report (the deploy tests use it)."""
+    monkeypatch.setenv("QVL_HOME", str(tmp_path / "home"))
 
 
 @pytest.fixture

@@ -304,6 +304,26 @@ def write_artifact(
     return root
 
 
+def deploy_artifact(
+    root: Path,
+    preset: str = "rebel100-1npu",
+    *,
+    cfg: dict | None = None,
+    placement: dict | None = None,
+    model_id: str = "Qwen/Qwen3-VL-2B-Instruct",
+) -> Path:
+    """An artifact as `qvl compile` leaves it for `qvl deploy` (``write_artifact``'s layout and a manifest), of
+    ``preset``; ``placement`` (default: the plan's) as the manifest records it."""
+    from qwenvl_rbln.artifacts.manifest import write_manifest
+    from qwenvl_rbln.planning.plan import build_plan
+
+    plan = build_plan(preset)
+    write_artifact(root, plan, cfg=cfg)
+    manifest = {"format": 1, "npu": plan.npu, "placement": placement or plan.placement, "model": {"id": model_id}}
+    write_manifest(root, manifest)
+    return root
+
+
 # -------------------------------------------------------------------------------------------- fake rebel
 
 
