@@ -49,7 +49,7 @@ _OWN_BASETEMP = pytest.StashKey[str]()
 # The per-test limit (pyproject: timeout) counts a test's setup, so the first test to use a session fixture that
 # compiles an artifact or starts the engine pays for it; such tests get a larger bound, not a budget: the engine's
 # own start bound (engine_server.START_S, 420 s) plus a compile under load.
-LONG_FIXTURES_S = {"engine_artifact": 1800, "tiny_rbln": 1200, "tiny_model": 900}
+LONG_FIXTURES_S = {"engine_artifact": 1800, "tiny_rbln": 1200}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

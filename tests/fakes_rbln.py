@@ -304,23 +304,16 @@ def write_artifact(
     return root
 
 
-def deploy_artifact(
-    root: Path,
-    preset: str = "rebel100-1npu",
-    *,
-    cfg: dict | None = None,
-    placement: dict | None = None,
-    model_id: str = "Qwen/Qwen3-VL-2B-Instruct",
-) -> Path:
-    """An artifact as `qvl compile` leaves it for `qvl deploy` (``write_artifact``'s layout and a manifest), of
-    ``preset``; ``placement`` (default: the plan's) as the manifest records it."""
+def deploy_artifact(root: Path, preset: str = "rebel100-1npu", *, cfg: dict | None = None,
+                    placement: dict | None = None, model_id: str = "Qwen/Qwen3-VL-2B-Instruct") -> Path:  # fmt: skip
+    """``write_artifact`` of ``preset`` plus the manifest compile writes (``placement``: default the plan's)."""
     from qwenvl_rbln.artifacts.manifest import write_manifest
     from qwenvl_rbln.planning.plan import build_plan
 
     plan = build_plan(preset)
     write_artifact(root, plan, cfg=cfg)
-    manifest = {"format": 1, "npu": plan.npu, "placement": placement or plan.placement, "model": {"id": model_id}}
-    write_manifest(root, manifest)
+    placement = placement or plan.placement
+    write_manifest(root, {"format": 1, "npu": plan.npu, "placement": placement, "model": {"id": model_id}})
     return root
 
 

@@ -179,6 +179,21 @@ def test_a_worker_that_keeps_failing_is_given_up_and_the_rest_is_left_undone(ray
     # k1 (one attempt) and k2.. (none) are not written: left for --resume, not failures of their own
 
 
+def test_a_worker_with_scattered_deaths_and_finished_calls_between_is_never_given_up(ray_local, tmp_path):
+    """max_restarts 1, one worker: k1 and k2 each kill the worker that first runs them, with calls that finished in
+    between; each death is the first in a row (a finished call resets the count), so the job finishes."""
+    work = items(
+        {"id": "k1", "die_once": str(tmp_path / "k1.died")},
+        *({"id": f"n{i}"} for i in range(4)),
+        {"id": "k2", "die_once": str(tmp_path / "k2.died")},
+        {"id": "n4"},
+    )
+    out, events = run_pool(1, work, max_restarts=1)
+    assert sorted(r["id"] for r in out) == sorted(w.id for w in work) and all(r["ok"] for r in out)
+    assert (tmp_path / "k1.died").exists() and (tmp_path / "k2.died").exists()
+    assert not any(f.get("state") == "dead" for name, f in events if name == "worker.state")
+
+
 def test_workers_that_cannot_load_stop_the_job_with_their_own_error(ray_local):
     pool = RayExecutor(WorkerSpec(), workers=1, worker_cls=BrokenWorker)
     with pytest.raises(BackendError, match=r"no live worker left.*could not load: BackendError: cannot open NPU 0"):
