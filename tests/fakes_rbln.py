@@ -411,7 +411,7 @@ class FakeRBLNAuto:
                 lm_cls.compile(None, _CompileCfg(name), create_runtimes=False, device=None)
             wait_for = b.get("wait_for_file")
             if wait_for:
-                deadline = time.monotonic() + 30
+                deadline = time.monotonic() + 300
                 while not Path(wait_for).exists() and time.monotonic() < deadline:
                     time.sleep(0.05)
             src = Path(str(model_id))

@@ -91,7 +91,7 @@ def test_collect_versions_reads_metadata_only():
         "import sys; from qwenvl_rbln.artifacts.manifest import collect_versions; collect_versions(); "
         "print(sorted(set(sys.modules) & {'torch', 'transformers', 'optimum'}))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.stdout.strip() == "[]", proc.stderr
 
 
@@ -165,7 +165,7 @@ def test_stale_temp_dirs_of_dead_processes_are_cleaned(tmp_path):
 def _hold_lock(target: str, ready, release) -> None:
     with output_lock(Path(target)):
         ready.set()
-        release.wait(20)
+        release.wait(120)
 
 
 def test_lock_second_writer_gets_busy_error_naming_the_pid(tmp_path):
@@ -175,14 +175,14 @@ def test_lock_second_writer_gets_busy_error_naming_the_pid(tmp_path):
     proc = ctx.Process(target=_hold_lock, args=(str(target), ready, release))
     proc.start()
     try:
-        assert ready.wait(20)
+        assert ready.wait(120)
         with pytest.raises(BusyError) as info, output_lock(target):
             pass
         assert info.value.exit_code == 6
         assert f"pid {proc.pid}" in info.value.message and str(target) in info.value.message
     finally:
         release.set()
-        proc.join(20)
+        proc.join(120)
     with output_lock(target):  # released when the holder exits
         pass
 

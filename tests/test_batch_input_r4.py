@@ -77,7 +77,7 @@ def test_a_second_job_on_the_same_output_is_refused_at_once_naming_the_first(tmp
         code, _, err = _cli(capsys, monkeypatch, batch, out, "--resume")
         assert code == 6 and not out.exists(), err
     finally:
-        proc.communicate(b"", timeout=60)
+        proc.communicate(b"", timeout=300)
     assert _cli(capsys, monkeypatch, batch, out)[0] == 0  # the lock went with its holder
     assert [r["id"] for r in _lines(out)] == ["a", "b"]
 

@@ -298,7 +298,7 @@ def test_a_ray_without_rbln_fails_in_seconds_naming_it(tmp_path):
         "try:\n    RayExecutor(WorkerSpec(), workers=2).run(iter([]), print, print)\n"
         "except QvlError as e:\n    print(e.message, '|', e.hint); sys.exit(e.exit_code)\n"
     )
-    res = run_python(code, ray_test_env(tmp_path), timeout=90)
+    res = run_python(code, ray_test_env(tmp_path), timeout=300)
     assert res.returncode == BackendError.exit_code, res.stdout + res.stderr
     assert "no RBLN resource" in res.stdout and "rebel.device_count()" in res.stdout
 

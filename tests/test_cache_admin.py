@@ -153,7 +153,7 @@ def test_prune_never_touches_an_entry_a_compile_is_using(tmp_path: Path, tiny_mo
 
     def held_copy(src, dst):
         copying.set()
-        assert go.wait(60), "the test never released the compile"
+        assert go.wait(300), "the test never released the compile"
         return real_copy(src, dst)
 
     monkeypatch.setattr(compile_job, "copy_tree", held_copy)
@@ -169,7 +169,7 @@ def test_prune_never_touches_an_entry_a_compile_is_using(tmp_path: Path, tiny_mo
     worker = threading.Thread(target=second, daemon=True)
     worker.start()
     try:
-        assert copying.wait(120), "the compile never reached the cache entry"
+        assert copying.wait(300), "the compile never reached the cache entry"
         code, out, err = run_main(["cache", "prune", "--max-size", "0B", "--cache-dir", str(cache), "--json"], capsys)
         result = json.loads(out)
         assert code == 0, err

@@ -201,7 +201,7 @@ def test_a_second_tiny_model_writer_waits_and_reuses_the_first_s(tmp_path: Path)
     worker = threading.Thread(target=second, daemon=True)
     try:
         worker.start()
-        assert waiting.wait(60), f"the second writer did not wait: {result}"
+        assert waiting.wait(300), f"the second writer did not wait: {result}"
         create_tiny_model(target, seed=0)
     finally:
         flock.release(fd)

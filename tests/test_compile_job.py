@@ -308,7 +308,7 @@ def test_concurrent_compiles_busy_then_sigterm_cleans_up(tmp_path, tiny_model, e
         assert code == 6, err2
         assert f"pid {first.pid}" in err2 and str(out) in err2 and err2.count("qvl: error") == 1
         first.send_signal(signal.SIGTERM)
-        _, err1 = first.communicate(timeout=60)
+        _, err1 = first.communicate(timeout=300)
     finally:
         if first.poll() is None:
             first.kill()

@@ -272,7 +272,7 @@ def test_file_named_like_an_ffmpeg_protocol_is_read_as_that_file(tmp_path):
         text=True,
     )
     try:
-        out, err = proc.communicate(timeout=20)
+        out, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate(timeout=60)

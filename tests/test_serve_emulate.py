@@ -127,7 +127,7 @@ def test_the_shim_is_the_emulator_in_a_fresh_process_with_what_vllm_rbln_imports
     other.mkdir(parents=True)
     (other / "__init__.py").write_text("")
     env["PYTHONPATH"] = os.pathsep.join([str(SHIM), str(REPO), str(tmp_path / "site")])
-    done = subprocess.run([sys.executable, "-c", "import rebel"], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", "import rebel"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "a real rebel-compiler is installed" in done.stderr
 
 
@@ -216,12 +216,12 @@ def test_ctrl_c_of_qvl_serve_emulate_ends_vllms_whole_group_and_labels_every_lin
         vllm = [p for p in psutil.Process(proc.pid).children() if p.pid != grandchild]
         assert vllm and os.getpgid(vllm[0].pid) == vllm[0].pid != os.getpgid(proc.pid)  # its own group
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while psutil.pid_exists(grandchild) and psutil.Process(grandchild).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "vLLM's child outlived Ctrl-C"
         time.sleep(0.05)
