@@ -45,6 +45,8 @@ IMAGE_EXTS = (".png", ".jpg", ".gif", ".webp", ".bmp", ".tiff")
 VIDEO_EXTS = (".mp4", ".mkv", ".webm", ".avi", ".mov")
 ALL_EXTS = IMAGE_EXTS + VIDEO_EXTS
 OK, INPUT_ERROR = "ok", "input_error"
+READY = "ready"  # the worker's first line: started, limits in place
+START_S = 300.0  # a fresh worker's bound to say READY (a bound on a loaded machine, not part of any probe's time)
 # Everything else is a failure: "crash" (another exception), "timeout" (alarm in the worker), "hang" (the
 # worker did not answer and was killed), "memory" (MemoryError / ENOMEM), "died" (the worker exited).
 FAILURES = ("crash", "timeout", "hang", "memory", "died")
@@ -315,6 +317,8 @@ def _worker_main(memory_mb: int, timeout_s: float, selftest: bool) -> None:
 
     signal.signal(signal.SIGPROF, on_alarm)
     out = sys.stdout
+    out.write(READY + "\n")  # imports done, limits set: the prober's watchdog counts from here, not from the start
+    out.flush()
     for line in sys.stdin:
         req = json.loads(line)
         path, kind = req["path"], req.get("kind") or media.classify(req["path"])
@@ -372,21 +376,33 @@ class Prober:
     """Probes files in a bounded worker subprocess; restarts it after a hang or a death.
 
     ``probe(path, kind=None)`` -> ``{"status", "detail", "seconds", "maxrss_mb", ...}``; kind is "image",
-    "video" or None (by extension, as qvl does).
+    "video" or None (by extension, as qvl does). Two wall-clock bounds: ``start_s`` for a fresh worker to say it is
+    ready (imports, limits: slow on a loaded machine, and no probe's fault), then ``watchdog_s`` per probe (a
+    worker stuck where the CPU-time alarm cannot reach is a hang).
     """
 
     def __init__(
-        self, memory_mb: int = 512, timeout_s: float = 2.0, *, selftest: bool = False, watchdog_s: float | None = None
+        self,
+        memory_mb: int = 512,
+        timeout_s: float = 2.0,
+        *,
+        selftest: bool = False,
+        watchdog_s: float | None = None,
+        start_s: float = START_S,
+        recheck: bool = True,
     ):
         self.memory_mb = memory_mb
         self.timeout_s = timeout_s
         self.selftest = selftest
         self.watchdog_s = watchdog_s if watchdog_s is not None else timeout_s + 8.0
+        self.start_s = start_s
+        self.recheck = recheck  # ENOMEM answers probed again with more room (not by the roomier prober itself)
         self.proc: subprocess.Popen | None = None
         self.max_rss_mb = 0.0
         self.restarts = 0
 
-    def _start(self) -> None:
+    def _start(self) -> dict | None:
+        """A fresh worker, ready (None), or the answer for a worker that never said it started."""
         cmd = [
             sys.executable,
             str(Path(__file__).resolve()),
@@ -402,6 +418,18 @@ class Prober:
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1, env=env
         )
+        ready, _, _ = select.select([self.proc.stdout], [], [], self.start_s)
+        line = self.proc.stdout.readline() if ready else ""
+        if line.strip() == READY:
+            return None
+        rc = self.proc.poll()
+        self._kill()
+        return {
+            "status": "died",
+            "detail": f"worker did not start within {self.start_s}s (exit {rc})",
+            "seconds": 0.0,
+            "maxrss_mb": 0.0,
+        }
 
     def _kill(self) -> None:
         if self.proc is not None:
@@ -418,7 +446,9 @@ class Prober:
             if self.proc is not None:
                 self.restarts += 1
             self._kill()
-            self._start()
+            failed = self._start()
+            if failed is not None:
+                return failed
         assert self.proc is not None and self.proc.stdin and self.proc.stdout
         t0 = time.perf_counter()
         try:
@@ -443,14 +473,16 @@ class Prober:
             }
         result = json.loads(line)
         self.max_rss_mb = max(self.max_rss_mb, result.get("maxrss_mb", 0.0))
-        if result.pop("enomem", False) and self.memory_mb > 0:
+        if result.pop("enomem", False) and self.memory_mb > 0 and self.recheck:
             result = self._recheck_enomem(path, kind, result)
         return result
 
     def _recheck_enomem(self, path: str | Path, kind: str | None, result: dict) -> dict:
         """ENOMEM under the limit: a real allocation that hit RLIMIT_AS, or ffmpeg refusing an absurd declared
         size without allocating it? Probe again with 8x the room and look at the peak RSS."""
-        with Prober(self.memory_mb * 8, self.timeout_s, selftest=self.selftest, watchdog_s=self.watchdog_s) as roomy:
+        with Prober(
+            self.memory_mb * 8, self.timeout_s, selftest=self.selftest, watchdog_s=self.watchdog_s, recheck=False
+        ) as roomy:
             again = roomy.probe(path, kind)
         if again["status"] == OK or again.get("maxrss_mb", 0.0) > self.memory_mb:
             return {
@@ -498,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-mb", type=int, default=512, help="RLIMIT_AS of the worker in MiB (default 512)")
     ap.add_argument("--timeout", type=float, default=2.0, help="CPU seconds allowed per probe (default 2)")
     ap.add_argument("--keep", type=Path, default=None, help="directory to copy failing inputs into")
+    ap.add_argument(
+        "--watchdog", type=float, default=None, help="wall seconds before a probe counts as hung (default timeout + 8)"
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--selftest", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -514,7 +549,10 @@ def main(argv: list[str] | None = None) -> int:
     slowest = {"seconds": 0.0}
     t0 = time.perf_counter()
     n = 0
-    with tempfile.TemporaryDirectory(prefix="qvl-fuzz-") as work, Prober(args.memory_mb, args.timeout) as prober:
+    with (
+        tempfile.TemporaryDirectory(prefix="qvl-fuzz-") as work,
+        Prober(args.memory_mb, args.timeout, watchdog_s=args.watchdog) as prober,
+    ):
         fixed = [(Path(k).suffix, v, k) for k, v in crafted.items()]
         while True:
             elapsed = time.perf_counter() - t0

@@ -6,7 +6,6 @@ help, an unknown name and ``from qwenvl_rbln.cli import app`` get every command.
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 from typing import Any
@@ -31,7 +30,6 @@ def _root(
     ),
 ) -> None:
     """qvl: Qwen3-VL on Rebel100, with the answers before the compile."""
-    gc.enable()  # entry.main paused it for the start-up; a command's own work runs with it
 
 
 def new_app() -> typer.Typer:

@@ -103,12 +103,14 @@ class InputErrors(InputError):
         return [{"message": p.message, "hint": p.hint} for p in self.problems]
 
 
-def raise_all(problems: list[QvlError], what: str, hint: str | None = None) -> None:
-    """Nothing when ``problems`` is empty; the one problem as it is; several as one ``InputErrors``."""
-    if len(problems) == 1:
+def raise_all(problems: list[QvlError], what: str, hint: str | None = None, *, total: int | None = None) -> None:
+    """Nothing when there are no problems; the one problem as it is; several as one ``InputErrors``. ``total``: how
+    many there are when only the first ``problems`` were kept (``InputErrors``)."""
+    count = len(problems) if total is None else total
+    if count == 1:
         raise problems[0]
-    if problems:
-        raise InputErrors(problems, what, hint)
+    if count:
+        raise InputErrors(problems, what, hint, total=total)
 
 
 class DependencyMissing(QvlError):

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
+
+# Ctrl-C as a terminal gives it: a test run started in the background (`pytest &` in a script, some CI steps)
+# inherits SIGINT ignored, and then neither this process nor any qvl it starts would see the Ctrl-C the tests send
+# (Python installs its KeyboardInterrupt handler only when SIGINT is not ignored; exec resets a caught signal).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 os.environ["QVL_HOME"] = tempfile.mkdtemp(prefix="qvl-test-home-")
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -39,6 +46,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
 _OWN_BASETEMP = pytest.StashKey[str]()
 
+# The per-test limit (pyproject: timeout) counts a test's setup, so the first test to use a session fixture that
+# compiles an artifact or starts the engine pays for it; such tests get a larger bound, not a budget: the engine's
+# own start bound (engine_server.START_S, 420 s) plus a compile under load.
+LONG_FIXTURES_S = {"engine_artifact": 1800, "tiny_rbln": 1200}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test without its own timeout marker that uses a slow session fixture gets that fixture's limit."""
+    for item in items:
+        if item.get_closest_marker("timeout") is not None:
+            continue
+        limits = [s for name, s in LONG_FIXTURES_S.items() if name in getattr(item, "fixturenames", ())]
+        if limits:
+            item.add_marker(pytest.mark.timeout(max(limits)))
+
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Remove the private base folder again (pytest's own default keeps the last three runs instead)."""
@@ -47,6 +69,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         import shutil
 
         shutil.rmtree(own, ignore_errors=True)
+
+
+@pytest.fixture
+def own_qvl_home(tmp_path, monkeypatch):
+    """A QVL_HOME of the test's own: no load another test recorded ($QVL_HOME/load-times.json) turns a stated
+    startup figure into a measured one or stands in for a load-check report (the deploy tests use it)."""
+    monkeypatch.setenv("QVL_HOME", str(tmp_path / "home"))
 
 
 @pytest.fixture

@@ -304,6 +304,19 @@ def write_artifact(
     return root
 
 
+def deploy_artifact(root: Path, preset: str = "rebel100-1npu", *, cfg: dict | None = None,
+                    placement: dict | None = None, model_id: str = "Qwen/Qwen3-VL-2B-Instruct") -> Path:  # fmt: skip
+    """``write_artifact`` of ``preset`` plus the manifest compile writes (``placement``: default the plan's)."""
+    from qwenvl_rbln.artifacts.manifest import write_manifest
+    from qwenvl_rbln.planning.plan import build_plan
+
+    plan = build_plan(preset)
+    write_artifact(root, plan, cfg=cfg)
+    placement = placement or plan.placement
+    write_manifest(root, {"format": 1, "npu": plan.npu, "placement": placement, "model": {"id": model_id}})
+    return root
+
+
 # -------------------------------------------------------------------------------------------- fake rebel
 
 
@@ -398,7 +411,7 @@ class FakeRBLNAuto:
                 lm_cls.compile(None, _CompileCfg(name), create_runtimes=False, device=None)
             wait_for = b.get("wait_for_file")
             if wait_for:
-                deadline = time.monotonic() + 30
+                deadline = time.monotonic() + 300
                 while not Path(wait_for).exists() and time.monotonic() < deadline:
                     time.sleep(0.05)
             src = Path(str(model_id))

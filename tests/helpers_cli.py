@@ -10,6 +10,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def readline_within(stream, seconds: float = 120.0) -> str | bytes:
+    """The next line a child writes to ``stream`` (its first: nothing buffered yet), failing the test when none
+    comes within ``seconds``: a bound on a loaded machine, so a child that hangs silent never hangs the test."""
+    import select
+
+    ready, _, _ = select.select([stream], [], [], seconds)
+    assert ready, f"the child wrote no line within {seconds} s"
+    return stream.readline()
+
+
 @dataclass
 class Result:
     exit_code: int

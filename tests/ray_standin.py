@@ -2,9 +2,9 @@
 
 What an item does is in its line (``raw``): ``{"die": "always"}`` kills the worker process that runs it;
 ``{"die_once": PATH}`` kills the first worker that runs it (it creates PATH first, so the next one succeeds);
-``{"raise": "..."}`` raises (a device-level failure); ``{"hold": PATH}`` blocks until PATH exists. Every call
-sleeps ``QVL_EMULATE_CALL_MS`` (a busy device) and writes ``<QVL_STANDIN_DIR>/<id>.<pid>`` when it starts an item,
-so a test can wait for "this item is running" instead of sleeping.
+``{"raise": "..."}`` raises (a device-level failure); ``{"hold": PATH}`` blocks until PATH exists (at most
+HOLD_S). Every call sleeps ``QVL_EMULATE_CALL_MS`` (a busy device) and writes ``<QVL_STANDIN_DIR>/<id>.<pid>`` when
+it starts an item, so a test can wait for "this item is running" instead of sleeping.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.batch import records
+
+HOLD_S = 900.0  # a held item gives up after this (the test's own limit ends first): no actor waits forever
 
 
 class EchoWorker:
@@ -47,7 +49,10 @@ class EchoWorker:
             if raw.get("raise"):
                 raise RuntimeError(raw["raise"])
             if raw.get("hold"):
+                end = time.monotonic() + HOLD_S
                 while not Path(raw["hold"]).exists():
+                    if time.monotonic() > end:
+                        raise RuntimeError(f"{item.id}: {raw['hold']} did not appear within {HOLD_S} s")
                     time.sleep(0.02)
         if hold:
             time.sleep(hold)

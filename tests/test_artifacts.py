@@ -91,7 +91,7 @@ def test_collect_versions_reads_metadata_only():
         "import sys; from qwenvl_rbln.artifacts.manifest import collect_versions; collect_versions(); "
         "print(sorted(set(sys.modules) & {'torch', 'transformers', 'optimum'}))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.stdout.strip() == "[]", proc.stderr
 
 
@@ -165,7 +165,7 @@ def test_stale_temp_dirs_of_dead_processes_are_cleaned(tmp_path):
 def _hold_lock(target: str, ready, release) -> None:
     with output_lock(Path(target)):
         ready.set()
-        release.wait(20)
+        release.wait(120)
 
 
 def test_lock_second_writer_gets_busy_error_naming_the_pid(tmp_path):
@@ -175,14 +175,14 @@ def test_lock_second_writer_gets_busy_error_naming_the_pid(tmp_path):
     proc = ctx.Process(target=_hold_lock, args=(str(target), ready, release))
     proc.start()
     try:
-        assert ready.wait(20)
+        assert ready.wait(120)
         with pytest.raises(BusyError) as info, output_lock(target):
             pass
         assert info.value.exit_code == 6
         assert f"pid {proc.pid}" in info.value.message and str(target) in info.value.message
     finally:
         release.set()
-        proc.join(20)
+        proc.join(120)
     with output_lock(target):  # released when the holder exits
         pass
 
@@ -210,7 +210,7 @@ def test_loser_waits_for_the_owner_record_of_a_holder_that_just_took_the_lock(tm
             pass
         assert f"pid {os.getpid()}" in info.value.message, info.value.message
     finally:
-        late.join()
+        late.join(timeout=60)
         holder.release()
 
 
@@ -218,7 +218,9 @@ def test_a_dead_holders_stale_owner_record_is_not_named(tmp_path):
     target = tmp_path / "out"
     lp = lock_path(target)
     lp.parent.mkdir(parents=True, exist_ok=True)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, timeout=120
+    )
     stale = {"pid": int(dead.stdout), "host": socket.gethostname(), "started": "long ago"}
     lp.with_name(lp.name + ".owner").write_text(json.dumps(stale))
     with output_lock(target):  # the lock is free: the stale record does not make it busy

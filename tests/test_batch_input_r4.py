@@ -21,6 +21,7 @@ from qwenvl_rbln.batch.npus import WorkerNpus
 from qwenvl_rbln.errors import BackendError, BusyError, InputError, InputErrors, QvlError
 from qwenvl_rbln.inference import requests as rq
 from tests.fakes_rbln import run_main
+from tests.helpers_cli import readline_within
 from tests.test_batch_core import Echo, _job, _lines, _ok, _write
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,7 +69,7 @@ def test_a_second_job_on_the_same_output_is_refused_at_once_naming_the_first(tmp
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     try:
-        assert proc.stdout.readline().strip() == b"held"
+        assert readline_within(proc.stdout).strip() == b"held"
         code, stdout, err = _cli(capsys, monkeypatch, batch, out)
         (line,) = _error_lines(err)
         assert code == 6 and f"results file {out} is being written by pid {proc.pid}" in line, err
@@ -76,7 +77,7 @@ def test_a_second_job_on_the_same_output_is_refused_at_once_naming_the_first(tmp
         code, _, err = _cli(capsys, monkeypatch, batch, out, "--resume")
         assert code == 6 and not out.exists(), err
     finally:
-        proc.communicate(b"", timeout=60)
+        proc.communicate(b"", timeout=300)
     assert _cli(capsys, monkeypatch, batch, out)[0] == 0  # the lock went with its holder
     assert [r["id"] for r in _lines(out)] == ["a", "b"]
 

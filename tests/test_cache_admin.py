@@ -153,7 +153,7 @@ def test_prune_never_touches_an_entry_a_compile_is_using(tmp_path: Path, tiny_mo
 
     def held_copy(src, dst):
         copying.set()
-        assert go.wait(60), "the test never released the compile"
+        assert go.wait(300), "the test never released the compile"
         return real_copy(src, dst)
 
     monkeypatch.setattr(compile_job, "copy_tree", held_copy)
@@ -166,10 +166,10 @@ def test_prune_never_touches_an_entry_a_compile_is_using(tmp_path: Path, tiny_mo
         plan = build_plan("cpu-tiny", model=str(tiny_model), output_dir=str(tmp_path / "second"))
         plan_out["result"] = compile_job.run_compile(plan, estimate_plan(plan), cache_dir=cache, heartbeat_s=0)
 
-    worker = threading.Thread(target=second)
+    worker = threading.Thread(target=second, daemon=True)
     worker.start()
     try:
-        assert copying.wait(120), "the compile never reached the cache entry"
+        assert copying.wait(300), "the compile never reached the cache entry"
         code, out, err = run_main(["cache", "prune", "--max-size", "0B", "--cache-dir", str(cache), "--json"], capsys)
         result = json.loads(out)
         assert code == 0, err
@@ -179,7 +179,8 @@ def test_prune_never_touches_an_entry_a_compile_is_using(tmp_path: Path, tiny_mo
         assert (cache / key).is_dir()
     finally:
         go.set()
-        worker.join()
+        worker.join(timeout=600)
+    assert not worker.is_alive(), "the second compile did not end within 600 s of its release"
     assert plan_out["result"]["cache"] == "hit"
     code, _, err = run_main(["load-check", str(tmp_path / "second"), "--no-runtime"], capsys)
     assert code == 0, err

@@ -198,14 +198,15 @@ def test_a_second_tiny_model_writer_waits_and_reuses_the_first_s(tmp_path: Path)
             result["error"] = exc
 
     fd = flock.take(tmp_path / ".tiny.lock")  # the first writer
-    worker = threading.Thread(target=second)
+    worker = threading.Thread(target=second, daemon=True)
     try:
         worker.start()
-        assert waiting.wait(60), f"the second writer did not wait: {result}"
+        assert waiting.wait(300), f"the second writer did not wait: {result}"
         create_tiny_model(target, seed=0)
     finally:
         flock.release(fd)
-        worker.join()
+        worker.join(timeout=300)
+    assert not worker.is_alive(), "the second writer did not finish within 300 s of the lock's release"
     assert "error" not in result, result.get("error")
     assert result["data"]["created"] is False
 

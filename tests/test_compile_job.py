@@ -308,11 +308,11 @@ def test_concurrent_compiles_busy_then_sigterm_cleans_up(tmp_path, tiny_model, e
         assert code == 6, err2
         assert f"pid {first.pid}" in err2 and str(out) in err2 and err2.count("qvl: error") == 1
         first.send_signal(signal.SIGTERM)
-        _, err1 = first.communicate(timeout=60)
+        _, err1 = first.communicate(timeout=300)
     finally:
         if first.poll() is None:
             first.kill()
-            first.wait()
+            first.wait(timeout=60)
     assert first.returncode == 130, err1
     assert "nothing half-written" in err1
     assert not out.exists() and temp_entries(tmp_path) == []

@@ -29,28 +29,40 @@ def demo(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
     return ["bash", str(tmp_path / "scripts" / "demo.sh")], env
 
 
+BOUND_S = 300.0  # the script's run on a loaded machine: a bound, so a hung script fails instead of hanging
+
+
 def _on_a_terminal(argv: list[str], env: dict[str, str]) -> str:
     """Run with stdout on a pseudo-terminal; everything it printed."""
+    import select
+    import time
+
     master, slave = pty.openpty()
     proc = subprocess.Popen(argv, stdout=slave, stderr=subprocess.DEVNULL, env=env)
     os.close(slave)
     chunks = []
-    while True:
-        try:
-            data = os.read(master, 4096)
-        except OSError:  # EIO: the script has exited and closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    assert proc.wait() == 0
+    deadline = time.monotonic() + BOUND_S
+    try:
+        while select.select([master], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # EIO: the script has exited and closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        assert proc.wait(timeout=max(1.0, deadline - time.monotonic())) == 0
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
     return b"".join(chunks).decode()
 
 
 def test_demo_headings_are_plain_text_in_a_file_and_bold_on_a_terminal(demo):
     argv, env = demo
-    logged = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    logged = subprocess.run(argv, env=env, capture_output=True, text=True, check=True, timeout=BOUND_S).stdout
     assert "== qvl tiny-model" in logged and "\x1b" not in logged
 
     shown = _on_a_terminal(argv, env)

@@ -302,7 +302,7 @@ def test_the_folder_builds_with_kubectl_kustomize(tmp_path, arts):
 
     result = build(opts(arts["two"], target="llm-d", namespace="serving", dry_run=False, out=tmp_path / "k"))
     out = write_folder(tmp_path / "k", result["files"], force=False)
-    proc = subprocess.run([kubectl, "kustomize", str(out)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([kubectl, "kustomize", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     docs = list(yaml.safe_load_all(proc.stdout))
     assert sorted(d["kind"] for d in docs) == ["Deployment", "ResourceClaimTemplate", "Service"]

@@ -140,7 +140,7 @@ def test_the_wheel_installs_without_an_index_and_vllm_finds_the_plugin(written, 
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(target)}
     run = subprocess.run(  # cwd: not the checkout, whose qwenvl_rbln `python -c` would import first
-        [sys.executable, "-c", probe, str(target)], capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path
+        [sys.executable, "-c", probe, str(target)], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path
     )
     assert run.returncode == 0, run.stderr
     where, eps = run.stdout.splitlines()

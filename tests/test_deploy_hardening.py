@@ -18,28 +18,17 @@ from qwenvl_rbln.deploy.options import MAX_NAME, DeployOptions, check_name
 from qwenvl_rbln.deploy.yamltext import plain
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.planning.plan import build_plan
-from tests.fakes_rbln import run_main, write_artifact
+from tests.fakes_rbln import deploy_artifact, run_main, write_artifact
 
 IMAGE = "registry.internal/vllm-rbln:0.12.0"
 
 
-@pytest.fixture(autouse=True)
-def own_qvl_home(tmp_path, monkeypatch):
-    """No load another test recorded (load-times.json) turns the stated startup figure into a measured one."""
-    monkeypatch.setenv("QVL_HOME", str(tmp_path / "home"))
-
-
-def _artifact(root: Path, preset: str = "rebel100-1npu", cfg: dict | None = None) -> Path:
-    plan = build_plan(preset)
-    write_artifact(root, plan, cfg=cfg)
-    model = {"id": "Qwen/Qwen3-VL-2B-Instruct"}
-    write_manifest(root, {"format": 1, "npu": plan.npu, "placement": plan.placement, "model": model})
-    return root
+pytestmark = pytest.mark.usefixtures("own_qvl_home")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
 def art(tmp_path_factory):
-    return _artifact(tmp_path_factory.mktemp("hardening") / "one")
+    return deploy_artifact(tmp_path_factory.mktemp("hardening") / "one")
 
 
 def opts(directory: Path, **kw) -> DeployOptions:

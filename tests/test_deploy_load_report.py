@@ -21,22 +21,16 @@ from qwenvl_rbln.deploy.build import build
 from qwenvl_rbln.deploy.options import DeployOptions
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.planning.plan import build_plan
-from tests.fakes_rbln import run_main, write_artifact
+from tests.fakes_rbln import deploy_artifact, run_main
 
 IMAGE = "registry.internal/vllm-rbln:0.12.0"
 
 
-@pytest.fixture(autouse=True)
-def own_qvl_home(tmp_path, monkeypatch):
-    """No load recorded by another test (load-times.json) stands in for a report here."""
-    monkeypatch.setenv("QVL_HOME", str(tmp_path / "home"))
+pytestmark = pytest.mark.usefixtures("own_qvl_home")  # tests/conftest.py
 
 
 def _artifact(root: Path, preset: str = "rebel100-1npu", placement: dict | None = None) -> Path:
-    plan = build_plan(preset)
-    write_artifact(root, plan)
-    write_manifest(root, {"format": 1, "npu": plan.npu, "placement": placement or plan.placement, "model": {"id": "m"}})
-    return root
+    return deploy_artifact(root, preset, placement=placement, model_id="m")
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +127,24 @@ def test_load_check_writes_the_graph_hash_deploy_matches(tmp_path, monkeypatch, 
     report = tmp_path / "load-check.json"
     report.write_text(json.dumps(data))
     assert read_load_check(report, root) == 95.0
+
+
+def test_a_no_runtime_report_checked_only_the_config_and_sizes_no_probe(tmp_path, monkeypatch, capsys):
+    """`qvl load-check DIR --no-runtime --json` validated the config and loaded nothing: its seconds are not a
+    load, however plausible, so deploy refuses it as a measured load (the probe would be sized from seconds)."""
+    from tests.fakes_rbln import install, make_auto, make_rebel
+
+    root = _artifact(tmp_path / "art")
+    install(monkeypatch, make_auto(build_plan("rebel100-1npu")), rebel=make_rebel())
+    code, out, err = run_main(["load-check", str(root), "--no-runtime", "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["runtime"]["create_runtimes"] is False and data.get("emulated") is False, data
+    data["runtime"].update(ok=True, seconds=95.0)  # even with a load-like figure in it
+    report = tmp_path / "no-runtime.json"
+    report.write_text(json.dumps(data))
+    line = one_line_refusal(*deploy(capsys, root, report))
+    assert "has no measured load" in line, line
 
 
 # -------------------------------------------------------------------------------------- H11 / D3: the numbers

@@ -206,7 +206,7 @@ def test_module_imports_nothing_heavy() -> None:
         "bad = [m for m in ('torch', 'transformers', 'PIL', 'av', 'numpy') if m in sys.modules]; "
         "assert not bad, bad"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
 
 
 # --- property tests (pure) -------------------------------------------------------------------------

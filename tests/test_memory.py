@@ -526,7 +526,11 @@ def test_memory_modules_stay_pure_python():
         "bad = [n for n in ('torch', 'transformers') if n in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

@@ -16,8 +16,11 @@ def test_one_min_pixels_floor_serves_the_plan_and_tune(monkeypatch):
     assert modelinfo.min_pixels_bucket(65536) == 256 and modelinfo.min_pixels_bucket(65537) == 260
     plan = build_plan("rebel100-1npu")
     assert min_pixels_bucket(plan) == modelinfo.min_pixels_bucket(plan.processor.min_pixels)
-    monkeypatch.setattr(modelinfo, "min_pixels_bucket", lambda *a, **k: 12344)  # one place decides, both follow
+    asked: list[tuple] = []
+    monkeypatch.setattr(modelinfo, "min_pixels_bucket", lambda *a, **k: asked.append(a) or 12344)  # one place decides
     assert min_pixels_bucket(plan) == 12344
     with pytest.raises(InputError, match="so no image fits") as err:
         build_plan("rebel100-1npu", ["visual.max_seq_len=64"])
     assert "make the largest bucket at least 12344 patches" in (err.value.hint or "")
+    v = plan.geometry.vision  # both ask with the model's own patch geometry, not a default
+    assert asked == [(plan.processor.min_pixels, v.patch_size, v.spatial_merge_size)] * 2

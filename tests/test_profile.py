@@ -42,8 +42,31 @@ def test_fit_recovers_a_known_quadratic():
 def test_fit_with_two_points_is_a_line_and_one_point_a_constant():
     line = fit_quadratic([(0, 1.0), (10, 2.0)])
     assert line is not None and line.b == 0 and line(5) == pytest.approx(1.5)
+    assert line.a == pytest.approx(0.1) and line(0) == pytest.approx(1.0) and line(30) == pytest.approx(4.0)
     one = fit_quadratic([(7, 3.0)])
     assert one is not None and one(1000) == pytest.approx(3.0)
+
+
+def test_the_fits_errors_are_numpys_least_squares_residuals_worst_by_size_whatever_the_sign():
+    """numpy.polyfit (degree 2) as the oracle: same coefficients, and the worst relative error is the largest
+    residual by size, here one where the fit lies below the measurement."""
+    np = pytest.importorskip("numpy")
+    pts = [(0, 1.0), (100, 1.0), (200, 1.0), (300, 1.0), (400, 1.0), (500, 3.0), (600, 1.0), (700, 1.0)]
+    fit = fit_quadratic(pts)
+    x, y = np.array([p[0] for p in pts], float), np.array([p[1] for p in pts], float)
+    b, a, c0 = np.polyfit(x, y, 2)
+    rel = (np.polyval([b, a, c0], x) - y) / y
+    assert -rel.min() > rel.max()  # the worst residual is the fit below the measured time
+    assert (fit.c0, fit.a, fit.b) == (pytest.approx(c0), pytest.approx(a), pytest.approx(b))
+    assert fit.max_rel_error == pytest.approx(float(np.abs(rel).max()))
+    assert fit.rms_rel_error == pytest.approx(float(np.sqrt(np.mean(rel**2))))
+
+
+def test_the_profiled_range_ends_are_measured_not_extrapolated():
+    fit = fit_quadratic([(1024, 0.002), (8192, 0.003), (32768, 0.005)])
+    assert (fit.lo, fit.hi) == (1024, 32768)
+    assert not fit.extrapolates(1024) and not fit.extrapolates(32768) and not fit.extrapolates(20000)
+    assert fit.extrapolates(1023) and fit.extrapolates(32769)
 
 
 # --- the file -----------------------------------------------------------------------------------------------------

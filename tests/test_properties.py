@@ -261,7 +261,7 @@ def test_hostile_presets_and_sets_through_the_cli_exit_2_one_line(preset_dir, ar
     lines += [f"    l{i}: &l{i} {{p: *l{i - 1}, q: *l{i - 1}}}" for i in range(1, 31)]
     (preset_dir / "cli_bomb.yaml").write_text("\n".join(lines) + "\n")
     args = [a.format(bad_date=preset_dir / "cli_date.yaml", bomb=preset_dir / "cli_bomb.yaml") for a in args]
-    r = run_qvl("compile", "--dry-run", *args, timeout=60)
+    r = run_qvl("compile", "--dry-run", *args, timeout=300)
     assert r.exit_code == 2, r.stderr[-500:]
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("qvl: error:") and needle in r.stderr, r.stderr[-500:]
     assert len(r.stderr) < 1000  # a 100 kB value is not echoed back whole

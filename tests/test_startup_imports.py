@@ -176,7 +176,7 @@ def test_help_stand_ins_hand_over_to_the_real_rich_classes():
 
 
 def test_a_command_runs_with_the_garbage_collector_on():
-    """entry.main pauses the collector while the CLI starts; the app's callback turns it on before the command."""
+    """entry.main pauses the collector while the CLI starts and turns it on once the app is built."""
     code = (
         "import gc, sys\n"
         "import qwenvl_rbln.planning.presets as presets\n"

@@ -136,6 +136,47 @@ def test_a_value_no_graph_call_can_have_refuses_the_file_naming_file_key_and_val
     assert "\n" not in message and "mv " in (err.value.hint or "") and "qvl profile" in (err.value.hint or "")
 
 
+_FIT = {"c0_s": 0.001, "a_s_per_token": 0.0, "b_s_per_token2": 0.0, "rms_rel_error": 0.0, "max_rel_error": 0.0,
+        "points": 2, "context_range": [0, 8192]}  # fmt: skip
+
+
+def _bent(point: dict | None = None, **fit) -> dict:
+    """A sound decoder record with one point (the second) or one fit value replaced."""
+    points = [_pt(0, 0.001), point if point is not None else _pt(8192, 0.002)]
+    return {"decoder_batch_1/block8192": {"points": points, "fit": {**_FIT, **fit}}}
+
+
+@pytest.mark.parametrize(
+    ("graphs", "says"),
+    [
+        (_bent({"context": 8192, "median_s": 0.002, "p10_s": 0.003, "p90_s": 0.004}), "p10_s=0.003 <= median_s"),
+        (_bent({"context": 8192, "median_s": 0.002, "p10_s": 0.001, "p90_s": 0.0015}), "<= p90_s=0.0015 does not"),
+        (_bent(max_rel_error=-0.1), "max_rel_error=-0.1: an error is never negative"),
+        (_bent(context_range=[8192, 0]), "fit.context_range=[8192, 0] runs backwards"),
+        (_bent(_pt(0, 0.002)), "context 0 is measured twice"),
+        (_bent({**_pt(8192, 0.002), "context": True}), "points[1].context=True is not a token position"),
+        (_bent({**_pt(8192, 0.002), "median_s": True}), "median_s=True is not a number"),
+        (_bent(points=0), "fit.points=0 is not a positive whole number"),
+    ],
+    ids=[
+        "p10-over-median",
+        "median-over-p90",
+        "negative-error",
+        "range-backwards",
+        "context-twice",
+        "context-true",
+        "seconds-true",
+        "zero-points",
+    ],  # fmt: skip
+)
+def test_a_record_that_is_no_sound_measurement_refuses_the_file_naming_the_value(tmp_path, graphs, says):
+    path = _file(tmp_path / "t.json", graphs)
+    with pytest.raises(InputError) as err:
+        load_measured(MK, "RBLN-CR13", path)
+    assert says in err.value.message and "graph 'decoder_batch_1/block8192'" in err.value.message, err.value.message
+    assert "mv " in (err.value.hint or "")
+
+
 def test_a_figure_ten_times_under_its_roofline_bound_is_refused(tmp_path):
     path = _file(tmp_path / "t.json", {"prefill/chunk512/block8192": {"points": [_pt(0, 1e-5)], "fit": None}})
     roof = MeasuredRoofline(QWEN3_VL_2B, REBEL100_COMPUTE, measured=load_measured(MK, "RBLN-CR13", path))

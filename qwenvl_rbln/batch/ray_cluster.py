@@ -54,7 +54,8 @@ def start_or_connect(address: str | None, *, emulate: bool = False, devices: lis
     """Join ``address`` (``auto`` or host:port), or start a local Ray; True when qvl started it (and must stop it).
 
     ``--devices 0,2`` pins a local Ray to those NPUs: Ray reads ``RBLN_DEVICES`` of the process that starts it as
-    the node's visible devices, counts only those and hands each worker one of the listed ids (not an index).
+    the node's visible devices, counts only those and hands each worker one of the listed ids (not an index). The
+    ids were checked against the host's NPUs before (``check_devices_exist``, when the pool was made).
     With ``emulate`` the emulator answers ``rebel.device_count()`` in this process, so the local node reports
     ``RBLN: QVL_EMULATOR_DEVICES``.
     """
@@ -77,8 +78,6 @@ def start_or_connect(address: str | None, *, emulate: bool = False, devices: lis
         from qwenvl_rbln.backends import emulator
 
         emulator.activate()
-    if devices is not None:
-        check_devices_exist(devices)
     saved = os.environ.get(VISIBLE_ENV)
     if devices is not None:
         os.environ[VISIBLE_ENV] = ",".join(str(d) for d in devices)
@@ -123,7 +122,8 @@ def check_devices_exist(devices: list[int]) -> None:
 
 
 def _host_port(address: str) -> tuple[str, int]:
-    host, _, port = address.removeprefix("ray://").rpartition(":")
+    """HOST and PORT of ``HOST:PORT`` (``[v6]:PORT`` too); a ``ray://`` address never gets here (options.py)."""
+    host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.batch import hashes
-from qwenvl_rbln.errors import InputError, InputErrors, QvlError
+from qwenvl_rbln.errors import InputError, QvlError, raise_all
 from qwenvl_rbln.inference.requests import batch_file, line_object, read_lines, request_id, shown
 
 _LINE_HINT = 'one JSON object per line, e.g. {"id": "cat-1", "prompt": "Describe.", "images": ["a.jpg"]}'
@@ -127,12 +127,8 @@ def check_unique_ids(path: str | Path, done: Container[str] = ()) -> IdCheck:
     colliding = set(seen.repeated())
     del seen
     dups, shared = _duplicates(path, colliding) if colliding else ([], frozenset())
-    total = bad + len(dups)
     problems = sorted(problems + dups, key=_line_of)[:MAX_PROBLEMS]
-    if total == 1:
-        raise problems[0]
-    if total:
-        raise InputErrors(problems, f"bad lines in {path}", "correct each line listed; nothing ran", total=total)
+    raise_all(problems, f"bad lines in {path}", "correct each line listed; nothing ran", total=bad + len(dups))
     if count == 0:
         raise InputError(f"batch file {path} has no requests", "write one JSON object per line")
     return IdCheck(count, shared, already)

@@ -335,7 +335,7 @@ def plan_from_loaded(loaded: LoadedPreset, *, model: str | None = None, output_d
     placement = _placement(chk, data.get("placement") or {}, resolved, warnings)
     load_cfg: dict[str, Any] = {"visual": {"device": placement["visual_device"]}, "device": placement["device"]}
 
-    processor = _processor(chk, data.get("processor") or {}, model_id, resolved, warnings)
+    processor = _processor(chk, data.get("processor") or {}, model_id, resolved, warnings, geometry.vision)
     runtime = _runtime(chk, data.get("runtime") or {})
     out = _output_dir(chk, loaded, output_dir)
 
@@ -492,7 +492,7 @@ def _devices_for(
 
 
 def _processor(
-    chk: _Checker, proc: dict[str, Any], model_id: str, resolved: ResolvedLM, warnings: list[str]
+    chk: _Checker, proc: dict[str, Any], model_id: str, resolved: ResolvedLM, warnings: list[str], vision: Any
 ) -> ProcessorCaps:
     defaults = processor_defaults(model_id)
     largest = resolved.vit_buckets[-1]
@@ -518,7 +518,7 @@ def _processor(
             "refused (error)"
         )
     if min_px > max_px and "max_pixels" not in values and max_px == bucket_cap:
-        _bucket_below_min_pixels(chk, resolved.vit_buckets, min_px, "min_pixels" in values)
+        _bucket_below_min_pixels(chk, resolved.vit_buckets, min_px, "min_pixels" in values, vision)
     if min_px > max_px:
         chk.fail(
             "processor.min_pixels", f"processor.min_pixels={min_px} is above max_pixels={max_px}", "lower min_pixels"
@@ -535,13 +535,17 @@ def _processor(
     return ProcessorCaps(min_px, max_px, vmin, vmax, float(fps), fmin, fmax, frame_px)
 
 
-def _bucket_below_min_pixels(chk: _Checker, buckets: list[int], min_px: int, min_from_preset: bool) -> None:
-    """max_pixels was derived from the largest ViT bucket: that bucket is what to raise, so name it."""
+def _bucket_below_min_pixels(
+    chk: _Checker, buckets: list[int], min_px: int, min_from_preset: bool, vision: Any
+) -> None:
+    """max_pixels was derived from the largest ViT bucket: that bucket is what to raise, so name it. The floor is
+    the model's own patch geometry (tuning/workload.py's bucket choice asks the same)."""
     from qwenvl_rbln.planning.catalogue import modelinfo
 
     largest = buckets[-1]
     shown = largest if len(buckets) == 1 else buckets
-    need = modelinfo.min_pixels_bucket(min_px)  # patches come in 2x2 merge groups
+    patch, merge = vision.patch_size, vision.spatial_merge_size
+    need = modelinfo.min_pixels_bucket(min_px, patch, merge)  # whole merge groups of patches
     where = "the model's processor default"
     if min_from_preset:
         where = f"from {chk.loaded.source_of('processor.min_pixels')}"
@@ -549,6 +553,7 @@ def _bucket_below_min_pixels(chk: _Checker, buckets: list[int], min_px: int, min
         "rbln_config.visual.max_seq_len",
         f"visual.max_seq_len={shown}: the largest ViT bucket {largest} caps processor.max_pixels at "
         f"{largest * 256} ({largest} x 256), below processor.min_pixels={min_px} ({where}), so no image fits",
-        f"make the largest bucket at least {need} patches (min_pixels / 256, rounded up to a multiple of 4), "
+        f"make the largest bucket at least {need} patches (min_pixels / {patch * patch}, rounded up to a multiple "
+        f"of {merge * merge}), "
         f"e.g. --set visual.max_seq_len={need}, or lower processor.min_pixels",
     )

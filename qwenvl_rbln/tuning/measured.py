@@ -82,18 +82,33 @@ def bad_value(path: Path, entry_key: str, graph: str | None, why: str) -> InputE
     return _refuse(path, f"has a value no graph call can have in {where}: {why}")
 
 
-def check_entry(key: str, entry: Any, path: Path) -> None:
-    """Refuse an entry whose graph records cannot be used (``measured_check``), naming the value."""
+def _table(key: str, entry: Any, path: Path) -> dict[str, Any]:
+    """The entry, refused when it is not a table."""
     if not isinstance(entry, dict):
         raise _refuse(path, f"has an entry {shown(key)} that is not a table")
+    return entry
+
+
+def _graphs(key: str, entry: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The entry's graph records, refused when they are not a table."""
     graphs = entry.get("graphs")
     if not isinstance(graphs, dict):
         raise bad_value(path, key, None, f"graphs={shown(graphs)} is not a table")
-    for graph, rec in graphs.items():
-        try:
-            check_record(rec)
-        except BadRecord as exc:
-            raise bad_value(path, key, graph, str(exc)) from None
+    return graphs
+
+
+def check_entry(key: str, entry: Any, path: Path) -> None:
+    """Refuse an entry whose graph records cannot be used (``measured_check``), naming the value."""
+    for graph, rec in _graphs(key, _table(key, entry, path), path).items():
+        _checked(rec, key, graph, path)
+
+
+def _checked(rec: Any, key: str, graph: str, path: Path) -> tuple[dict[int, dict[str, float]], Any]:
+    """``check_record`` of one graph record, its refusal naming the file, entry and graph."""
+    try:
+        return check_record(rec)
+    except BadRecord as exc:
+        raise bad_value(path, key, graph, str(exc)) from None
 
 
 STAMPS = ("profiled_at", "warmup", "repeats")  # per graph, so a merged entry keeps each graph's own
@@ -229,10 +244,7 @@ class Measured:
 
 
 def _graph(key: str, rec: Any, entry_key: str, entry: dict[str, Any], path: Path) -> GraphTiming:
-    try:
-        points, fit = check_record(rec)
-    except BadRecord as exc:
-        raise bad_value(path, entry_key, key, str(exc)) from None
+    points, fit = _checked(rec, entry_key, key, path)
     date = rec.get("profiled_at", entry.get("profiled_at", ""))
     return GraphTiming(key, points, fit, str(entry.get("npu")), str(date), bool(entry.get("emulated")), str(path),
                        entry_key)  # fmt: skip
@@ -248,19 +260,15 @@ def load_measured(
     path = path or timings_path()
     data = read_file(path)
     out = Measured()
-    for entry_key, entry in data[EMULATED if emulated else REAL].items():
-        if not isinstance(entry, dict):
-            raise _refuse(path, f"has an entry {shown(entry_key)} that is not a table")
+    for entry_key, raw in data[EMULATED if emulated else REAL].items():
+        entry = _table(entry_key, raw, path)
         if entry.get("model_key") != model_key or entry.get("npu") != npu:
             continue
         if bool(entry.get("emulated")) != emulated:
             continue
         if graph_hash is not None and entry.get("graph_hash") != graph_hash:
             continue
-        graphs = entry.get("graphs")
-        if not isinstance(graphs, dict):
-            raise bad_value(path, entry_key, None, f"graphs={shown(graphs)} is not a table")
-        for key, rec in graphs.items():
+        for key, rec in _graphs(entry_key, entry, path).items():
             timing = _graph(key, rec, entry_key, entry, path)
             old = out.graphs.get(key)
             if old is None or timing.date >= old.date:  # the newer record (ties: the later in the file)
