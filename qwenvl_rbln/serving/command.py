@@ -27,6 +27,7 @@ from qwenvl_rbln.serving.options import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     FRAME_CAP_ENV,
+    KEY_GUARD,
     MAX_FRAME_PIXELS_ENV,
     PACKING_ENV,
     PLUGIN_GROUP,
@@ -41,6 +42,8 @@ from qwenvl_rbln.serving.options import (
     is_loopback,
 )
 from qwenvl_rbln.serving.preflight import ok, preflight, warn
+from qwenvl_rbln.serving.public_routes import GUARDED_EXAMPLES, PUBLIC_ROUTES
+from qwenvl_rbln.serving.public_routes import describe as public_rule
 
 
 def resolve_directory(directory: Path | None, preset: str | None, command: str) -> tuple[Path, list[str]]:
@@ -313,7 +316,13 @@ def vllm_launch(
             warnings.extend(off)
         else:
             ok(checks, "limit_mm_per_prompt", f"{json.dumps(limits)} ({limits_source})")
-    argv += [*engine.placement_args(where["overrides"]), *extra]
+    argv += [*engine.placement_args(where["overrides"]), "--middleware", KEY_GUARD, *extra]
+    ok(
+        checks,
+        "key guard",
+        f"--middleware {KEY_GUARD}: with an API key, {public_rule()} requires it (vLLM alone guards only /v1, /v2 "
+        "and /inference, and answers /invocations and /tokenize without it); without a key it lets all through",
+    )
     if vit_packing is not None:
         packing, source = vit_packing, "--vit-packing" if vit_packing else "--no-vit-packing"
     else:
@@ -454,23 +463,23 @@ def _auth(launch: Launch, opts: ServeOptions, key: str | None, source: str, warn
             launch.checks,
             "auth",
             f"API key from {source} ({REDACTED}), handed to vLLM as ${API_KEY_ENV} in its environment, not in argv: "
-            f"every request to {where}/v1 must send 'Authorization: Bearer KEY'",
+            f"on {where}, {public_rule()} requires 'Authorization: Bearer KEY'",
         )
         return
     if is_loopback(opts.host):
         ok(launch.checks, "auth", f"no API key: {where} listens on loopback only (this machine's users can call it)")
         return
+    exposed = (
+        f"every route of vLLM's API on {where} ({', '.join(GUARDED_EXAMPLES)}, the rest, and the public "
+        f"{', '.join(PUBLIC_ROUTES)})"
+    )
     if not opts.no_auth:
         raise InputError(
-            f"--host {opts.host} serves vLLM's OpenAI API ({where}/v1: chat completions, models, tokenizer) to every "
-            "machine that can reach this port, and no API key is set",
+            f"--host {opts.host} serves {exposed} to every machine that can reach this port, and no API key is set",
             f"export {API_KEY_ENV}=KEY or pass --api-key-file FILE (qvl hands the key to vLLM in its environment), or "
             "--no-auth to serve it to anyone, or --host 127.0.0.1",
         )
-    line = (
-        f"--no-auth: vLLM's OpenAI API on {where} (/v1/chat/completions, /v1/completions, /v1/models, /tokenize, "
-        "/metrics) answers every machine that can reach this port, without a key"
-    )
+    line = f"--no-auth: {exposed} answers every machine that can reach this port, without a key"
     warn(launch.checks, "auth", line)
     warnings.append(line)
 

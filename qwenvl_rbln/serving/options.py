@@ -21,6 +21,8 @@ FRAME_CAP_ENV = "QVL_FRAME_CAP"  # "1": the plugin caps each video frame at the 
 # outside qvl keeps the checkpoint's processor files, so serve hands the cap over here instead of editing them
 MAX_FRAME_PIXELS_ENV = "QVL_MAX_FRAME_PIXELS"
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM's OpenAI server requires this key when set; never passed in argv
+# the ASGI middleware on every serve line: with a key, every route but public_routes.PUBLIC_ROUTES requires it
+KEY_GUARD = "qwenvl_rbln.serving.key_guard.KeyGuard"
 BENCH_KEY_ENV = "OPENAI_API_KEY"  # what `vllm bench serve` sends as "Authorization: Bearer ..."
 USAGE_STATS_ENV = "VLLM_NO_USAGE_STATS"  # vLLM reports usage to its authors by default: off in every line qvl builds
 REDACTED = "<redacted>"
