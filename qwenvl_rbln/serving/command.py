@@ -40,6 +40,7 @@ from qwenvl_rbln.serving.options import (
     api_key,
     host_port,
     is_loopback,
+    usage_stats_opted_in,
 )
 from qwenvl_rbln.serving.preflight import ok, preflight, warn
 from qwenvl_rbln.serving.public_routes import GUARDED_EXAMPLES, PUBLIC_ROUTES
@@ -299,7 +300,7 @@ def vllm_launch(
     checks = list(art.checks)
     ok(checks, "engine", engine.describe())
     env = _placement_env(where, environ, checks, engine)
-    if not {USAGE_STATS_ENV, "DO_NOT_TRACK"} & set(environ):  # nothing leaves the host unless the user says so
+    if not usage_stats_opted_in(environ):  # nothing leaves the host unless the user explicitly allows it
         env[USAGE_STATS_ENV] = "1"
     cfg = art.cfg
     argv = ["vllm", "serve", str(art.root), "--host", host, "--port", str(port)]

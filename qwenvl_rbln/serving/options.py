@@ -25,9 +25,26 @@ API_KEY_ENV = "VLLM_API_KEY"  # vLLM's OpenAI server requires this key when set;
 KEY_GUARD = "qwenvl_rbln.serving.key_guard.KeyGuard"
 BENCH_KEY_ENV = "OPENAI_API_KEY"  # what `vllm bench serve` sends as "Authorization: Bearer ..."
 USAGE_STATS_ENV = "VLLM_NO_USAGE_STATS"  # vLLM reports usage to its authors by default: off in every line qvl builds
+DO_NOT_TRACK_ENVS = ("DO_NOT_TRACK", "VLLM_DO_NOT_TRACK")  # the other opt-outs vLLM reads (vllm/envs.py)
+_OPT_IN = ("0", "false", "no", "off")
 REDACTED = "<redacted>"
 DEFAULT_HOST = "127.0.0.1"  # local only unless asked: `--host 0.0.0.0` serves other machines
 DEFAULT_PORT = 8000  # vLLM's own default
+
+
+def usage_stats_opted_in(environ: Mapping[str, str]) -> bool:
+    """Whether the user explicitly allowed vLLM's usage statistics: ``VLLM_NO_USAGE_STATS`` set to 0 (or false, no,
+    off) and no do-not-track variable set to anything else. Every other case gets ``VLLM_NO_USAGE_STATS=1``: vLLM
+    reads only the value "1" as an opt-out (``vllm/envs.py``), so a ``DO_NOT_TRACK=true`` or an empty one, which a
+    user means as "do not track", would otherwise leave them on (audit 2026-12-04b F2)."""
+
+    def said(name: str) -> str | None:
+        value = environ.get(name)
+        return None if value is None else value.strip().lower()
+
+    if said(USAGE_STATS_ENV) not in _OPT_IN:
+        return False
+    return all(said(name) in (None, *_OPT_IN) for name in DO_NOT_TRACK_ENVS)
 
 
 @dataclass
