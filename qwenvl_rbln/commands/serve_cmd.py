@@ -232,6 +232,10 @@ def register(app: typer.Typer) -> None:
             _emulated(launch, serve=True)
         if not dry_run and vllm_rbln is not None:
             check_runnable(resolve(vllm_rbln))
+        if not dry_run:
+            from qwenvl_rbln.serving.port import check_port_free
+
+            check_port_free(opts.host, opts.port)  # vLLM's SO_REUSEPORT would start beside a running server
         _run(launch, warnings, dry_run=dry_run, as_json=as_json)
 
     @app.command("bench-serve")
