@@ -130,6 +130,14 @@ def served_name(art: Artifact) -> str:
     return art.root.name
 
 
+def _name_source(art: Artifact, given: str | None) -> str:
+    if given is not None:
+        return "--served-model-name"
+    if served_name(art) != art.root.name:
+        return "the compiled model's hub id"
+    return "the artifact folder's name: the compiled model's id is not a hub id; --served-model-name sets another"
+
+
 def _preset_plan(preset: str | None) -> Any:
     if preset is None:
         return None
@@ -304,7 +312,9 @@ def vllm_launch(
         env[USAGE_STATS_ENV] = "1"
     cfg = art.cfg
     argv = ["vllm", "serve", str(art.root), "--host", host, "--port", str(port)]
-    argv += ["--served-model-name", served_model_name or served_name(art)]
+    name = served_model_name or served_name(art)
+    argv += ["--served-model-name", name]
+    ok(checks, "served name", f'clients send "model": "{name}" ({_name_source(art, served_model_name)})')
     argv += ["--max-model-len", str(cfg["max_seq_len"]), "--max-num-seqs", str(cfg["batch_size"])]
     ok(checks, "max_model_len", f"{cfg['max_seq_len']} (the compiled max_seq_len; the KV block pool holds it)")
     _image_cap(art, argv, replaced, checks)
