@@ -115,9 +115,9 @@ def placement_of(data: dict) -> tuple[str, dict]:
     """(the visible NPUs, the placement vllm-rbln reads) from either generation's line, checking it is one line."""
     argv, env = data["argv"], data["env"]
     if "--rbln-optimum-overrides" in argv:
-        assert "--additional-config" not in argv and "RBLN_DEVICES" not in env
+        assert "--additional-config" not in argv and env.get("RBLN_DEVICES") is None  # unset (N5)
         return env["RBLN_VISIBLE_DEVICES"], json.loads(flag_value(argv, "--rbln-optimum-overrides"))
-    assert "RBLN_VISIBLE_DEVICES" not in env or env["RBLN_VISIBLE_DEVICES"] is None
+    assert env.get("RBLN_VISIBLE_DEVICES") is None  # unset (N5)
     config = json.loads(flag_value(argv, "--additional-config"))
     assert set(config) == {"rbln_config"}
     return env["RBLN_DEVICES"], config["rbln_config"]
@@ -150,7 +150,7 @@ def test_serve_dry_run_builds_the_command_from_the_artifact(art, capsys, no_exec
     assert "--rbln-optimum-overrides" not in argv
     assert flag_value(argv, "--host") == "127.0.0.1" and flag_value(argv, "--port") == "8000"
     assert flag_value(argv, "--served-model-name") == "Qwen/Qwen3-VL-2B-Instruct"
-    assert data["env"]["RBLN_DEVICES"] == "0" and "RBLN_VISIBLE_DEVICES" not in data["env"]
+    assert data["env"]["RBLN_DEVICES"] == "0" and data["env"]["RBLN_VISIBLE_DEVICES"] is None
     assert data["env"][PACKING_ENV] == "1"
     names = [c["check"] for c in data["checks"]]
     for name in ("rbln_config", "not emulated", "cls_name", "optimum_rbln_version", "graph files", "processor files"):

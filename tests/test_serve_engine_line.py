@@ -102,7 +102,8 @@ def test_a_line_for_another_generation_than_the_installed_one_never_starts(art, 
 
 def test_vllms_usage_statistics_are_off_unless_the_user_set_them(art, capsys, monkeypatch, no_exec):
     """No default sends traffic off the machine: vLLM's usage report is off in serve's line (and so in deploy's pod),
-    unless the user set VLLM_NO_USAGE_STATS or DO_NOT_TRACK themselves (then theirs stands)."""
+    unless the user explicitly allowed it (a 0 in VLLM_NO_USAGE_STATS or DO_NOT_TRACK; tests/test_serve_usage_stats.py
+    has every case, checked against vLLM's own reading)."""
     for name in ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
         monkeypatch.delenv(name, raising=False)
     code, out, err = run_main(["serve", str(art), "--dry-run", "--json"], capsys)
@@ -112,3 +113,22 @@ def test_vllms_usage_statistics_are_off_unless_the_user_set_them(art, capsys, mo
     code, out, err = run_main(["serve", str(art), "--dry-run", "--json"], capsys)
     assert code == 0, err
     assert "VLLM_NO_USAGE_STATS" not in json.loads(out)["env"]
+
+
+@pytest.mark.parametrize(("version", "other"), [("0.12.0", "RBLN_DEVICES"), ("0.11.1a1", "RBLN_VISIBLE_DEVICES")])
+def test_the_dry_run_script_is_the_same_whatever_the_printing_shell_has(version, other, art, capsys, monkeypatch):
+    """New-user audit 2026-12-04b N5: the dry run is a line for another host, yet it unset the other generation's
+    device variable only when the printing shell had it set."""
+    scripts = []
+    for inherited in (None, "3"):
+        for name in ("RBLN_DEVICES", "RBLN_VISIBLE_DEVICES"):
+            monkeypatch.delenv(name, raising=False)
+        if inherited is not None:
+            monkeypatch.setenv(other, inherited)
+        code, out, err = run_main(["serve", str(art), "--dry-run", "--vllm-rbln", version], capsys)
+        assert code == 0, err
+        assert f"unset {other}" in out, out
+        code, js, err = run_main(["serve", str(art), "--dry-run", "--json", "--vllm-rbln", version], capsys)
+        assert code == 0 and json.loads(js)["env"][other] is None, err
+        scripts.append(out.replace(f"(replaces the inherited {inherited})", ""))
+    assert scripts[0] == scripts[1]

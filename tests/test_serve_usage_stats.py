@@ -37,6 +37,8 @@ CASES = [  # (the user's environment, whether the user allowed usage statistics)
     ({"VLLM_NO_USAGE_STATS": "0"}, True),
     ({"VLLM_NO_USAGE_STATS": " False "}, True),
     ({"VLLM_NO_USAGE_STATS": "0", "DO_NOT_TRACK": "0"}, True),
+    ({"DO_NOT_TRACK": "0"}, True),
+    ({"DO_NOT_TRACK": "0", "VLLM_DO_NOT_TRACK": "1"}, False),
 ]
 
 

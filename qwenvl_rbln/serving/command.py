@@ -510,10 +510,9 @@ def _placement_env(
         f"{name}={visible}{note if inherited not in (None, visible) else ''}; {engine.placement_flag} carries "
         "positions in that list",
     )
-    env: dict[str, str | None] = {name: visible}
-    if engine.other_device_env in environ:
-        env[engine.other_device_env] = None  # the other name must not pick other devices
-    return env
+    # the other name must not pick other devices: always unset, so a --dry-run script is the same whatever the
+    # printing shell has (it runs on another host, whose environment qvl cannot see)
+    return {name: visible, engine.other_device_env: None}
 
 
 def _packing_env(

@@ -33,18 +33,13 @@ DEFAULT_PORT = 8000  # vLLM's own default
 
 
 def usage_stats_opted_in(environ: Mapping[str, str]) -> bool:
-    """Whether the user explicitly allowed vLLM's usage statistics: ``VLLM_NO_USAGE_STATS`` set to 0 (or false, no,
-    off) and no do-not-track variable set to anything else. Every other case gets ``VLLM_NO_USAGE_STATS=1``: vLLM
-    reads only the value "1" as an opt-out (``vllm/envs.py``), so a ``DO_NOT_TRACK=true`` or an empty one, which a
-    user means as "do not track", would otherwise leave them on (audit 2026-12-04b F2)."""
-
-    def said(name: str) -> str | None:
-        value = environ.get(name)
-        return None if value is None else value.strip().lower()
-
-    if said(USAGE_STATS_ENV) not in _OPT_IN:
-        return False
-    return all(said(name) in (None, *_OPT_IN) for name in DO_NOT_TRACK_ENVS)
+    """Whether the user explicitly allowed vLLM's usage statistics: at least one of ``VLLM_NO_USAGE_STATS``,
+    ``DO_NOT_TRACK``, ``VLLM_DO_NOT_TRACK`` set to 0 (or false, no, off) and none set to anything else. Every other
+    case gets ``VLLM_NO_USAGE_STATS=1``: vLLM reads only the value "1" as an opt-out (``vllm/envs.py``), so a
+    ``DO_NOT_TRACK=true`` or an empty one, which a user means as "do not track", would otherwise leave them on
+    (audit 2026-12-04b F2)."""
+    said = [environ[name].strip().lower() for name in (USAGE_STATS_ENV, *DO_NOT_TRACK_ENVS) if name in environ]
+    return bool(said) and all(value in _OPT_IN for value in said)
 
 
 @dataclass
