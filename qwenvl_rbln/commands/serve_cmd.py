@@ -160,6 +160,17 @@ def _supervised(argv: list[str], env: dict[str, str]) -> None:
         )
 
 
+def _before_start(opts: Any) -> None:
+    """What must hold before vLLM starts here: a --vllm-rbln line of the installed generation, and a free port
+    (vLLM binds with SO_REUSEPORT, so it would start beside a server already listening there)."""
+    from qwenvl_rbln.serving.engine import check_runnable, resolve
+    from qwenvl_rbln.serving.port import check_port_free
+
+    if opts.vllm_rbln is not None:
+        check_runnable(resolve(opts.vllm_rbln))
+    check_port_free(opts.host, opts.port)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
@@ -204,7 +215,6 @@ def register(app: typer.Typer) -> None:
         from qwenvl_rbln.backends.emulator import refuse_real_rebel, requested
         from qwenvl_rbln.memory.placement import parse_device
         from qwenvl_rbln.serving.command import serve_command
-        from qwenvl_rbln.serving.engine import check_runnable, resolve
         from qwenvl_rbln.serving.options import ServeOptions
 
         directory, extra = _split(directory, vllm_args)
@@ -230,12 +240,8 @@ def register(app: typer.Typer) -> None:
         launch, warnings = serve_command(opts, os.environ)
         if opts.emulate:
             _emulated(launch, serve=True)
-        if not dry_run and vllm_rbln is not None:
-            check_runnable(resolve(vllm_rbln))
         if not dry_run:
-            from qwenvl_rbln.serving.port import check_port_free
-
-            check_port_free(opts.host, opts.port)  # vLLM's SO_REUSEPORT would start beside a running server
+            _before_start(opts)
         _run(launch, warnings, dry_run=dry_run, as_json=as_json)
 
     @app.command("bench-serve")
