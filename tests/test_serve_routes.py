@@ -8,11 +8,13 @@ The same rule over real HTTP on the running engine: tests/test_engine_serve_auth
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
 from qwenvl_rbln.serving.key_guard import KeyGuard
 from qwenvl_rbln.serving.public_routes import GUARDED_EXAMPLES, PUBLIC_ROUTES, needs_key
+from tests.fakes_rbln import run_main
 
 KEY = "route-test-key"
 
@@ -96,3 +98,24 @@ def test_the_lists_name_real_vllm_routes_and_vllm_alone_leaves_some_open():
         if needs_key(method, path) and not path.startswith(tuple(built["guarded_prefix"]))
     )  # fmt: skip
     assert "/invocations" in open_in_vllm and "/tokenize" in open_in_vllm, open_in_vllm
+
+
+def test_the_messages_say_the_same_rule_the_guard_applies(tmp_path, capsys, monkeypatch):
+    """--no-auth names what it opens from the same lists (every route, the public ones included); with a key, the
+    check says which routes need it; every serve line carries the guard."""
+    from qwenvl_rbln.serving.options import KEY_GUARD
+    from qwenvl_rbln.serving.public_routes import describe
+    from tests.test_serve_emulate import emulated_artifact
+
+    art = emulated_artifact(tmp_path / "art", emulated=False)
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    code, out, err = run_main(["serve", str(art), "--host", "0.0.0.0", "--no-auth", "--dry-run", "--json"], capsys)
+    assert code == 0, err
+    (warning,) = [line for line in err.splitlines() if "--no-auth" in line]
+    assert all(route in warning for route in (*GUARDED_EXAMPLES, *PUBLIC_ROUTES)), warning
+    argv = json.loads(out)["argv"]
+    assert argv[argv.index("--middleware") + 1] == KEY_GUARD
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
+    code, out, err = run_main(["serve", str(art), "--host", "0.0.0.0", "--dry-run", "--json"], capsys)
+    (auth,) = [c for c in json.loads(out)["checks"] if c["check"] == "auth"]
+    assert code == 0 and describe() in auth["detail"]
