@@ -19,9 +19,10 @@ and 2026-12-04b F7):
 What decides, for an installed vllm-rbln (``qvl serve``): what it accepts, read from its own files without importing
 it (``installed_line``: the 0.12 line when its source has both ``optimum_overrides`` and ``"RBLN_VISIBLE_DEVICES"``).
 For a version alone (``--vllm-rbln VERSION`` for another host, ``qvl deploy``, a package whose files cannot be read):
-the version, PEP 440 ordered, against ``OVERRIDES_FROM`` (0.11.3a20 and its dev builds, the first release the sources place the new
-spelling in; a version between 0.11.1a1 and it gets the 0.11 line, which the 0.12 line still takes through its
-deprecated aliases). Without either: ``DEFAULT``, which every check line names, the 0.11 line checked end to end.
+the version, PEP 440 ordered, against ``OVERRIDES_FROM`` (0.11.3a20 and its dev builds, the first release the sources
+place the new spelling in; a version between 0.11.1a1 and it gets the 0.11 line, which the 0.12 line still takes
+through its deprecated aliases). Without either: ``DEFAULT``, which every check line names, the 0.11 line checked
+end to end.
 """
 
 from __future__ import annotations
