@@ -221,6 +221,7 @@ def test_the_plugin_is_built_into_the_image_or_its_absence_is_costed(built):
     whl = f"qwenvl_rbln-{__version__}-py3-none-any.whl"
     assert f"FROM {IMAGE}\n" in cf and f"COPY {whl} " in cf and isinstance(with_plugin["files"][whl], bytes)
     assert container(with_plugin)["image"] == f"{IMAGE}-qvl{__version__}"
+    assert "import qwenvl_rbln.vllm_plugin, qwenvl_rbln.serving.key_guard" in cf  # the build fails, not the pod
     assert env_of(with_plugin)["QVL_FRAME_CAP"] == "1"
     without = built[("llm-d", "device-plugin")]
     assert "Containerfile" not in without["files"] and container(without)["image"] == IMAGE
