@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.helpers_cli import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 START_S = 420.0  # the engine's start on a busy 2-core machine (about 30 s idle): a bound, not a wait
@@ -45,12 +46,6 @@ def installed() -> str | None:
     if not (Path(sys.executable).parent / "vllm").is_file():
         return f"no vllm executable beside {sys.executable}"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def engine_env(tmp: Path, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now: tests that start a server (or `qvl serve`, which refuses a port in use)
+    never share a fixed one with a neighbour running at the same time."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def readline_within(stream, seconds: float = 120.0) -> str | bytes:

@@ -35,6 +35,7 @@ from qwenvl_rbln.errors import BackendError, InputError
 from qwenvl_rbln.inference.runner import InferOptions
 from tests.fakes_rbln import refused_infer as refused
 from tests.fakes_rbln import run_main
+from tests.helpers_cli import free_port
 
 PLACEHOLDERS = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>"]
 
@@ -325,12 +326,6 @@ def test_devices_the_host_does_not_have_are_refused_naming_them_and_the_count(mo
         assert RayExecutor(WorkerSpec(), devices=[3, 0]).workers == 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _Listener:
     """A TCP server on 127.0.0.1 that accepts and, with ``answer``, writes it (a gRPC server's SETTINGS frame)."""
 
@@ -369,7 +364,7 @@ def test_an_address_where_nothing_answers_fails_at_once_without_joining_ray(monk
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", joined)
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     with pytest.raises(BackendError, match=f"cannot reach the Ray cluster at --ray-address {address}: nothing answers"):
         ray_cluster.start_or_connect(address)
     silent = _Listener()  # something listens, but it is no Ray head: it never answers

@@ -115,3 +115,33 @@ def test_which_compiles_need_the_sort_follows_optimum_rbln(npu, attn, mask, sort
     assert decode_sort.compiled_with_sort(npu, attn, mask) is sorts
     cfg = {"_requires_batch_sort": sorts, "batch_size": 2}
     assert decode_sort.needs_sort(cfg) is sorts and not decode_sort.needs_sort({**cfg, "batch_size": 1})
+
+
+def test_lora_adapter_ids_move_with_their_rows_and_come_back(emulated):
+    """Audit 2026-12-04b F4: vllm-rbln sets the adapter ids on optimum-rbln's model in the runner's order
+    (``set_lora_int_ids``) and the decoder reads them from there; the sort moved the rows but not the ids, so a sorted
+    row decoded with another request's adapter. optimum-rbln's own ``set_lora_int_ids`` runs here, on the decoder
+    state it sets (prefill decoder and every decoder batch size)."""
+    from optimum.rbln.transformers.models.decoderonly.modeling_decoderonly import RBLNDecoderOnlyModelForCausalLM
+
+    rt = types.SimpleNamespace
+    lm = rt(prefill_decoder=rt(), decoders={4: rt()}, rbln_config=rt(can_generate=True, decoder_batch_sizes=[4]))
+    lm.set_lora_int_ids = types.MethodType(RBLNDecoderOnlyModelForCausalLM.set_lora_int_ids, lm)
+    adapter_of = {"r0": 7, "r1": 3, "r2": 5}  # each request's adapter
+    lm.set_lora_int_ids([7, 3, 5, 0])  # runner order, padded with 0 to the batch (set_active_loras)
+
+    class LoraModel(Model):
+        model = lm
+
+        def forward(self, model_input, **kwargs):
+            used = self.model.decoders[4].lora_int_ids.tolist()  # what the decoder reads when passed none
+            self.ran_with = dict(zip(model_input.running_requests_ids, used, strict=False))
+            return super().forward(model_input, **kwargs)
+
+    model = LoraModel()
+    logits = decode_sort.sorted_forward(LoraModel.forward)(model, batch([12, 111, 40]))
+    assert model.seen[-1].running_requests_ids == ["r1", "r2", "r0"]  # it did sort
+    assert model.ran_with == adapter_of  # each row with its own adapter
+    assert lm.lora_int_ids.tolist() == lm.decoders[4].lora_int_ids.tolist() == [7, 3, 5, 0]  # back in runner order
+    assert lm.prefill_decoder.lora_int_ids.tolist() == [7, 3, 5, 0]
+    assert logits[:, 0, 0].tolist() == [0.0, 1.0, 2.0]

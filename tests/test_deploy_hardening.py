@@ -217,24 +217,29 @@ def test_a_warning_the_checks_show_is_not_repeated_on_stderr(tmp_path, capsys):
 # ------------------------------------------------------------------------------- upstream 1, 7, 8, 10, 12
 
 
-def test_the_api_key_is_said_to_guard_every_route_but_vllms_public_ones(art):
-    """Upstream finding 1: newer vLLM guards every route except its public list (/health, /metrics, ...); the
-    manifests said the key guards /v1 only."""
+def test_the_api_key_is_said_to_guard_every_route_but_the_public_ones(art):
+    """Upstream finding 1 and round 5 F1: the key guards every route but the public list (qvl's key guard: vLLM 0.22
+    alone leaves /invocations open); the manifests once said /v1 only, then that vLLM guarded the rest."""
+    from qwenvl_rbln.serving.public_routes import PUBLIC_ROUTES
+
     text = words(build(opts(art, service_type="NodePort"))["files"]["deployment.yaml"])
-    assert "every route except vLLM's public ones (/health, /ping, /load, /version, /metrics, /docs" in text
+    assert f"every route except {', '.join(PUBLIC_ROUTES)}" in text and "qvl's key guard" in text
     service = words(build(opts(art, service_type="NodePort"))["files"]["service.yaml"])
     assert "the API key guards every route except" in service and "guards /v1." not in service
     assert "requires this key on /v1 when set" not in text
 
 
-def test_vllms_engine_start_timeout_covers_the_startup_window(tmp_path, art):
-    """Upstream finding 10: vLLM gives up on an engine after VLLM_ENGINE_READY_TIMEOUT_S (600 s by default), so a
-    load longer than that failed inside vLLM whatever the probe allowed."""
+def test_vllms_engine_ready_timeout_is_at_least_the_startup_window(tmp_path, art):
+    """Upstream finding 10 (round 5 F5): VLLM_ENGINE_READY_TIMEOUT_S is set to the probe's window, so no vLLM that
+    times its start with it gives up before the probe. vLLM 0.22's single-API-server line does not bound the model
+    load with it (the note must not say it does)."""
     result = build(opts(art))
     probe = container(result)["startupProbe"]
     window = probe["initialDelaySeconds"] + probe["periodSeconds"] * probe["failureThreshold"]
     assert int(env_of(result)["VLLM_ENGINE_READY_TIMEOUT_S"]) == window > 600
     assert "VLLM_ENGINE_READY_TIMEOUT_S" in env_of(build(opts(art, plugin=False)))  # vLLM's own: always set
+    text = words(build(opts(art))["files"]["deployment.yaml"])
+    assert "does not bound the model load with it" in text and "waits for its engine to load" not in text
 
 
 def test_llm_d_pods_carry_only_the_guides_labels(art):
@@ -296,3 +301,20 @@ def test_one_folder_size_counts_a_hard_linked_file_once(tmp_path, art, monkeypat
     monkeypatch.setattr("qwenvl_rbln.deploy.build.tree_bytes", lambda root: seen.append(root) or 12345)
     result = build(opts(copy))
     assert seen == [copy] and "0.0 GiB artifact" in words(result["files"]["deployment.yaml"])
+
+
+def test_every_pod_runs_the_key_guard_unless_the_image_has_no_qvl(art):
+    """Round 5 F1 / N1: a pod runs serve's own line, key guard included (vLLM alone answers /invocations without
+    the key); an image without qvl cannot import it, so --no-plugin drops it and says what that exposes."""
+    from qwenvl_rbln.serving.options import KEY_GUARD
+
+    def line(result) -> str:
+        return " ".join(container(result)["command"] + container(result).get("args", []))
+
+    assert f"--middleware {KEY_GUARD}" in line(build(opts(art)))
+    without = build(opts(art, plugin=False))
+    assert KEY_GUARD not in line(without) and "--middleware" not in line(without)
+    text = words(without["files"]["kustomization.yaml"])
+    assert "no key guard" in text and "/invocations" in text
+    (check,) = [c for c in without["spec"].pod.checks if c["check"] == "key guard"]
+    assert not check["ok"] and "/invocations" in check["detail"]

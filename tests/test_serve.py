@@ -29,7 +29,7 @@ from qwenvl_rbln.serving.command import serve_command
 from qwenvl_rbln.serving.flags import parse_count, parse_flags
 from qwenvl_rbln.serving.options import PACKING_ENV, PLUGIN_GROUP, PLUGIN_NAME, BenchOptions, ServeOptions
 from tests.fakes_rbln import rbln_config_json, run_main, write_artifact
-from tests.helpers_cli import REPO, run_qvl
+from tests.helpers_cli import REPO, free_port, run_qvl
 from tests.stand_in_vllm import RECORD_ENV, install_stand_in, read_record
 
 # where optimum-rbln 0.12 defines RBLNQwen3VLVisionModel (the class the packed forward is installed on)
@@ -115,9 +115,9 @@ def placement_of(data: dict) -> tuple[str, dict]:
     """(the visible NPUs, the placement vllm-rbln reads) from either generation's line, checking it is one line."""
     argv, env = data["argv"], data["env"]
     if "--rbln-optimum-overrides" in argv:
-        assert "--additional-config" not in argv and "RBLN_DEVICES" not in env
+        assert "--additional-config" not in argv and env.get("RBLN_DEVICES") is None  # unset (N5)
         return env["RBLN_VISIBLE_DEVICES"], json.loads(flag_value(argv, "--rbln-optimum-overrides"))
-    assert "RBLN_VISIBLE_DEVICES" not in env or env["RBLN_VISIBLE_DEVICES"] is None
+    assert env.get("RBLN_VISIBLE_DEVICES") is None  # unset (N5)
     config = json.loads(flag_value(argv, "--additional-config"))
     assert set(config) == {"rbln_config"}
     return env["RBLN_DEVICES"], config["rbln_config"]
@@ -150,7 +150,7 @@ def test_serve_dry_run_builds_the_command_from_the_artifact(art, capsys, no_exec
     assert "--rbln-optimum-overrides" not in argv
     assert flag_value(argv, "--host") == "127.0.0.1" and flag_value(argv, "--port") == "8000"
     assert flag_value(argv, "--served-model-name") == "Qwen/Qwen3-VL-2B-Instruct"
-    assert data["env"]["RBLN_DEVICES"] == "0" and "RBLN_VISIBLE_DEVICES" not in data["env"]
+    assert data["env"]["RBLN_DEVICES"] == "0" and data["env"]["RBLN_VISIBLE_DEVICES"] is None
     assert data["env"][PACKING_ENV] == "1"
     names = [c["check"] for c in data["checks"]]
     for name in ("rbln_config", "not emulated", "cls_name", "optimum_rbln_version", "graph files", "processor files"):
@@ -171,7 +171,7 @@ def test_human_dry_run_is_a_shell_script_of_the_same_command(art, capsys, no_exe
 def test_serve_execs_exactly_what_dry_run_printed(tmp_path, plans, stand_in):
     root = make_artifact(tmp_path / "art2", plans["rebel100-2npu-batch4"])
     env = {**stand_in.env, "RBLN_VISIBLE_DEVICES": "7", "VLLM_PLUGINS": "rbln"}
-    args = ["serve", str(root), "--port", "8123", "--", "--enforce-eager", "--max-model-len=262144"]
+    args = ["serve", str(root), "--port", str(free_port()), "--", "--enforce-eager", "--max-model-len=262144"]
     shown = run_qvl(*with_flags(args, "--dry-run", "--json"), env=env)
     assert shown.exit_code == 0, shown.stderr
     data = json.loads(shown.stdout)

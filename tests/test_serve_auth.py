@@ -13,7 +13,7 @@ import pytest
 from qwenvl_rbln.artifacts.manifest import write_manifest
 from qwenvl_rbln.planning.plan import build_plan
 from tests.fakes_rbln import run_main, write_artifact
-from tests.helpers_cli import run_qvl
+from tests.helpers_cli import free_port, run_qvl
 from tests.stand_in_vllm import RECORD_ENV, install_stand_in, read_record
 
 KEY = "sk-qvl-test-7f3a9c"
@@ -81,7 +81,7 @@ def test_the_key_reaches_vllm_in_its_environment_never_in_argv(source, art, key_
     extra = {"VLLM_API_KEY": KEY} if source == "environment" else {}
     env, record = stand_in_env(tmp_path, **extra)
     flags = ["--api-key-file", str(key_file)] if source == "file" else []
-    args = ["serve", str(art), "--host", "0.0.0.0", *flags]
+    args = ["serve", str(art), "--host", "0.0.0.0", "--port", str(free_port()), *flags]
     for shown in (run_qvl(*args, "--dry-run", "--json", env=env), run_qvl(*args, "--dry-run", env=env)):
         assert shown.exit_code == 0, shown.stderr
         assert KEY not in shown.stdout + shown.stderr  # --dry-run and --json never print it

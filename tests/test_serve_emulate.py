@@ -23,7 +23,7 @@ from qwenvl_rbln.artifacts.emulated import FORMAT
 from qwenvl_rbln.artifacts.manifest import write_manifest
 from qwenvl_rbln.planning.plan import build_plan
 from tests.fakes_rbln import run_main, write_artifact
-from tests.helpers_cli import REPO, readline_within
+from tests.helpers_cli import REPO, free_port, readline_within
 
 SHIM = REPO / "qwenvl_rbln" / "backends" / "emulator" / "shim"
 
@@ -207,7 +207,7 @@ def test_ctrl_c_of_qvl_serve_emulate_ends_vllms_whole_group_and_labels_every_lin
 
     stand_in_vllm(tmp_path / "bin")
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "qwenvl_rbln", "serve", str(art), "--emulate", "--port", "8799"]
+    cmd = [sys.executable, "-m", "qwenvl_rbln", "serve", str(art), "--emulate", "--port", str(free_port())]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         first = readline_within(proc.stdout)  # the stand-in prints at once

@@ -2,11 +2,12 @@
 
 vllm-rbln gives vLLM ``kvcache_num_blocks + 1`` blocks for a full pool and ``kvcache_num_blocks`` for a short one, and
 vLLM keeps one as its null block: a short pool holds ``(kvcache_num_blocks - 1) x block`` tokens for one sequence.
-optimum-rbln 0.12 never writes a pool below one sequence of max_seq_len (``num_min_blocks``), so the guard that held
-``max_model_len`` lower inside vLLM (``QVL_MAX_MODEL_LEN``) could never fire for an artifact 0.12 accepts, and when
-forced it narrowed every block table and failed every prefill (shared/engine/README.md). It is gone: serve passes
-``--max-model-len`` = max_seq_len and refuses, before anything starts, a pool that could not hold it
-(serving/preflight.py: check_kv_pool).
+optimum-rbln 0.12 refuses a flash pool below one sequence of max_seq_len (``num_min_blocks``) but compiles an eager
+pool of 1 block at batch 2 (audit 2026-12-04b F3: it checks eager pools only from above); ``qvl compile`` refuses
+every eager pool below one block per sequence. So every pool qvl's planner accepts holds max_seq_len, and the guard
+that held ``max_model_len`` lower inside vLLM (``QVL_MAX_MODEL_LEN``), which when forced narrowed every block table
+and failed every prefill (shared/engine/README.md), is gone: serve passes ``--max-model-len`` = max_seq_len and
+refuses, before anything starts, a pool that could not hold it (serving/preflight.py: check_kv_pool).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -89,21 +91,89 @@ def test_pool_arithmetic(blocks, batch, max_len, holds, tmp_path):
             check_kv_pool(cfg, tmp_path / "rbln_config.json", checks)
 
 
-def test_every_pool_optimum_rbln_accepts_holds_max_seq_len(tmp_path):
-    """Why the guard could go: for every flash-attention config optimum-rbln 0.12 compiles (max_seq_len a multiple
-    of the block, at least 2 blocks) and every kvcache_num_blocks it accepts (num_min_blocks .. num_full_blocks),
-    and for eager attention (one block of max_seq_len per sequence, any count from 2), vLLM's pool holds a sequence
-    of max_seq_len, so --max-model-len never needs lowering."""
-    cfg_path = tmp_path / "rbln_config.json"
+class _Refused(Exception):
+    pass
+
+
+class _Chk:
+    """The planner's checker protocol (planning/lm/checks.py: Checker): a refusal raises."""
+
+    def fail(self, key, message, hint):
+        raise _Refused(message)
+
+    def int_(self, key, value, *, minimum=None, allowed=""):
+        return value
+
+
+def planner_accepts(blocks: int, block: int, max_len: int, batch: int, attn: str) -> bool:
+    """Whether `qvl compile`'s planner accepts kvcache_num_blocks=blocks (planning/lm/checks.py: kv_blocks)."""
+    from qwenvl_rbln.planning.catalogue.devices import npu_spec
+    from qwenvl_rbln.planning.lm.checks import kv_blocks
+
+    try:
+        kv_blocks(_Chk(), {"kvcache_num_blocks": blocks}, npu_spec("RBLN-CR13"), (max_len, block, batch, attn), [])
+    except _Refused:
+        return False
+    return True
+
+
+def serve_accepts(blocks: int, block: int, max_len: int, batch: int, attn: str) -> bool:
+    cfg = {"kvcache_num_blocks": blocks, "kvcache_block_size": block, "max_seq_len": max_len, "batch_size": batch}
+    try:
+        check_kv_pool({**cfg, "attn_impl": attn}, Path("rbln_config.json"), [])
+    except InputError:
+        return False
+    return True
+
+
+def test_every_pool_the_planner_accepts_holds_max_seq_len():
+    """One policy (F3): every kvcache_num_blocks `qvl compile` accepts, serve accepts. Flash: optimum-rbln's own
+    minimum (num_min_blocks .. num_full_blocks). Eager, from 1 block (the pool optimum-rbln 0.12 compiles at batch 2
+    and serve refuses): the planner refuses every pool below one block per sequence."""
     for batch in range(1, 9):
         for per_seq in range(2, 41):
             full, minimum = kv_block_counts(per_seq * 4096, 4096, batch, "flash_attn")
-            for blocks in range(minimum, full + 1):
-                cfg = {"kvcache_num_blocks": blocks, "kvcache_block_size": 4096, "max_seq_len": per_seq * 4096}
-                check_kv_pool({**cfg, "batch_size": batch}, cfg_path, [])
-        for blocks in range(2, batch + 1):
-            cfg = {"kvcache_num_blocks": blocks, "kvcache_block_size": 8192, "max_seq_len": 8192, "batch_size": batch}
-            check_kv_pool(cfg, cfg_path, [])
+            for blocks in range(1, full + 1):
+                if planner_accepts(blocks, 4096, per_seq * 4096, batch, "flash_attn"):
+                    assert blocks >= minimum and serve_accepts(blocks, 4096, per_seq * 4096, batch, "flash_attn")
+        for blocks in range(1, batch + 3):
+            planned = planner_accepts(blocks, 8192, 8192, batch, "eager")
+            assert planned == (blocks >= batch), (blocks, batch)
+            if planned:
+                assert serve_accepts(blocks, 8192, 8192, batch, "eager"), (blocks, batch)
+    assert not serve_accepts(1, 8192, 8192, 2, "eager")  # the audit's artifact: 0 usable tokens
+
+
+def test_an_eager_pool_below_one_block_per_sequence_is_refused_by_compile_and_blamed_on_no_one_wrongly(
+    tmp_path, capsys
+):
+    """F3 + F10: `qvl compile --dry-run` refused nothing and printed '(= batch_size)' for 1 block at batch 2; serve's
+    refusal said optimum-rbln 0.12 never writes such a pool, which it does for eager attention."""
+    sets = ["--set", "attn_impl=eager", "--set", "kvcache_partition_len=null"]
+    code, out, err = run_main(["compile", "--preset", "cpu-tiny-rbln", *sets, "--set", "kvcache_num_blocks=1",
+                               "--dry-run"], capsys)  # fmt: skip
+    assert code == 2 and "below one block per sequence" in err and "kvcache_num_blocks >= 2" in err, (out, err)
+    code, out, err = run_main(["compile", "--preset", "cpu-tiny-rbln", *sets, "--set", "kvcache_num_blocks=3",
+                               "--dry-run"], capsys)  # fmt: skip
+    assert code == 0, err
+    assert "3 blocks of max_seq_len" in out and "(= batch_size)" not in out and "(batch_size 2)" in out
+    cfg = {"kvcache_num_blocks": 1, "kvcache_block_size": 4096, "max_seq_len": 4096, "batch_size": 2}
+    with pytest.raises(InputError) as refused:
+        check_kv_pool({**cfg, "attn_impl": "eager"}, tmp_path / "rbln_config.json", [])
+    assert "never writes" not in refused.value.message
+    assert "compiles such an eager pool without checking it" in refused.value.message
+
+
+def test_a_max_seq_len_off_the_block_grid_needs_the_rounded_up_blocks_per_sequence(tmp_path):
+    """Mutation PF03 (blocks per sequence rounded down): vllm-rbln calls a pool full at batch x ceil(max_model_len /
+    block) blocks (model_base.py is_full_block_available); a pool one block short of that is not full, and its
+    usable blocks (one less, the null block) do not hold max_seq_len."""
+    cfg = {"kvcache_num_blocks": 3, "kvcache_block_size": 4096, "max_seq_len": 3 * 4096 + 100, "batch_size": 1}
+    with pytest.raises(InputError, match="#957"):
+        check_kv_pool(cfg, tmp_path / "rbln_config.json", [])
+    checks: list[dict] = []
+    check_kv_pool({**cfg, "kvcache_num_blocks": 4}, tmp_path / "rbln_config.json", checks)
+    assert "a full pool" in checks[0]["detail"]
 
 
 def test_the_plugin_no_longer_touches_vllm_rblns_max_model_len(monkeypatch, capsys):

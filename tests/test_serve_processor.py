@@ -143,3 +143,28 @@ def test_the_kwargs_serve_passes_cap_images_and_leave_videos_to_the_plugin(tiny_
         patches, video_grid = grids(processor, **kw)
         assert patches <= 4096 and video_grid == uncapped_video
     assert grids(plain, max_pixels=cap)[0] == uncapped_patches  # why not max_pixels alone: ignored per call
+
+
+def test_following_the_refusals_hint_is_accepted_and_the_cap_itself_is_allowed(tmp_path, capsys, no_exec):
+    """Mutation F05 (max_pixels equal to the cap refused): the refusal suggests max_pixels = the cap, so the cap
+    itself must pass, in every spelling the check reads; one pixel above is refused."""
+    import re
+
+    root = foreign_artifact(tmp_path / "art")
+    code, _, err = run_main(
+        ["serve", str(root), "--dry-run", "--", "--mm-processor-kwargs", '{"max_pixels": 802816}'], capsys
+    )
+    assert code == 2
+    (hint,) = re.findall(r"pass e\.g\. '(\{.*\})'", err)
+    assert f'"longest_edge": {CAP}' in hint and f'"max_pixels": {CAP}' in hint
+    assert flag_value(dry_json(capsys, str(root), "--", "--mm-processor-kwargs", hint)["argv"], "--mm-processor-kwargs")
+    at_cap = [
+        ("--mm-processor-kwargs", json.dumps({"size": {"longest_edge": CAP}})),
+        ("--mm-processor-kwargs", json.dumps({"min_pixels": 65536, "max_pixels": CAP})),
+        ("--mm-processor-kwargs.max_pixels", str(CAP)),
+    ]
+    for flag, value in at_cap:
+        dry_json(capsys, str(root), "--", flag, value)
+        above = value.replace(str(CAP), str(CAP + 1))
+        code, _, err = run_main(["serve", str(root), "--dry-run", "--", flag, above], capsys)
+        assert code == 2 and "exceed the largest compiled ViT bucket" in err, (flag, above, err)

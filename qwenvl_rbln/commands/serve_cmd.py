@@ -160,6 +160,18 @@ def _supervised(argv: list[str], env: dict[str, str]) -> None:
         )
 
 
+def _before_start(opts: Any, launch: Any) -> None:
+    """What must hold before vLLM starts here: a --vllm-rbln line of the installed generation (the engine
+    serve_command resolved, not a second resolve), and a free port (vLLM binds with SO_REUSEPORT, so it would start
+    beside a server already listening there)."""
+    from qwenvl_rbln.serving.engine import check_runnable
+    from qwenvl_rbln.serving.port import check_port_free
+
+    if opts.vllm_rbln is not None:
+        check_runnable(launch.engine)
+    check_port_free(opts.host, opts.port)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
@@ -204,7 +216,6 @@ def register(app: typer.Typer) -> None:
         from qwenvl_rbln.backends.emulator import refuse_real_rebel, requested
         from qwenvl_rbln.memory.placement import parse_device
         from qwenvl_rbln.serving.command import serve_command
-        from qwenvl_rbln.serving.engine import check_runnable
         from qwenvl_rbln.serving.options import ServeOptions
 
         directory, extra = _split(directory, vllm_args)
@@ -230,8 +241,8 @@ def register(app: typer.Typer) -> None:
         launch, warnings = serve_command(opts, os.environ)
         if opts.emulate:
             _emulated(launch, serve=True)
-        if not dry_run and vllm_rbln is not None:
-            check_runnable(launch.engine)  # the engine serve_command resolved, not a second resolve
+        if not dry_run:
+            _before_start(opts, launch)
         _run(launch, warnings, dry_run=dry_run, as_json=as_json)
 
     @app.command("bench-serve")

@@ -92,8 +92,9 @@ def containerfile(spec: manifests.Spec) -> str:
             "# --no-index: nothing is fetched; --no-deps: vllm-rbln, optimum-rbln, torch and transformers stay exactly",
             "# as the base image pins them.",
             f"RUN pip install --no-cache-dir --no-deps --no-index /tmp/{whl} && rm /tmp/{whl}",
-            "# Fails the build, not the pod, when the plugin cannot load in this image's Python.",
-            'RUN python -c "import qwenvl_rbln.vllm_plugin"',
+            "# Fails the build, not the pod, when the plugin or the key guard (--middleware) cannot load in this",
+            "# image's Python.",
+            'RUN python -c "import qwenvl_rbln.vllm_plugin, qwenvl_rbln.serving.key_guard"',
             "",
         ]
     )

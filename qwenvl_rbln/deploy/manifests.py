@@ -16,17 +16,16 @@ from qwenvl_rbln.deploy.options import DEVICE_CLASS, DEVICE_RESOURCE, DEVICE_RES
 from qwenvl_rbln.deploy.pod import PodLaunch, api_key_env
 from qwenvl_rbln.deploy.sizing import CACHE_GIB, PROBE_DELAY_S, PROBE_PERIOD_S, PULL_S, SHM_GIB
 from qwenvl_rbln.deploy.yamltext import Note
+from qwenvl_rbln.serving.public_routes import describe as public_rule
 
 CACHE_ROOT = "/cache/vllm"
-HEALTH = "/health"  # one of vLLM's public routes: it answers without the API key
-# What vLLM's API key guards (vllm-project/vllm: the route-derived AuthenticationMiddleware of the vLLM that
-# vllm-rbln pins, with its PUBLIC_ENDPOINTS list; up to vLLM 0.14 the middleware checked paths under /v1 only).
-PUBLIC_ROUTES = "/health, /ping, /load, /version, /metrics, /docs"
-KEY_GUARDS = (
-    f"every route except vLLM's public ones ({PUBLIC_ROUTES} and the like, which answer anyone without it); "
-    "vLLM 0.14 and older guarded only /v1"
-)
-ENGINE_READY_ENV = "VLLM_ENGINE_READY_TIMEOUT_S"  # vLLM's wait for its engine to load (default 600 s)
+HEALTH = "/health"  # one of the public routes (serving/public_routes.py): it answers without the API key
+# What the API key guards: qvl's key guard on serve's line (serving/key_guard.py) requires it on every route but the
+# public ones; vLLM 0.22 alone guards only /v1, /v2 and /inference (and answers /invocations without the key)
+KEY_GUARDS = f"{public_rule()}, through qvl's key guard on the serve line"
+# vLLM's timeout for the engine's ready message (default 600 s); vLLM 0.22 with one API server waits for the model
+# load itself without a deadline (v1/engine/utils.py wait_for_engine_startup) and times only the later handshake
+ENGINE_READY_ENV = "VLLM_ENGINE_READY_TIMEOUT_S"
 
 
 @dataclass
@@ -107,9 +106,11 @@ def _env(spec: Spec) -> list:
     env.append(
         Note(
             {"name": ENGINE_READY_ENV, "value": str(window)},
-            f"How long vLLM waits for its engine to load the model and create the runtimes before it gives up (its "
-            f"default, 600 s, is shorter than a slow load): the startup probe's whole window ({window} s), so the "
-            "probe, sized from the load below, is what decides.",
+            f"vLLM's timeout for its engine's ready message, set to the startup probe's whole window ({window} s) "
+            "so that the probe, sized from the load below, is what decides. vLLM 0.22 with one API server (this "
+            "line) does not bound the model load with it (it waits for the load without a deadline and times only "
+            "the handshake after it); a vLLM that bounds its start with it (llm-d's NPU overlay sets 9600) then "
+            "never gives up before the probe.",
         )
     )
     if not spec.opts.no_auth:

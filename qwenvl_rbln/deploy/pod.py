@@ -16,6 +16,7 @@ from qwenvl_rbln.serving.decode_sort import SORT_ENV
 from qwenvl_rbln.serving.options import (
     API_KEY_ENV,
     FRAME_CAP_ENV,
+    KEY_GUARD,
     MAX_FRAME_PIXELS_ENV,
     PACKING_ENV,
     PLUGIN_NAME,
@@ -92,8 +93,9 @@ def pod_launch(opts: ServeOptions, model_path: str, *, plugin: bool) -> PodLaunc
     argv = [model_path if i == 2 else a for i, a in enumerate(launch.argv)]  # vllm serve DIR ...
     env = {k: v for k, v in launch.env.items() if v is not None}
     costs: list[str] = []
-    if not plugin:
+    if not plugin:  # no qvl in the image: its middleware cannot be imported there either
         costs = _plugin_costs(launch)
+        argv = _without_key_guard(argv)
         env = {k: v for k, v in env.items() if k not in PLUGIN_ENVS}
         if env.get("VLLM_PLUGINS"):
             env["VLLM_PLUGINS"] = ",".join(p for p in env["VLLM_PLUGINS"].split(",") if p != PLUGIN_NAME)
@@ -102,7 +104,13 @@ def pod_launch(opts: ServeOptions, model_path: str, *, plugin: bool) -> PodLaunc
     return PodLaunch(art, argv, env, checks, devices, warnings, costs)
 
 
-PLUGIN_CHECKS = {"video frame cap": 0, "video cap": 0, "vit packing": 1, "decode sort": 2}  # check -> its cost
+PLUGIN_CHECKS = {"video frame cap": 0, "video cap": 0, "key guard": 1, "vit packing": 2, "decode sort": 3}
+
+
+def _without_key_guard(argv: list[str]) -> list[str]:
+    """The serve line without qvl's ``--middleware`` (an image without qvl cannot import it)."""
+    i = next(i for i, a in enumerate(argv) if a == KEY_GUARD and argv[i - 1] == "--middleware")
+    return argv[: i - 1] + argv[i + 1 :]
 
 
 def _without_plugin(checks: list[dict[str, Any]], costs: list[str]) -> list[dict[str, Any]]:
@@ -126,6 +134,9 @@ def _plugin_costs(launch: Launch) -> list[str]:
     costs = [
         f"no video frame cap ({FRAME_CAP_ENV}): a long or large video can exceed the largest ViT bucket and fail "
         "the request (or the engine) instead of being capped per frame",
+        f"no key guard ({KEY_GUARD}): vLLM alone requires the API key only under /v1, /v2 and /inference, so "
+        "POST /invocations (a full chat completion), /tokenize and /detokenize answer anyone who reaches the pod; "
+        "keep the plugin, or let only the public routes through at your gateway",
         f"no ViT packing ({PACKING_ENV}): every image and video runs in its own ViT call, so a multimodal batch "
         "costs more NPU time",
     ]

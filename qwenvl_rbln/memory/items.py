@@ -204,7 +204,8 @@ def _kv_note(resolved: Any, kv: dict[str, Any]) -> str:
         "insufficient": f"auto: only {n_blocks} blocks fit, below the minimum {resolved.num_min_blocks}: "
         "optimum-rbln's compile stops with 'Insufficient memory for the required KV cache' (shown: the minimum)",
         "explicit": f"kvcache_num_blocks={n_blocks} (full {resolved.num_full_blocks})",
-        "eager": f"eager: {n_blocks} blocks of max_seq_len (= batch_size)",
+        "eager": f"eager: {n_blocks} blocks of max_seq_len, one sequence each "
+        + ("(= batch_size)" if n_blocks == resolved.batch_size else f"(batch_size {resolved.batch_size})"),
     }[kv["outcome"]]
 
 

@@ -21,7 +21,9 @@ devices are 0..n-1).
 - ``command``: ``vllm serve``: the directory, the placement, the multimodal limits, the environment.
 - ``bench``: ``vllm bench serve`` with images sized to the compiled ViT buckets.
 - ``engine``: which vllm-rbln the line is for, and its generation's placement flag and device variable.
-- ``launch``: finding the ``vllm`` executable.
+- ``launch``: finding the ``vllm`` executable; ``port``: refusing a port another server listens on.
+- ``public_routes``, ``key_guard``: who may call: the routes that answer without the API key (one list, no vLLM
+  import, for every front door) and the ASGI middleware on every serve line that requires the key on all others.
 - ``emulated``, ``emulated_http``, ``supervise``: ``--emulate`` (its environment, the header on every answer, vLLM as
   a labelled child whose whole process group ends with qvl).
 - ``vllm_plugin``, ``decode_sort``: serving's half of the vLLM plugin (the per-frame video cap, the decode batch

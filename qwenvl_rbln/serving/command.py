@@ -29,6 +29,7 @@ from qwenvl_rbln.serving.options import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     FRAME_CAP_ENV,
+    KEY_GUARD,
     MAX_FRAME_PIXELS_ENV,
     PACKING_ENV,
     PLUGIN_GROUP,
@@ -41,8 +42,11 @@ from qwenvl_rbln.serving.options import (
     api_key,
     host_port,
     is_loopback,
+    usage_stats_opted_in,
 )
 from qwenvl_rbln.serving.preflight import ok, preflight, warn
+from qwenvl_rbln.serving.public_routes import GUARDED_EXAMPLES, PUBLIC_ROUTES
+from qwenvl_rbln.serving.public_routes import describe as public_rule
 
 
 def resolve_directory(directory: Path | None, preset: str | None, command: str) -> tuple[Path, list[str]]:
@@ -126,6 +130,14 @@ def served_name(art: Artifact) -> str:
     if isinstance(ident, str) and re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", ident):
         return ident
     return art.root.name
+
+
+def _name_source(art: Artifact, given: str | None) -> str:
+    if given is not None:
+        return "--served-model-name"
+    if served_name(art) != art.root.name:
+        return "the compiled model's hub id"
+    return "the artifact folder's name: the compiled model's id is not a hub id; --served-model-name sets another"
 
 
 def _preset_plan(preset: str | None) -> Any:
@@ -335,11 +347,13 @@ def vllm_launch(
     checks = list(art.checks)
     ok(checks, "engine", engine.describe())
     env = _placement_env(where, environ, checks, engine)
-    if not {USAGE_STATS_ENV, "DO_NOT_TRACK"} & set(environ):  # nothing leaves the host unless the user says so
+    if not usage_stats_opted_in(environ):  # nothing leaves the host unless the user explicitly allows it
         env[USAGE_STATS_ENV] = "1"
     cfg = art.cfg
     argv = ["vllm", "serve", str(art.root), "--host", host, "--port", str(port)]
-    argv += ["--served-model-name", served_model_name or served_name(art)]
+    name = served_model_name or served_name(art)
+    argv += ["--served-model-name", name]
+    ok(checks, "served name", f'clients send "model": "{name}" ({_name_source(art, served_model_name)})')
     argv += ["--max-model-len", str(cfg["max_seq_len"]), "--max-num-seqs", str(cfg["batch_size"])]
     ok(checks, "max_model_len", f"{cfg['max_seq_len']} (the compiled max_seq_len; the KV block pool holds it)")
     _image_cap(art, argv, replaced, checks)
@@ -352,7 +366,13 @@ def vllm_launch(
             warnings.extend(off)
         else:
             ok(checks, "limit_mm_per_prompt", f"{json.dumps(limits)} ({limits_source})")
-    argv += [*engine.placement_args(where["overrides"]), *extra]
+    argv += [*engine.placement_args(where["overrides"]), "--middleware", KEY_GUARD, *extra]
+    ok(
+        checks,
+        "key guard",
+        f"--middleware {KEY_GUARD}: with an API key, {public_rule()} requires it (vLLM alone guards only /v1, /v2 "
+        "and /inference, and answers /invocations and /tokenize without it); without a key it lets all through",
+    )
     if vit_packing is not None:
         packing, source = vit_packing, "--vit-packing" if vit_packing else "--no-vit-packing"
     else:
@@ -494,23 +514,23 @@ def _auth(launch: Launch, opts: ServeOptions, key: str | None, source: str, warn
             launch.checks,
             "auth",
             f"API key from {source} ({REDACTED}), handed to vLLM as ${API_KEY_ENV} in its environment, not in argv: "
-            f"every request to {where}/v1 must send 'Authorization: Bearer KEY'",
+            f"on {where}, {public_rule()} requires 'Authorization: Bearer KEY'",
         )
         return
     if is_loopback(opts.host):
         ok(launch.checks, "auth", f"no API key: {where} listens on loopback only (this machine's users can call it)")
         return
+    exposed = (
+        f"every route of vLLM's API on {where} ({', '.join(GUARDED_EXAMPLES)}, the rest, and the public "
+        f"{', '.join(PUBLIC_ROUTES)})"
+    )
     if not opts.no_auth:
         raise InputError(
-            f"--host {opts.host} serves vLLM's OpenAI API ({where}/v1: chat completions, models, tokenizer) to every "
-            "machine that can reach this port, and no API key is set",
+            f"--host {opts.host} serves {exposed} to every machine that can reach this port, and no API key is set",
             f"export {API_KEY_ENV}=KEY or pass --api-key-file FILE (qvl hands the key to vLLM in its environment), or "
             "--no-auth to serve it to anyone, or --host 127.0.0.1",
         )
-    line = (
-        f"--no-auth: vLLM's OpenAI API on {where} (/v1/chat/completions, /v1/completions, /v1/models, /tokenize, "
-        "/metrics) answers every machine that can reach this port, without a key"
-    )
+    line = f"--no-auth: {exposed} answers every machine that can reach this port, without a key"
     warn(launch.checks, "auth", line)
     warnings.append(line)
 
@@ -530,10 +550,9 @@ def _placement_env(
         f"{name}={visible}{note if inherited not in (None, visible) else ''}; {engine.placement_flag} carries "
         "positions in that list",
     )
-    env: dict[str, str | None] = {name: visible}
-    if engine.other_device_env in environ:
-        env[engine.other_device_env] = None  # the other name must not pick other devices
-    return env
+    # the other name must not pick other devices: always unset, so a --dry-run script is the same whatever the
+    # printing shell has (it runs on another host, whose environment qvl cannot see)
+    return {name: visible, engine.other_device_env: None}
 
 
 def _packing_env(

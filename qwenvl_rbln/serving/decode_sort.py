@@ -12,9 +12,10 @@ The fix, with ``QVL_SORT_DECODE=1`` (set by ``qvl serve`` for an artifact compil
 batch above 1): qvl's plugin wraps the Qwen-VL model's ``forward`` of vllm-rbln's optimum path
 (``model_executor/models/optimum/qwen_vl.py``, ``RBLNOptimumQwenVLForConditionalGeneration.forward``, which the
 runner calls once per step with the batch as a ``ModelInputForRBLN``). For a decode step whose positions are not
-already descending it reorders the rows (tokens, positions, block tables, request ids: each row keeps its own
-block table, so the KV cache is read exactly as before), runs the step, and puts the logits back in the runner's
-order. Cost: one ``argsort`` of at most ``batch_size`` numbers and four row gathers per decode step, microseconds
+already descending it reorders the rows (tokens, positions, block tables, request ids, and the LoRA adapter ids
+vllm-rbln set on the decoder: each row keeps its own block table and adapter, so the KV cache is read exactly as
+before), runs the step, and puts the logits (and the adapter ids) back in the runner's
+order. Cost: one ``argsort`` of at most ``batch_size`` numbers and a few row gathers per decode step, microseconds
 beside a decoder call; no recompile, no other graph, the tokens unchanged (the engine tests compare them).
 
 A vllm-rbln without that class gets one warning saying what is then at risk; nothing here raises.
@@ -22,11 +23,12 @@ A vllm-rbln without that class gets one warning saying what is then at risk; not
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 SORT_ENV = "QVL_SORT_DECODE"  # "1": sort every decode batch (qvl serve sets it from the artifact)
@@ -70,11 +72,34 @@ def sorted_forward(original: Callable[..., Any]) -> Callable[..., Any]:
             block_tables=model_input.block_tables[order],
             running_requests_ids=[ids[i] for i in order.tolist()],
         )
-        logits = original(self, reordered, **kwargs)
+        with _adapters_moved(getattr(self, "model", None), order):
+            logits = original(self, reordered, **kwargs)
         return logits[torch.argsort(order)]
 
     setattr(forward, MARK, True)
     return forward
+
+
+@contextlib.contextmanager
+def _adapters_moved(model: Any, order: Any) -> Iterator[None]:
+    """The LoRA adapter ids moved with their rows for one step, then put back in the runner's order.
+
+    vllm-rbln sets them on optimum-rbln's model in its own row order (``optimum_model_runner.py`` ``set_active_loras``
+    -> ``set_lora_int_ids``, padded with 0 to the batch), and the decoder reads them from there when the call passes
+    none (``decoderonly_runtime_utils.py`` ``decode_forward``), as vllm-rbln's Qwen-VL call does; optimum-rbln's own
+    sort moves ``lora_int_ids`` with the rows too (``generation_decoderonly.py`` ``_batch_sortable_kwargs``). Without
+    this, a sorted row would decode with another request's adapter. A model without LoRA has none: nothing moves."""
+    adapters = getattr(model, "lora_int_ids", None)
+    if adapters is None or not hasattr(adapters, "clone") or adapters.shape[0] < order.shape[0]:
+        yield
+        return
+    moved = adapters.clone()
+    moved[: order.shape[0]] = adapters[: order.shape[0]][order]
+    model.set_lora_int_ids(moved)
+    try:
+        yield
+    finally:
+        model.set_lora_int_ids(adapters)
 
 
 def install(warn: Callable[[str], None]) -> bool:

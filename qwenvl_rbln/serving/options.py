@@ -25,11 +25,25 @@ FRAME_CAP_ENV = "QVL_FRAME_CAP"  # "1": the plugin caps each video frame at the 
 # outside qvl keeps the checkpoint's processor files, so serve hands the cap over here instead of editing them
 MAX_FRAME_PIXELS_ENV = "QVL_MAX_FRAME_PIXELS"
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM's OpenAI server requires this key when set; never passed in argv
+# the ASGI middleware on every serve line: with a key, every route but public_routes.PUBLIC_ROUTES requires it
+KEY_GUARD = "qwenvl_rbln.serving.key_guard.KeyGuard"
 BENCH_KEY_ENV = "OPENAI_API_KEY"  # what `vllm bench serve` sends as "Authorization: Bearer ..."
 USAGE_STATS_ENV = "VLLM_NO_USAGE_STATS"  # vLLM reports usage to its authors by default: off in every line qvl builds
+DO_NOT_TRACK_ENVS = ("DO_NOT_TRACK", "VLLM_DO_NOT_TRACK")  # the other opt-outs vLLM reads (vllm/envs.py)
+_OPT_IN = ("0", "false", "no", "off")
 REDACTED = "<redacted>"
 DEFAULT_HOST = "127.0.0.1"  # local only unless asked: `--host 0.0.0.0` serves other machines
 DEFAULT_PORT = 8000  # vLLM's own default
+
+
+def usage_stats_opted_in(environ: Mapping[str, str]) -> bool:
+    """Whether the user explicitly allowed vLLM's usage statistics: at least one of ``VLLM_NO_USAGE_STATS``,
+    ``DO_NOT_TRACK``, ``VLLM_DO_NOT_TRACK`` set to 0 (or false, no, off) and none set to anything else. Every other
+    case gets ``VLLM_NO_USAGE_STATS=1``: vLLM reads only the value "1" as an opt-out (``vllm/envs.py``), so a
+    ``DO_NOT_TRACK=true`` or an empty one, which a user means as "do not track", would otherwise leave them on
+    (audit 2026-12-04b F2)."""
+    said = [environ[name].strip().lower() for name in (USAGE_STATS_ENV, *DO_NOT_TRACK_ENVS) if name in environ]
+    return bool(said) and all(value in _OPT_IN for value in said)
 
 
 @dataclass

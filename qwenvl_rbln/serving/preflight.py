@@ -349,6 +349,16 @@ def _check_hashes(art: CheckedArtifact, checks: list[dict[str, Any]]) -> None:
     ok(checks, "manifest hashes", f"{len(manifest.get('files') or {})} files match{extra}")
 
 
+def _writer(attn: str, minimum: int) -> str:
+    """Who could have written such a pool, without blaming optimum-rbln for what it does not do."""
+    if attn == "flash_attn":
+        return f"optimum-rbln 0.12 refuses such a flash pool at compile (num_min_blocks {minimum})"
+    return (
+        f"optimum-rbln 0.12 compiles such an eager pool without checking it (its num_min_blocks {minimum} is not "
+        "enforced for eager attention); qvl compile refuses it"
+    )
+
+
 def check_kv_pool(cfg: dict[str, Any], path: Path, checks: list[dict[str, Any]]) -> None:
     """The KV block pool holds one sequence of max_seq_len inside vLLM, or the artifact is refused (vllm-rbln
     issue #957: a prompt the pool cannot hold is admitted and never scheduled).
@@ -357,11 +367,12 @@ def check_kv_pool(cfg: dict[str, Any], path: Path, checks: list[dict[str, Any]])
     ``model_executor/models/optimum/model_base.py`` ``KVCacheBlockAdapter``) hands vLLM ``kvcache_num_blocks + 1``
     blocks when the pool is full (``batch_size x ceil(max_seq_len / block)`` blocks or more), else
     ``kvcache_num_blocks``, and vLLM keeps one as its null block: a short pool holds ``(kvcache_num_blocks - 1) x
-    block`` tokens for one sequence. optimum-rbln 0.12 never writes a pool below that: it refuses
-    ``kvcache_num_blocks`` under ``num_min_blocks`` (flash attention: ``max(max_seq_len / block, batch_size) + 1``,
-    capped at the full pool; eager attention's one block per sequence always holds max_seq_len) at compile, at
-    automatic sizing and in its ``--set-kvcache-num-blocks``. So a pool that fails this check was not written by
-    optimum-rbln 0.12 as it is. Lowering ``--max-model-len`` instead is no way out: vllm-rbln resets it to
+    block`` tokens for one sequence. optimum-rbln 0.12 refuses a flash pool below that: ``kvcache_num_blocks``
+    under ``num_min_blocks`` (``max(max_seq_len / block, batch_size) + 1``, capped at the full pool) stops its
+    compile, its automatic sizing and its ``--set-kvcache-num-blocks``. An eager pool it checks only from above: it
+    compiles ``kvcache_num_blocks`` 1 at batch 2 (audit 2026-12-04b F3), which this check refuses, and which
+    ``qvl compile`` refuses before compiling (eager pools below one block per sequence, ``planning/lm/checks.py``).
+    Lowering ``--max-model-len`` instead is no way out: vllm-rbln resets it to
     max_seq_len, and held lower (qvl's former plugin guard) it sizes every block table below the compiled graph's
     and every prefill fails (``shared/engine/README.md``)."""
     import math
@@ -389,6 +400,6 @@ def check_kv_pool(cfg: dict[str, Any], path: Path, checks: list[dict[str, Any]])
         f"{path}: kvcache_num_blocks={blocks} is short of batch_size {batch} x {per_seq} blocks of {block} tokens, so "
         f"vllm-rbln hands vLLM {blocks} blocks and vLLM keeps one as its null block: {blocks - 1} x {block} = "
         f"{usable} tokens, below max_seq_len {max_len}; a longer prompt would be admitted and hang (vllm-rbln issue "
-        f"#957). optimum-rbln 0.12 never writes such a pool ({attn}: num_min_blocks {minimum}); nothing was started",
+        f"#957). {_writer(attn, minimum)}; nothing was started",
         f"{RECOMPILE} with kvcache_num_blocks >= {per_seq + 1} (or leave it to the planner)",
     )

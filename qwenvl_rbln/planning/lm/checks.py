@@ -297,6 +297,15 @@ def kv_blocks(
             "memory_budget and an explicit kvcache_num_blocks are mutually exclusive",
             "keep one of them",
         )
+    if num_blocks and attn != "flash_attn" and num_blocks < num_min:
+        chk.fail(
+            "rbln_config.kvcache_num_blocks",
+            f"kvcache_num_blocks={num_blocks} is below one block per sequence (eager attention: a block holds a "
+            f"whole max_seq_len sequence, and optimum-rbln's num_min_blocks is batch_size {batch}); optimum-rbln "
+            "0.12 compiles such an eager pool without checking it, but a full batch then waits for blocks, and "
+            "with 1 block vLLM keeps it as its null block and has none left (qvl serve refuses that artifact)",
+            f"use kvcache_num_blocks >= {num_min} or leave it automatic",
+        )
     if num_blocks and attn == "flash_attn":
         if num_blocks < num_min:
             chk.fail(
