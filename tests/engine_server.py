@@ -226,7 +226,7 @@ def compile_artifact(tmp: Path) -> Path:
 
 
 def write_media(d: Path) -> dict[str, Path]:
-    from tests.fakes_rbln import write_noise_video, write_sweep_video
+    from tests.fake_media import write_noise_video, write_sweep_video
 
     return {
         "small": png(d / "small.png", 128, 128, seed=1),  # 256 patches: bucket 256

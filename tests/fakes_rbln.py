@@ -584,39 +584,3 @@ def refused_infer(capsys: Any, *args: str) -> str:
     lines = [ln for ln in err.splitlines() if ln.startswith("qvl: error:")]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
-
-
-def write_noise_video(path: Path, width: int, height: int, frames: int, fps: int, **options: str) -> Path:
-    """An mp4 of seeded random frames (``options``: the muxer's, e.g. movflags=faststart)."""
-    import av
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    with av.open(str(path), "w", options=options) as container:
-        stream = container.add_stream("mpeg4", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        for _ in range(frames):
-            frame = rng.integers(0, 255, (height, width, 3), dtype=np.uint8)
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
-
-
-def write_sweep_video(path: Path, frames: int = 20, fps: int = 8) -> Path:
-    """A small mp4 (64x64, a red bar that widens each frame): 20 frames at 8 fps sample to 3 temporal patches."""
-    import av
-    import numpy as np
-
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("mpeg4", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = 64, 64, "yuv420p"
-        for i in range(frames):
-            frame = np.zeros((64, 64, 3), dtype=np.uint8)
-            frame[:, : 3 * (i + 1)] = (255, 10 * i, 0)
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path

@@ -21,7 +21,8 @@ import pytest
 pytestmark = pytest.mark.skipif(util.find_spec("optimum.rbln") is None, reason="optimum-rbln is not installed")
 
 from tests.emulated_rbln import emulated_model, generate_logits, image_prompt_inputs  # noqa: E402
-from tests.fakes_rbln import run_main, write_sweep_video  # noqa: E402
+from tests.fake_media import write_sweep_video  # noqa: E402
+from tests.fakes_rbln import run_main  # noqa: E402
 
 N = 5  # new tokens per request
 BUCKETS = [256, 576, 1024]

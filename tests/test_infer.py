@@ -22,8 +22,9 @@ av = pytest.importorskip("av")
 
 from qwenvl_rbln.errors import InputError  # noqa: E402
 from qwenvl_rbln.inference import requests as rq  # noqa: E402
+from tests.fake_media import write_sweep_video  # noqa: E402
 from tests.fakes_rbln import refused_infer as refused  # noqa: E402
-from tests.fakes_rbln import run_main, write_sweep_video  # noqa: E402
+from tests.fakes_rbln import run_main  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "assets" / "demo.jpg"

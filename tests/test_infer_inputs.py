@@ -22,8 +22,8 @@ pytest.importorskip("transformers")
 av = pytest.importorskip("av")
 
 from qwenvl_rbln.errors import BackendError, InputError  # noqa: E402
+from tests.fake_media import write_noise_video  # noqa: E402
 from tests.fakes_rbln import refused_infer as refused  # noqa: E402
-from tests.fakes_rbln import write_noise_video  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "assets" / "demo.jpg"

@@ -16,7 +16,8 @@ from qwenvl_rbln.inference import work
 from qwenvl_rbln.planning.plan import build_plan
 from qwenvl_rbln.progress import Progress
 from qwenvl_rbln.views import live
-from tests.fakes_rbln import install, make_auto, run_main, write_hf_model, write_sweep_video
+from tests.fake_media import write_sweep_video
+from tests.fakes_rbln import install, make_auto, run_main, write_hf_model
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
 DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo.jpg"

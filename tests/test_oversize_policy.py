@@ -14,7 +14,8 @@ from qwenvl_rbln.artifacts.manifest import write_manifest
 from qwenvl_rbln.jobs.bucket_plan_job import run_bucket_plan
 from qwenvl_rbln.planning.plan import build_plan
 from qwenvl_rbln.vision import frame_cap, geometry
-from tests.fakes_rbln import run_main, write_artifact, write_noise_video
+from tests.fake_media import write_noise_video
+from tests.fakes_rbln import run_main, write_artifact
 
 
 def _plan(preset: str, *lines: dict, **kw) -> dict:

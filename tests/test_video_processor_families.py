@@ -21,7 +21,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("av")
 
 from qwenvl_rbln.vision import frame_cap, geometry  # noqa: E402
-from tests.fakes_rbln import refused_infer, run_main, write_sweep_video  # noqa: E402
+from tests.fake_media import write_sweep_video  # noqa: E402
+from tests.fakes_rbln import refused_infer, run_main  # noqa: E402
 
 
 def without_video_processor(src: Path, dst: Path, video_processor_type: str | None = None) -> Path:
