@@ -230,6 +230,22 @@ def _fleet(fleet: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> 
         raise typer.Exit(code)
 
 
+def fleet_size(host: str, port: int) -> int | None:
+    """The engines behind a running fleet's router (its public ``/readiness``: ``total_workers``); None for one
+    engine (vLLM has no such route) or no answer."""
+    import json
+    import urllib.request
+
+    from qwenvl_rbln.serving.options import host_port
+
+    try:
+        with urllib.request.urlopen(f"http://{host_port(host, port)}/readiness", timeout=3) as resp:
+            total = json.loads(resp.read()).get("total_workers")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return total if type(total) is int and total > 0 else None
+
+
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
@@ -354,6 +370,13 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Random seed of the generated requests."),
         api_key_file: Path = KeyFileOpt,
         emulate: bool = EmulateOpt,
+        workers: int = typer.Option(
+            None,
+            "--workers",
+            help="The fleet's engine count (`qvl serve --workers N`): measured as one service at N x the compiled "
+            "batch (default: what the server's /readiness reports, else 1).",
+            show_default=False,
+        ),
         dry_run: bool = DryRunOpt,
         as_json: bool = JsonOpt,
     ) -> None:
@@ -378,6 +401,7 @@ def register(app: typer.Typer) -> None:
             extra=extra,
             api_key_file=api_key_file,
             emulate=requested(emulate),
+            workers=workers if workers is not None or dry_run else fleet_size(host, port),
         )
         if opts.emulate:
             refuse_real_rebel("--emulate")

@@ -135,9 +135,12 @@ class BenchOptions:
     extra: list[str] = field(default_factory=list)
     api_key_file: Path | None = None  # else $VLLM_API_KEY: sent as "Authorization: Bearer ..."
     emulate: bool = False  # benchmark a `qvl serve --emulate` server (its artifact compiled with --emulate)
+    workers: int | None = None  # a fleet (`qvl serve --workers N`): concurrency is N x the compiled batch
 
     def __post_init__(self) -> None:
         _check_names(self.host, self.served_model_name)
+        if self.workers is not None and self.workers < 1:
+            raise InputError(f"--workers {self.workers} must be at least 1", "pass the fleet's engine count")
 
 
 # ------------------------------------------------------------------------------------------------ who may call
