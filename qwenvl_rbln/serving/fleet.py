@@ -176,8 +176,11 @@ def fleet_command(
     workers: int | None,
     devices: list[int] | None,
     router_extra: str | None = None,
+    emulator_env: Mapping[str, str] | None = None,
 ) -> tuple[FleetLaunch, list[str]]:
-    """The preflight once, then one ``vllm serve`` line per replica and ``vllm-router`` in front of them."""
+    """The preflight once, then one ``vllm serve`` line per replica and ``vllm-router`` in front of them.
+    ``emulator_env``: under ``--emulate``, the emulator's environment (composed in by the command, as for one
+    engine: serving never reaches into a backend)."""
     if opts.device is not None or opts.visual_device is not None:
         raise InputError(
             "--device/--visual-device place one engine; --workers/--devices place a fleet",
@@ -244,10 +247,8 @@ def fleet_command(
     fleet = FleetLaunch(engines, router, ports, groups, checks, batch=art.cfg["batch_size"])
     _fleet_auth(fleet, opts, environ, warnings)
     if opts.emulate:
-        from qwenvl_rbln.backends import emulator
-
         for launch in fleet.engines:
-            emulated.apply(launch, emulator.engine_environment(environ), serve=True)
+            emulated.apply(launch, emulator_env or {}, serve=True)
         fleet.emulated = True
     return fleet, warnings
 

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.serving.engine import Engine
+from qwenvl_rbln.serving.engine import resolve as resolve_engine
 
 PLUGIN_NAME = "qvl_vit_packing"  # the vllm.general_plugins entry point (pyproject.toml)
 PLUGIN_GROUP = "vllm.general_plugins"
@@ -36,8 +38,13 @@ class Launch:
     env: dict[str, str | None]
     checks: list[dict[str, Any]]
     secret: frozenset[str] = frozenset()  # env keys whose values are never shown (--dry-run, --json)
-    device_env: str = "RBLN_DEVICES"  # the variable that picks the NPUs (engine.Engine.device_env)
+    engine: Engine | None = None  # the vllm-rbln the line is for (``vllm serve`` lines; None for the benchmark)
     emulated: bool = False  # --emulate: qvl runs it as a labelled child (supervise.py), never execs it
+
+    @property
+    def device_env(self) -> str:
+        """The variable that picks the NPUs: the line's vllm-rbln generation's (``Engine.device_env``)."""
+        return (self.engine or resolve_engine(None, look_here=False)).device_env
 
     def to_dict(self) -> dict[str, Any]:
         """What --dry-run shows: the env with every secret value replaced by ``REDACTED``."""
