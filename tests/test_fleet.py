@@ -195,6 +195,7 @@ def test_vllm_router_checks_no_client_key_and_qvls_front_door_does(tmp_path):
     cmd = [str(router_bin), "--host", "127.0.0.1", "--port", str(port), "--worker-urls"]
     cmd += [f"http://127.0.0.1:{engine.server_port}", "--api-key", "router-key", "--policy", "round_robin"]
     cmd += ["--prometheus-port", str(metrics), "--worker-startup-check-interval", "1"]
+    cmd += ["--health-check-interval-secs", "1", "--health-failure-threshold", "1"]
     router = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     door_env = {"QVL_FRONT_DOOR_KEY": "door-key", "PATH": str(Path(sys.executable).parent)}
     door_cmd = [sys.executable, "-m", "qwenvl_rbln.serving.front_door", "127.0.0.1", str(door_port)]
@@ -223,6 +224,12 @@ def test_vllm_router_checks_no_client_key_and_qvls_front_door_does(tmp_path):
         assert json.loads(text)["auth"] == "Bearer door-key"  # passed on: engines with the key accept it
         assert call(front + "/list_workers")[0] == 401 and call(front + "/health")[0] == 200
         assert call(front + "/add_worker?url=http://127.0.0.1:9", "door-key", "POST")[0] == 403
+        engine.shutdown()  # every engine down: the router answers 503 at once, and so does the front door
+        engine.server_close()
+        wait_for(lambda: call(base + "/health")[0] == 503, 60, "the router's health check")
+        status, text = call(front + "/v1/chat/completions", "door-key", "POST", chat)
+        assert status == 503 and "No available workers" in text, (status, text)
+        assert call(front + "/readiness")[0] == 503
     finally:
         for proc in (router, door):
             proc.terminate()

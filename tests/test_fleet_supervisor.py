@@ -66,8 +66,9 @@ def everything(members) -> list[int]:
     return pids
 
 
-def run_with(members, script) -> tuple[int, list[str], list[int]]:
-    """Run the fleet in this (main) thread while ``script(fleet, seen)`` acts from another; Ctrl-C ends it."""
+def run_with(members, script, sig: int = signal.SIGINT) -> tuple[int, list[str], list[int]]:
+    """Run the fleet in this (main) thread while ``script(fleet, seen)`` acts from another; ``sig`` (Ctrl-C by
+    default) ends it."""
     said: list[str] = []
     fleet = fleet_run.Fleet(members, said.append)
     seen: list[int] = []
@@ -77,7 +78,7 @@ def run_with(members, script) -> tuple[int, list[str], list[int]]:
             script(fleet, seen, said)
         finally:
             seen.extend(everything(members))
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), sig)
 
     thread = threading.Thread(target=act, daemon=True)
     thread.start()
@@ -86,7 +87,8 @@ def run_with(members, script) -> tuple[int, list[str], list[int]]:
     return code, said, seen
 
 
-def test_a_dead_engine_is_restarted_and_rejoins_and_ctrl_c_ends_every_process(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["ctrl-c", "sigterm", "sighup"])
+def test_a_dead_engine_is_restarted_and_rejoins_and_a_signal_ends_every_process(sig, tmp_path):
     port = free_port()
     members = [engine("engine-0", port, tmp_path / "sick"), router()]
 
@@ -98,7 +100,7 @@ def test_a_dead_engine_is_restarted_and_rejoins_and_ctrl_c_ends_every_process(tm
         until(lambda: any("back in rotation" in s for s in said), "the restart")
         assert members[0].proc.pid != first
 
-    code, said, seen = run_with(members, script)
+    code, said, seen = run_with(members, script, sig)
     assert code == EXIT_INTERRUPTED
     assert any("engine-0 exited with code 137; restarting it" in s for s in said), said
     assert members[0].restarts == 1
