@@ -52,8 +52,14 @@ ENGINE_HOST = "127.0.0.1"
 ROUTER = "vllm-router"
 POLICY = "power_of_two"
 # the router's health check every 2 s, one miss takes an engine out and one answer puts it back; it waits for
-# every engine at start (an engine's first start may take many minutes: a long bound, qvl gives up before)
+# every engine at start (an engine's first start may take many minutes: a long bound, qvl gives up before). A
+# request that fails on an engine that just died is retried (the router picks again each time, and a dead engine's
+# count of requests in flight is 0, so it may be picked again): 8 tries over about 5 s, longer than the health
+# check takes to put the dead engine out of rotation (its default, 5 tries over 0.7 s, is shorter)
 ROUTER_DEFAULTS = (
+    ("--retry-max-retries", "8"),
+    ("--retry-initial-backoff-ms", "100"),
+    ("--retry-max-backoff-ms", "2000"),
     ("--health-check-interval-secs", "2"),
     ("--health-failure-threshold", "1"),
     ("--health-success-threshold", "1"),
