@@ -55,8 +55,11 @@ POLICY = "power_of_two"
 # every engine at start (an engine's first start may take many minutes: a long bound, qvl gives up before). A
 # request that fails on an engine that just died is retried (the router picks again each time, and a dead engine's
 # count of requests in flight is 0, so it may be picked again): 8 tries over about 5 s, longer than the health
-# check takes to put the dead engine out of rotation (its default, 5 tries over 0.7 s, is shorter)
+# check takes to put the dead engine out of rotation (its default, 5 tries over 0.7 s, is shorter). Those failures
+# open the engine's circuit breaker; the router tries it again after 5 s (not its default 60 s), so an engine qvl
+# restarted is back in rotation as soon as its /health answers
 ROUTER_DEFAULTS = (
+    ("--cb-timeout-duration-secs", "5"),
     ("--retry-max-retries", "8"),
     ("--retry-initial-backoff-ms", "100"),
     ("--retry-max-backoff-ms", "2000"),
