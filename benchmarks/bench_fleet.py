@@ -9,7 +9,9 @@ One fleet is started; "one replica" is `qvl bench-serve` against engine-0's own 
 from the router's /readiness), the same requests (`--seed`), each with one image sized to a compiled ViT bucket.
 The policies: a second router on the same two engines per policy, the same workload.
 
-    .venv/bin/python benchmarks/bench_fleet.py [--hold-ms 150] [--prompts 24] [--output-len 12]
+    .venv/bin/python benchmarks/bench_fleet.py [--hold-ms 1000] [--prompts 16] [--output-len 8] [--target 1.8]
+
+It exits 1 when two replicas serve less than ``--target`` times one.
 """
 
 from __future__ import annotations
@@ -71,9 +73,10 @@ def router(port: int, engines: list[int], policy: str, env: dict[str, str]) -> s
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hold-ms", type=int, default=150, help="QVL_EMULATE_CALL_MS: each graph call's device hold")
-    ap.add_argument("--prompts", type=int, default=24, help="requests per measurement")
-    ap.add_argument("--output-len", type=int, default=12)
+    ap.add_argument("--hold-ms", type=int, default=1000, help="QVL_EMULATE_CALL_MS: each graph call's device hold")
+    ap.add_argument("--prompts", type=int, default=16, help="requests per measurement")
+    ap.add_argument("--output-len", type=int, default=8)
+    ap.add_argument("--target", type=float, default=1.8, help="the least two replicas / one that passes")
     ap.add_argument("--policies", default="power_of_two,round_robin,cache_aware")
     opts = ap.parse_args()
     why = eng.installed()
@@ -131,6 +134,8 @@ def main() -> None:
         for r in rows:
             print("| " + " | ".join(str(r[k]) for k in keys) + " |")
         print(f"\nthroughput ratio, two replicas / one: {ratio:.2f}x (emulated, hold {opts.hold_ms} ms per graph call)")
+        if ratio < opts.target:
+            raise SystemExit(f"below the target: {ratio:.2f}x < {opts.target}x")
 
 
 if __name__ == "__main__":
