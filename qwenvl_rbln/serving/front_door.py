@@ -79,20 +79,6 @@ def app(upstream: str, key: str) -> Any:
     return application
 
 
-def main(argv: list[str]) -> None:  # pragma: no cover - the fleet's child process
-    from aiohttp import web
-
-    host, port, upstream = argv
-    key = os.environ.pop(KEY_ENV, "")
-    if not key:
-        sys.exit(f"qvl front door: ${KEY_ENV} is not set")
-    web.run_app(app(upstream.rstrip("/"), key), host=host, port=int(port), print=None, handle_signals=True)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main(sys.argv[1:])
-
-
 def put_in_front(fleet: Any, opts: Any, key: str, source: str) -> None:
     """Move the router to loopback behind the guard, which takes ``--host``/``--port``."""
     from qwenvl_rbln.serving.options import API_KEY_ENV, REDACTED, Launch, host_port
@@ -125,3 +111,17 @@ def put_in_front(fleet: Any, opts: Any, key: str, source: str) -> None:
         f"router listens on 127.0.0.1:{inner} behind it, every engine on loopback and requires the key too "
         f"(${API_KEY_ENV})",
     )
+
+
+def main(argv: list[str]) -> None:  # pragma: no cover - the fleet's child process
+    from aiohttp import web
+
+    host, port, upstream = argv
+    key = os.environ.pop(KEY_ENV, "")
+    if not key:
+        sys.exit(f"qvl front door: ${KEY_ENV} is not set")
+    web.run_app(app(upstream.rstrip("/"), key), host=host, port=int(port), print=None, handle_signals=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(sys.argv[1:])
