@@ -89,7 +89,7 @@ def main() -> None:
         artifact = eng.compile_artifact(root)
         hold = {"QVL_EMULATE_CALL_MS": str(opts.hold_ms)}
         rows = []
-        with eng.serving(artifact, root, "--workers", "2", env=hold) as fleet:
+        with eng.serving(artifact, root, "--workers", "2", env=hold, ports=4) as fleet:
             engines = [fleet.port + 1, fleet.port + 2]
             rows.append(
                 row("one replica (engine-0 alone)", bench(artifact, engines[0], fleet.env, 1, opts, root / "one.json"))

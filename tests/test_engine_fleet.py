@@ -28,7 +28,8 @@ KEY = "fleet-front-door-key"
 
 @pytest.fixture(scope="module")
 def fleet(engine_artifact, tmp_path_factory):
-    with eng.serving(engine_artifact, tmp_path_factory.mktemp("fleet"), "--workers", str(REPLICAS)) as srv:
+    tmp = tmp_path_factory.mktemp("fleet")
+    with eng.serving(engine_artifact, tmp, "--workers", str(REPLICAS), ports=REPLICAS + 2) as srv:
         yield srv
 
 

@@ -235,3 +235,14 @@ def test_vllm_router_checks_no_client_key_and_qvls_front_door_does(tmp_path):
             proc.terminate()
             proc.wait(timeout=30)
         engine.shutdown()
+
+
+def test_a_port_the_fleet_needs_in_use_is_one_line_before_anything_starts(art, capsys):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        busy = sock.getsockname()[1]
+        code, out, err = run_main(["serve", str(art), "--emulate", "--workers", "2", "--port", str(busy - 1)], capsys)
+    assert code == 2 and f"port {busy} on 127.0.0.1 is in use" in err and "nothing was started" in err, err

@@ -114,6 +114,7 @@ def _fleet(fleet: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> 
     if dry_run:
         render.emit(fleet.to_dict(), as_json=as_json, human=fleet_human)
         return
+    _ports_free(fleet)
     members = []
     prefix = emulated.LABEL if fleet.emulated else ""
     for name, launch in fleet.processes:
@@ -143,6 +144,27 @@ def _fleet(fleet: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> 
     if code == EXIT_INTERRUPTED:
         render.info(f"qvl: {label}stopped; no process of the fleet is left")
         raise typer.Exit(code)
+
+
+def _ports_free(fleet: Any) -> None:
+    """Every loopback port the fleet takes (its engines', the router's metrics) is free, or one line before anything
+    starts: an engine that cannot bind would only be restarted until qvl gives up."""
+    import socket
+
+    from qwenvl_rbln.errors import InputError
+
+    argv = fleet.router.argv
+    ports = [*fleet.ports, int(argv[argv.index("--prometheus-port") + 1])]
+    for port in ports:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                raise InputError(
+                    f"port {port} on 127.0.0.1 is in use; the fleet takes ports {min(ports)}-{max(ports)} (its "
+                    "engines and the router's metrics, above --port); nothing was started",
+                    "pass another --port (the fleet uses it and the ports just above it)",
+                ) from None
 
 
 def fleet_size(host: str, port: int) -> int | None:
