@@ -9,7 +9,7 @@ STAMP := $(VENV)/.qvl-installed
 PINS := torch==2.14.1 torchvision==0.29.1 transformers==5.15.1 typer==0.29.2 rich==15.0.0 \
         pyyaml==6.0.4 pillow==13.0.0 av==18.1.0 filelock==4.3.1 pytest==9.2.0 hypothesis==6.170.17 ruff==0.17.6 \
         accelerate==1.16.0 psutil==7.2.2 matplotlib==3.11.2 ray==2.60.0 kubernetes-validate==1.37.0 \
-        pytest-xdist==3.8.0 easy-vqa==1.0 numpy==2.3.5 \
+        pytest-xdist==3.8.0 easy-vqa==1.0 numpy==2.3.5 vllm-router==0.1.17 \
         pytest-timeout==2.4.0 scipy==1.17.1 statsmodels==0.15.0 pandas==3.1.1 patsy==1.0.3 packaging==26.4
 # optimum-rbln 0.12.0 pins torch 2.13 / torchvision 0.28: installed without its dependencies beside the CPU torch above
 # (what it imports at run time is in PINS: accelerate, psutil), so tests and `qvl ... --emulate` run its real code.

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -46,6 +47,23 @@ def installed() -> str | None:
     if not (Path(sys.executable).parent / "vllm").is_file():
         return f"no vllm executable beside {sys.executable}"
     return None
+
+
+def free_block(n: int) -> int:
+    """A port whose next ``n - 1`` ports are free too (a fleet's router, engines and metrics: ``--port`` and up)."""
+    for _ in range(200):
+        base = free_port()
+        if base + n > 65535:
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(base, base + n):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise AssertionError(f"no {n} free ports in a row on loopback")
 
 
 def engine_env(tmp: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -173,9 +191,11 @@ class Server:
 
 
 @contextlib.contextmanager
-def serving(artifact: Path, tmp: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Server]:
+def serving(
+    artifact: Path, tmp: Path, *args: str, env: dict[str, str] | None = None, ports: int = 1
+) -> Iterator[Server]:
     """``start`` for a block (a module fixture); afterwards the server is stopped and no process of it is left."""
-    server = start(artifact, tmp, *args, env=env)
+    server = start(artifact, tmp, *args, env=env, ports=ports)
     try:
         yield server
     finally:
@@ -183,9 +203,10 @@ def serving(artifact: Path, tmp: Path, *args: str, env: dict[str, str] | None = 
     assert not alive(server.started), f"the server left processes behind: {alive(server.started)}"
 
 
-def start(artifact: Path, tmp: Path, *args: str, env: dict[str, str] | None = None) -> Server:
-    """`qvl serve ARTIFACT --emulate`, ready (``/health`` 200), or an AssertionError with the end of its output."""
-    port = free_port()
+def start(artifact: Path, tmp: Path, *args: str, env: dict[str, str] | None = None, ports: int = 1) -> Server:
+    """`qvl serve ARTIFACT --emulate`, ready (``/health`` 200), or an AssertionError with the end of its output.
+    ``ports``: how many ports from ``--port`` up it takes (a fleet: the router, its engines, the router's metrics)."""
+    port = free_port() if ports == 1 else free_block(ports)
     full_env = engine_env(tmp, env)
     log = tmp / f"serve-{port}.log"
     cmd = [sys.executable, "-m", "qwenvl_rbln", "serve", str(artifact), "--emulate", "--port", str(port)]

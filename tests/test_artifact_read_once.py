@@ -102,6 +102,12 @@ def test_serve_emulate_reads_each_file_once(tmp_path, monkeypatch, capsys):
     _assert_once(counts)
 
 
+def test_serve_of_a_fleet_reads_each_file_once_for_every_replica(tmp_path, monkeypatch, capsys):
+    root = _artifact(tmp_path / "emu", "cpu-tiny-rbln", emulated=True)
+    argv = ["serve", str(root), "--emulate", "--devices", "0,1,2", "--port", "9000", "--dry-run", "--json"]
+    _assert_once(_walk(monkeypatch, capsys, root, argv))
+
+
 def test_a_fleet_builds_every_replica_from_one_check_without_reading_again(tmp_path, monkeypatch):
     from qwenvl_rbln.serving.command import check_serve, replica_command, serve_command
     from qwenvl_rbln.serving.options import ServeOptions

@@ -13,7 +13,9 @@ from typing import Any
 
 import typer
 
+from qwenvl_rbln.commands import serve_fleet
 from qwenvl_rbln.commands.common import JsonOpt
+from qwenvl_rbln.commands.serve_fleet import unshown  # noqa: F401  (deploy_cmd and the tests import it here)
 
 DirArg = typer.Argument(
     None,
@@ -73,13 +75,6 @@ def human(console: Any, d: dict[str, Any]) -> None:
             line = f"# {key} is set for vllm ({REDACTED}; see the auth check)"
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(shlex.join(d["argv"]), markup=False, highlight=False, soft_wrap=True)
-
-
-def unshown(warnings: list[str], checks: list[dict[str, Any]]) -> list[str]:
-    """The warnings no warning check carries already: a human dry run prints every check as a ``# warn`` line, so a
-    warning that is also a check is said once, there (with --json, stdout is data: stderr still says it)."""
-    said = [str(c.get("detail")) for c in checks if not c.get("ok")]
-    return [line for line in warnings if not any(line in detail for detail in said)]
 
 
 VllmRblnOpt = typer.Option(
@@ -161,18 +156,21 @@ def _supervised(argv: list[str], env: dict[str, str]) -> None:
 
 
 def _before_start(opts: Any, launch: Any) -> None:
-    """What must hold before vLLM starts here: a --vllm-rbln line of the installed generation (the engine
-    serve_command resolved, not a second resolve), and a free port (vLLM binds with SO_REUSEPORT, so it would start
-    beside a server already listening there)."""
+    """What must hold before vLLM starts here: a --vllm-rbln line of the installed generation (the engine the line
+    was built for), and a free port (vLLM binds with SO_REUSEPORT: it would start beside a server listening there)."""
     from qwenvl_rbln.serving.engine import check_runnable
     from qwenvl_rbln.serving.port import check_port_free
 
-    if opts.vllm_rbln is not None:
-        check_runnable(launch.engine)
+    check_runnable(launch.engine)
     check_port_free(opts.host, opts.port)
 
 
 def register(app: typer.Typer) -> None:
+    _register_serve(app)
+    _register_bench(app)
+
+
+def _register_serve(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
         directory: Path = DirArg,
@@ -207,6 +205,9 @@ def register(app: typer.Typer) -> None:
         ),
         emulate: bool = EmulateOpt,
         vllm_rbln: str = VllmRblnOpt,
+        workers: int = serve_fleet.WorkersOpt,
+        devices: str = serve_fleet.DevicesOpt,
+        router_args: str = serve_fleet.RouterArgsOpt,
         dry_run: bool = DryRunOpt,
         as_json: bool = JsonOpt,
     ) -> None:
@@ -238,6 +239,8 @@ def register(app: typer.Typer) -> None:
         )
         if opts.emulate:
             refuse_real_rebel("--emulate")
+        if serve_fleet.serve_fleet(opts, workers, devices, router_args, dry_run=dry_run, as_json=as_json):
+            return
         launch, warnings = serve_command(opts, os.environ)
         if opts.emulate:
             _emulated(launch, serve=True)
@@ -245,6 +248,8 @@ def register(app: typer.Typer) -> None:
             _before_start(opts, launch)
         _run(launch, warnings, dry_run=dry_run, as_json=as_json)
 
+
+def _register_bench(app: typer.Typer) -> None:
     @app.command("bench-serve")
     def bench_serve(
         directory: Path = DirArg,
@@ -259,6 +264,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Random seed of the generated requests."),
         api_key_file: Path = KeyFileOpt,
         emulate: bool = EmulateOpt,
+        workers: int = serve_fleet.BenchWorkersOpt,
         dry_run: bool = DryRunOpt,
         as_json: bool = JsonOpt,
     ) -> None:
@@ -283,6 +289,7 @@ def register(app: typer.Typer) -> None:
             extra=extra,
             api_key_file=api_key_file,
             emulate=requested(emulate),
+            workers=workers if workers is not None or dry_run else serve_fleet.fleet_size(host, port),
         )
         if opts.emulate:
             refuse_real_rebel("--emulate")

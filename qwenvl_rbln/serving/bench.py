@@ -69,7 +69,7 @@ BENCH_OWNED = {
     "--host": "qvl bench-serve --host",
     "--port": "qvl bench-serve --port",
     "--model": "qvl bench-serve --served-model-name",
-    "--max-concurrency": "the compiled batch_size (qvl sets it)",
+    "--max-concurrency": "the compiled batch_size, times --workers for a fleet (qvl sets it)",
     "--backend": "nothing (qvl benchmarks the chat endpoint)",
     "--endpoint": "nothing (qvl benchmarks the chat endpoint)",
     "--dataset-name": "nothing (qvl benchmarks random-mm)",
@@ -109,7 +109,14 @@ def bench_command(opts: BenchOptions, environ: Mapping[str, str] | None = None) 
         "; ".join(f"{side}x{side} -> bucket {bucket} ({tokens} tokens)" for side, bucket, tokens in sizes)
         + (f"; left out: {'; '.join(notes)}" if notes else ""),
     )
-    ok(checks, "max_concurrency", f"{art.cfg['batch_size']} (the compiled batch_size)")
+    replicas = opts.workers or 1
+    concurrency = replicas * art.cfg["batch_size"]
+    ok(
+        checks,
+        "max_concurrency",
+        f"{concurrency} (the compiled batch_size {art.cfg['batch_size']}"
+        + (f" x {replicas} engines behind the router: the fleet as one service)" if replicas > 1 else ")"),
+    )
     pairs = [
         ("--backend", "openai-chat"),
         ("--endpoint", "/v1/chat/completions"),
@@ -118,7 +125,7 @@ def bench_command(opts: BenchOptions, environ: Mapping[str, str] | None = None) 
         ("--port", str(opts.port)),
         ("--model", opts.served_model_name or served_name(art)),
         ("--tokenizer", str(art.root)),
-        ("--max-concurrency", str(art.cfg["batch_size"])),
+        ("--max-concurrency", str(concurrency)),
         ("--num-prompts", str(opts.num_prompts)),
         ("--random-input-len", str(opts.input_len)),
         ("--random-output-len", str(opts.output_len)),

@@ -398,7 +398,7 @@ def vllm_launch(
             "optimum-rbln 0.12 refuses a decode batch not sorted by length), and vllm-rbln's optimum runner does not "
             f"sort: the {PLUGIN_NAME} plugin sorts each one in every vLLM process",
         )
-    return Launch(argv=argv, env=env, checks=checks, device_env=engine.device_env, engine=engine)
+    return Launch(argv=argv, env=env, checks=checks, engine=engine)
 
 
 def _image_cap(art: Artifact, argv: list[str], replaced: set[str] | frozenset[str], checks: list) -> None:

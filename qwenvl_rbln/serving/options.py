@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.serving.engine import Engine
+from qwenvl_rbln.serving.engine import resolve as resolve_engine
 
 if TYPE_CHECKING:
     from qwenvl_rbln.artifacts.checked import CheckedArtifact
@@ -54,9 +56,14 @@ class Launch:
     env: dict[str, str | None]
     checks: list[dict[str, Any]]
     secret: frozenset[str] = frozenset()  # env keys whose values are never shown (--dry-run, --json)
-    device_env: str = "RBLN_DEVICES"  # the variable that picks the NPUs (engine.Engine.device_env)
+    engine: Engine | None = None  # the vllm-rbln the line is for (``vllm serve`` lines; None for the benchmark)
     emulated: bool = False  # --emulate: qvl runs it as a labelled child (supervise.py), never execs it
     engine: Engine | None = None  # the vllm-rbln the line is for (engine.resolve), checked again before exec
+
+    @property
+    def device_env(self) -> str:
+        """The variable that picks the NPUs: the line's vllm-rbln generation's (``Engine.device_env``)."""
+        return (self.engine or resolve_engine(None, look_here=False)).device_env
 
     def to_dict(self) -> dict[str, Any]:
         """What --dry-run shows: the env with every secret value replaced by ``REDACTED``."""
@@ -165,9 +172,12 @@ class BenchOptions:
     extra: list[str] = field(default_factory=list)
     api_key_file: Path | None = None  # else $VLLM_API_KEY: sent as "Authorization: Bearer ..."
     emulate: bool = False  # benchmark a `qvl serve --emulate` server (its artifact compiled with --emulate)
+    workers: int | None = None  # a fleet (`qvl serve --workers N`): concurrency is N x the compiled batch
 
     def __post_init__(self) -> None:
         _check_names(self.host, self.served_model_name)
+        if self.workers is not None and self.workers < 1:
+            raise InputError(f"--workers {self.workers} must be at least 1", "pass the fleet's engine count")
 
 
 # ------------------------------------------------------------------------------------------------ who may call

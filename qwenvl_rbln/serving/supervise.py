@@ -88,8 +88,8 @@ def _forwarded(on_signal) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def run(argv: Sequence[str], env: Mapping[str, str], label: str) -> int:
-    """Run ``argv`` to its end; its exit code, or ``EXIT_INTERRUPTED`` when qvl was interrupted meanwhile."""
+def spawn(argv: Sequence[str], env: Mapping[str, str], label: str) -> tuple[subprocess.Popen, list[threading.Thread]]:
+    """Start ``argv`` in its own session (its pid is its group's id), its output pumped under ``label``."""
     _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: vLLM's engine processes come back to qvl if vLLM ends first
     try:
         proc = subprocess.Popen(
@@ -105,22 +105,42 @@ def run(argv: Sequence[str], env: Mapping[str, str], label: str) -> int:
         from qwenvl_rbln.serving.launch import VLLM_INSTALL_HINT
 
         raise DependencyMissing(f"cannot start {argv[0]}: {exc.strerror or exc}", VLLM_INSTALL_HINT) from None
-    pgid = proc.pid
-    try:
-        return _supervise(proc, pgid, label)
-    except BaseException:  # a Ctrl-C before the handlers were in place, or any error: the group never outlives qvl
-        _kill_group(pgid, signal.SIGKILL)
-        raise
-
-
-def _supervise(proc: subprocess.Popen, pgid: int, label: str) -> int:
-    """Pump its output under ``label``, forward qvl's signals to its group, and wait for all of the group to end."""
     pumps = [
         threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, label.encode()), daemon=True),
         threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, label.encode()), daemon=True),
     ]
     for pump in pumps:
         pump.start()
+    return proc, pumps
+
+
+def end_group(pgid: int) -> None:
+    """SIGKILL whatever is left of the group, and wait (``GONE_S`` at most) until the kernel has cleared it."""
+    _kill_group(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + GONE_S
+    while group_alive(pgid) and time.monotonic() < deadline:
+        _reap()
+        time.sleep(0.05)
+
+
+def exit_code(returncode: int) -> int:
+    """A shell's exit status: a process ended by signal N is 128 + N (SIGKILL: 137)."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def run(argv: Sequence[str], env: Mapping[str, str], label: str) -> int:
+    """Run ``argv`` to its end; its exit code, or ``EXIT_INTERRUPTED`` when qvl was interrupted meanwhile."""
+    proc, pumps = spawn(argv, env, label)
+    pgid = proc.pid
+    try:
+        return _supervise(proc, pgid, pumps)
+    except BaseException:  # a Ctrl-C before the handlers were in place, or any error: the group never outlives qvl
+        _kill_group(pgid, signal.SIGKILL)
+        raise
+
+
+def _supervise(proc: subprocess.Popen, pgid: int, pumps: list[threading.Thread]) -> int:
+    """Forward qvl's signals to its group, and wait for all of the group to end."""
     interrupted: list[float] = []
 
     def on_signal() -> None:
@@ -136,13 +156,13 @@ def _supervise(proc: subprocess.Popen, pgid: int, label: str) -> int:
                 _kill_group(pgid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=0.2)
-        _kill_group(pgid, signal.SIGKILL)  # whatever of the group outlived vLLM's main process
-        deadline = time.monotonic() + GONE_S
-        while group_alive(pgid) and time.monotonic() < deadline:
-            _reap()
-            time.sleep(0.05)
+        end_group(pgid)  # whatever of the group outlived vLLM's main process
     for pump in pumps:
         pump.join(timeout=2.0)
     if interrupted:
         return EXIT_INTERRUPTED
-    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+    return exit_code(proc.returncode)
+
+
+forwarded = _forwarded  # the fleet's supervisor (fleet_run.py) forwards the same three signals
+kill_group = _kill_group
