@@ -25,6 +25,7 @@ import bisect
 import json
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +163,11 @@ class GraphTiming:
     def _t(self, n: int) -> float:
         return self.points[n]["median_s"]
 
+    @cached_property
+    def contexts(self) -> list[int]:
+        """The measured contexts, sorted once (a lookup runs per simulated step)."""
+        return sorted(self.points)
+
     def _fit_at(self, x: float) -> float | None:
         value = self.fit(x) if self.fit is not None else None
         return value if value is not None and math.isfinite(value) else None
@@ -176,7 +182,7 @@ class GraphTiming:
           longer context is never faster: a fit that flattens or turns down there is not the card); before the
           first, the first measured time.
         """
-        ctxs = sorted(self.points)
+        ctxs = self.contexts
         if context is None:
             return self._t(ctxs[0]), MEASURED
         x = float(context)
@@ -201,7 +207,7 @@ class GraphTiming:
 
     def label(self, how: str) -> str:
         where = f"{self.npu}{', emulated' if self.emulated else ''}, {self.date[:10]}"
-        ctxs = sorted(self.points)
+        ctxs = self.contexts
         if how == EXTRAPOLATED:
             span = f"measured contexts {ctxs[0]}-{ctxs[-1]}" if len(ctxs) > 1 else f"its one measured context {ctxs[0]}"
             return f"extrapolated ({where}, outside {span}; never below the nearest measured time)"

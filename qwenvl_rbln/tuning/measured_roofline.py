@@ -108,16 +108,20 @@ class MeasuredRoofline(Roofline):
             self.ratios[slot] = (statistics.median(ratios), graphs) if ratios else None
         return self.ratios[slot]
 
-    def _note(self, key: str, how: str, label: str) -> None:
-        if key not in self.hows or RISK.get(how, 0) >= RISK.get(self.hows[key], 0):
-            self.hows[key], self.sources[key] = how, label
+    def _note(self, key: str, how: str, timing: GraphTiming) -> None:
+        """Record the least sure kind of figure a graph gave; its label is built only when it changes."""
+        old = self.hows.get(key)
+        if old == how:
+            return
+        if old is None or RISK.get(how, 0) >= RISK.get(old, 0):
+            self.hows[key], self.sources[key] = how, timing.label(how)
 
     def _lookup(self, key: str, context: float | None, bound: Callable[[], float]) -> float:
         timing = self.measured.get(key)
         if timing is not None:
             self._check(timing)
             seconds, how = timing.seconds(context)
-            self._note(key, how, timing.label(how))
+            self._note(key, how, timing)
             self.used_measured.add(key)
             return seconds
         parsed = kind_of(key)

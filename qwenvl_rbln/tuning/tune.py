@@ -201,6 +201,7 @@ def _timing_sources(checker: Checker, doc: dict[str, Any]) -> dict[str, Any]:
             row["timing"] = row_timing(row, roof)
     on_estimates = sum(1 for r in doc["candidates"] if (r.get("timing") or {}).get("rests_on_estimates", True))
     extrapolated = sum(1 for r in doc["candidates"] if (r.get("timing") or {}).get("extrapolated"))
+    scales = roof.scales()  # once: _ranked_by prints the same factors
     label = (
         LABEL
         if not roof.used_measured
@@ -212,16 +213,16 @@ def _timing_sources(checker: Checker, doc: dict[str, Any]) -> dict[str, Any]:
         "sources": dict(sorted(roof.sources.items())),
         "rows_on_estimates": on_estimates,
         "rows_extrapolated": extrapolated,
-        "scaled_by": roof.scales(),
-        "ranked_by": _ranked_by(roof),
+        "scaled_by": scales,
+        "ranked_by": _ranked_by(roof, scales),
     }
 
 
-def _ranked_by(roof: MeasuredRoofline) -> str:
+def _ranked_by(roof: MeasuredRoofline, scales: dict[str, float]) -> str:
     """The footing every row is ranked on, in one line (the table prints it under itself)."""
     if not roof.used_measured:
         return "the roofline bound in every row (no measured timings for this model and NPU)"
-    scaled = ", ".join(f"{kind} x{factor:.2f}" for kind, factor in roof.scales().items())
+    scaled = ", ".join(f"{kind} x{factor:.2f}" for kind, factor in scales.items())
     bare = sorted({KINDS[p[0]] for key, s in roof.sources.items() if s == ROOFLINE and (p := kind_of(key))})
     text = "one footing: measured figures where timings.json has them"
     if scaled and any(s.startswith(SCALED) for s in roof.sources.values()):
