@@ -16,9 +16,10 @@ longer than the hold (an *overrun*) the call ran slower than the model says; a r
 never quietly slower (``Stats.valid``).
 
 Which call is which, from its inputs (as ``qvl profile`` names them, ``profiling/graphs.py``): a graph with
-``cache_position`` of width > 1 is a prefill chunk of that width, its context the chunk's first position (tokens
-already cached); of width 1 a decoder batch of its rows, its context the largest position among them; any other
-graph a ViT call of the bucket its first input's length gives.
+``cache_position`` of width > 1 is a prefill chunk of that width, its context the tokens in the KV cache after it
+(first position + width); of width 1 a decoder batch of its rows, its context the largest position among them and
+its real rows those at a position > 0; any other graph a ViT call of the bucket its first input's length gives
+(the contexts as ``tuning.device_time`` defines them).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from qwenvl_rbln.errors import QvlError
 
 MODEL_ENV = "QVL_EMULATE_TIME_MODEL"
 SCALE_ENV = "QVL_EMULATE_TIME_SCALE"
@@ -43,7 +46,7 @@ class TimeModel(Protocol):
 
     def prefill(self, chunk: int, context: int) -> float: ...
 
-    def decode(self, batch: int, context: int) -> float: ...
+    def decode(self, batch: int, context: int, rows: int | None = None) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class Call:
     kind: str
     size: int
     context: int
+    rows: int = 0  # a decode call's real rows (positions > 0: vllm-rbln's padding rows sit at 0)
 
 
 def classify(info: list[tuple[str, list[int], str]], values: list[Any]) -> Call:
@@ -62,9 +66,9 @@ def classify(info: list[tuple[str, list[int], str]], values: list[Any]) -> Call:
     if "cache_position" in names:
         pos = values[names.index("cache_position")]
         rows, width = (int(pos.shape[0]), int(pos.shape[-1])) if pos.dim() >= 2 else (1, int(pos.numel()))
-        if width > 1:
-            return Call("prefill", width, int(pos.reshape(-1)[0]))
-        return Call("decode", rows, int(pos.max()))
+        if width > 1:  # context: tokens in the KV cache after the chunk (device_time's convention)
+            return Call("prefill", width, int(pos.reshape(-1)[0]) + width)
+        return Call("decode", rows, int(pos.max()), max(1, int((pos.reshape(-1) > 0).sum())))
     return Call("vit", int(info[0][1][0]) if info and info[0][1] else 0, 0)
 
 
@@ -72,7 +76,7 @@ def device_seconds(model: TimeModel, call: Call) -> float:
     if call.kind == "prefill":
         return float(model.prefill(call.size, call.context))
     if call.kind == "decode":
-        return float(model.decode(call.size, call.context))
+        return float(model.decode(call.size, call.context, call.rows or call.size))
     return float(model.vit(call.size))
 
 
@@ -80,8 +84,7 @@ def load_model(path: str | os.PathLike[str]) -> Any:
     """The ``DeviceTimeModel`` a JSON file holds (``to_json``'s output)."""
     from qwenvl_rbln.tuning.device_time import DeviceTimeModel
 
-    text = Path(path).read_text(encoding="utf-8")
-    return DeviceTimeModel.from_json(text)
+    return DeviceTimeModel.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
 
 
 def model_name(model: Any) -> str:
@@ -143,7 +146,7 @@ def configured() -> Timer | None:
             raise RuntimeError(f"qvl emulator: {SCALE_ENV}={key[1]!r} is not a positive number of wall s per device s")
         try:
             model = load_model(key[0])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, QvlError) as exc:
             raise RuntimeError(
                 f"qvl emulator: {MODEL_ENV}={key[0]} cannot be read as a device-time model ({exc})"
             ) from None
@@ -220,8 +223,15 @@ def environment(model_file: Path, scale: float, stats_dir: Path) -> dict[str, st
     return {MODEL_ENV: str(Path(model_file).resolve()), SCALE_ENV: repr(float(scale)), STATS_ENV: str(stats_dir)}
 
 
-def describe(model_file: Path) -> dict[str, Any]:
-    """A time-model file's name and source for labels, read as JSON (no model built)."""
-    data = json.loads(Path(model_file).read_text(encoding="utf-8"))
-    name = data.get("name") or data.get("model") or Path(model_file).name if isinstance(data, dict) else None
-    return {"file": str(model_file), "name": str(name or Path(model_file).name)}
+def resolve(spec: str, artifact: Path) -> Any:
+    """``--time-model``'s value: ``roofline:MODEL`` (a hub id or directory: its roofline at the artifact's compiled
+    shapes), ``timings:FILE`` (``qvl profile``'s timings.json for this artifact's graphs), or a JSON file written
+    by ``DeviceTimeModel.to_json``."""
+    from qwenvl_rbln.tuning.device_time import time_model_for_artifact
+
+    kind, _, rest = spec.partition(":")
+    if kind == "roofline" and rest:
+        return time_model_for_artifact(Path(artifact), model=rest)
+    if kind == "timings" and rest:
+        return time_model_for_artifact(Path(artifact), timings=Path(rest))
+    return load_model(spec)
