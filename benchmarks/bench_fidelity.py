@@ -108,10 +108,15 @@ def engine_of(art: Path) -> Any:
                   graphs=tuple(c.get("decoder_batch_sizes") or ()))  # fmt: skip
 
 
-def simulated(engine: Any, model: Any, reqs: list[tuple[int, tuple[int, ...]]], arrivals: list[float], out: int):
+def simulated(engine: Any, model: Any, reqs: list[tuple[int, tuple[int, ...]]], arrivals: list[float], out: int,
+              host_s: float = 0.0) -> dict[str, float]:  # fmt: skip
+    """The simulator's figures; ``host_s``: host time per engine step (device seconds), 0 for a pure device run."""
+    import dataclasses
+
     from qwenvl_rbln.tuning.capacity import metrics
     from qwenvl_rbln.tuning.simulate import Request, simulate
 
+    engine = dataclasses.replace(engine, step_overhead_s=host_s)
     trace = simulate(engine, model, [Request(a, p, out, v) for a, (p, v) in zip(arrivals, reqs, strict=True)])
     m = metrics(trace)
     return {"ttft": m["ttft"]["p50"] * 1e3, "tpot": m["tpot"]["p50"] * 1e3, "throughput": m["output_tokens_per_s"],
@@ -148,6 +153,8 @@ def run(opts: argparse.Namespace) -> None:
         rows.append({"load": load, "rate": r["rate"], "valid": r["valid"], "calls": r["calls"],
                      "measured": {k: r[f] for k, f in FIGURES},
                      "predicted": simulated(engine, model, reqs, arrivals, opts.output_len),
+                     "predicted_host": simulated(engine, model, reqs, arrivals, opts.output_len,
+                                                 r["calls"]["host_step_s"] / doc["time_scale"]),
                      "analytic": analytic(engine, model, reqs, opts.output_len)})  # fmt: skip
     result = {"artifact": art.name, "batch": engine.batch, "chunk": engine.chunk, "graphs": engine.graphs,
               "time_model": doc["time_model"], "scale": doc["time_scale"], "prompts": opts.prompts,
@@ -162,28 +169,32 @@ def err(pred: float, meas: float) -> float:
 
 
 def table(files: list[Path]) -> None:
-    """The fidelity table (markdown): per run the measured figures and both predictions' errors; then the medians."""
-    print("| artifact | load | valid (overruns/calls) | TTFT p50 ms meas / sim / err / old err | "
-          "TPOT p50 ms meas / sim / err / old err | tok/s meas / sim / err / old err |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
-    errs: dict[str, list[float]] = {k: [] for k, _ in FIGURES}
-    old: dict[str, list[float]] = {k: [] for k, _ in FIGURES}
+    """The fidelity table (markdown): per run the measured figure, the simulator's (device time only, and with the
+    run's measured host time per step), and the old estimate's error; then the medians."""
+    heads = {"ttft": "TTFT p50 ms", "tpot": "TPOT p50 ms", "throughput": "output tok/s"}
+    print("| artifact | load | valid (overruns/calls) | host/step | "
+          + " | ".join(f"{heads[k]}: meas / sim / err / +host err / old err" for k, _ in FIGURES) + " |")  # fmt: skip
+    print("|---|---|---|---|" + "---|" * len(FIGURES))
+    errs: dict[str, dict[str, list[float]]] = {c: {k: [] for k, _ in FIGURES} for c in ("sim", "host", "old")}
     for f in files:
         d = json.loads(f.read_text())
         for row in d["rows"]:
-            m, p, a = row["measured"], row["predicted"], row["analytic"]
-            cells = []
+            m, cells = row["measured"], []
             for k, _ in FIGURES:
-                errs[k].append(err(p[k], m[k]))
-                old[k].append(err(a[k], m[k]))
-                cells.append(f"{m[k]:.3f} / {p[k]:.3f} / {errs[k][-1]:.1%} / {old[k][-1]:.0%}")
-            mark = f"{'yes' if row['valid'] else 'NO'} ({row['calls']['overruns']}/{row['calls']['calls']})"
+                for c, key in (("sim", "predicted"), ("host", "predicted_host"), ("old", "analytic")):
+                    errs[c][k].append(err(row[key][k], m[k]))
+                cells.append(f"{m[k]:.3f} / {row['predicted'][k]:.3f} / {errs['sim'][k][-1]:.1%} / "
+                             f"{errs['host'][k][-1]:.1%} / {errs['old'][k][-1]:.0%}")  # fmt: skip
+            calls = row["calls"]
+            mark = f"{'yes' if row['valid'] else 'NO'} ({calls['overruns']}/{calls['calls']})"
+            host = f"{calls['host_step_s'] * 1e3:.0f} ms wall"
             name = f"{d['artifact']} (b{d['batch']}, chunk {d['chunk']})"
-            print(f"| {name} | {row['load']:.0%} ({row['rate']:g} req/s) | {mark} | " + " | ".join(cells) + " |")
-    for k, _ in FIGURES:
-        if errs[k]:
-            print(f"{k}: simulator median |err| {statistics.median(errs[k]):.1%}, max {max(errs[k]):.1%}; "
-                  f"old analytic median {statistics.median(old[k]):.0%}, max {max(old[k]):.0%}")  # fmt: skip
+            print(
+                f"| {name} | {row['load']:.0%} ({row['rate']:g} req/s) | {mark} | {host} | " + " | ".join(cells) + " |"
+            )
+    for c, label in (("sim", "simulator"), ("host", "simulator + host/step"), ("old", "old analytic")):
+        print(f"{label}: " + "; ".join(f"{k} median |err| {statistics.median(v):.1%}, max {max(v):.1%}"
+                                       for k, v in errs[c].items() if v))  # fmt: skip
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -170,6 +171,7 @@ class Stats:
     worst_cpu_share: float = 0.0  # the largest CPU / hold of one call
     by_kind: dict[str, int] = field(default_factory=dict)
     overruns_by_kind: dict[str, int] = field(default_factory=dict)
+    host_step_s: float = 0.0  # median wall time between a step's first call and the call before it (host work)
 
     @property
     def valid(self) -> bool:
@@ -190,13 +192,16 @@ class Stats:
             "worst_cpu_share": self.worst_cpu_share,
             "by_kind": dict(self.by_kind),
             "overruns_by_kind": dict(self.overruns_by_kind),
+            "host_step_s": self.host_step_s,
         }
 
 
 def read_stats(directory: Path, since: float = 0.0, until: float = float("inf")) -> Stats:
     """Sum the call lines of every process in ``directory`` that ended in [since, until] (wall clock)."""
     stats = Stats()
+    gaps: list[float] = []
     for path in sorted(Path(directory).glob("calls-*.tsv")):
+        last_end = None
         for line in path.read_text(encoding="utf-8").splitlines():
             parts = line.split()
             if len(parts) != 7:
@@ -205,6 +210,10 @@ def read_stats(directory: Path, since: float = 0.0, until: float = float("inf"))
             if not since <= end <= until:
                 continue
             device, cpu, hold = float(parts[4]), float(parts[5]), float(parts[6])
+            first_of_step = kind == "decode" or kind == "vit" or parts[2] == parts[3]  # a prompt's first chunk
+            if first_of_step and last_end is not None:
+                gaps.append(end - max(hold, cpu) - last_end)
+            last_end = end
             stats.calls += 1
             stats.device_s += device
             stats.cpu_s += cpu
@@ -215,6 +224,8 @@ def read_stats(directory: Path, since: float = 0.0, until: float = float("inf"))
             if cpu > hold:
                 stats.overruns += 1
                 stats.overruns_by_kind[kind] = stats.overruns_by_kind.get(kind, 0) + 1
+    if gaps:
+        stats.host_step_s = max(0.0, statistics.median(gaps))
     return stats
 
 
