@@ -109,8 +109,9 @@ def engine_of(art: Path) -> Any:
 
 
 def simulated(engine: Any, model: Any, reqs: list[tuple[int, tuple[int, ...]]], arrivals: list[float], out: int,
-              host_s: float = 0.0) -> dict[str, float]:  # fmt: skip
-    """The simulator's figures; ``host_s``: host time per engine step (device seconds), 0 for a pure device run."""
+              host_s: float = 0.0, lead: float = 0.0) -> dict[str, float]:  # fmt: skip
+    """The simulator's figures; ``host_s``: host time per engine step (device seconds), 0 for a pure device run;
+    ``lead``: seconds before the first arrival that the throughput's duration counts (vLLM's)."""
     import dataclasses
 
     from qwenvl_rbln.tuning.capacity import metrics
@@ -119,8 +120,9 @@ def simulated(engine: Any, model: Any, reqs: list[tuple[int, tuple[int, ...]]], 
     engine = dataclasses.replace(engine, step_overhead_s=host_s)
     trace = simulate(engine, model, [Request(a, p, out, v) for a, (p, v) in zip(arrivals, reqs, strict=True)])
     m = metrics(trace)
-    return {"ttft": m["ttft"]["p50"] * 1e3, "tpot": m["tpot"]["p50"] * 1e3, "throughput": m["output_tokens_per_s"],
-            "requests_per_s": m["requests_per_s"]}  # fmt: skip
+    tokens = sum(r.request.output for r in trace.records)
+    return {"ttft": m["ttft"]["p50"] * 1e3, "tpot": m["tpot"]["p50"] * 1e3,
+            "throughput": tokens / (m["duration_s"] + lead), "requests_per_s": m["requests_per_s"]}  # fmt: skip
 
 
 def analytic(engine: Any, model: Any, reqs: list[tuple[int, tuple[int, ...]]], out: int) -> dict[str, float]:
@@ -148,13 +150,19 @@ def run(opts: argparse.Namespace) -> None:
     doc = json.loads(done.stdout)
     rows = []
     for load, r in zip(LOADS, doc["runs"], strict=True):
-        starts = r["raw"]["start_times"]
-        arrivals = [(s - min(starts)) / doc["time_scale"] for s in starts]
+        raw, scale = r["raw"], doc["time_scale"]
+        starts = raw["start_times"]
+        arrivals = [(s - min(starts)) / scale for s in starts]
+        ends = [s + t + sum(i) for s, t, i in zip(starts, raw["ttfts"], raw["itls"], strict=True)]
+        # vLLM's duration runs from the benchmark's start, before its first (delayed) request: the same lead is
+        # added to the simulated run's span (which starts at the first arrival) for a like-for-like throughput
+        lead = max(0.0, r["duration_s"] - (max(ends) - min(starts)) / scale)
         rows.append({"load": load, "rate": r["rate"], "valid": r["valid"], "calls": r["calls"],
                      "measured": {k: r[f] for k, f in FIGURES},
-                     "predicted": simulated(engine, model, reqs, arrivals, opts.output_len),
+                     "predicted": simulated(engine, model, reqs, arrivals, opts.output_len, lead=lead),
                      "predicted_host": simulated(engine, model, reqs, arrivals, opts.output_len,
-                                                 r["calls"]["host_step_s"] / doc["time_scale"]),
+                                                 r["calls"]["host_step_s"] / scale, lead=lead),
+                     "lead_s": lead, "raw": raw,
                      "analytic": analytic(engine, model, reqs, opts.output_len)})  # fmt: skip
     result = {"artifact": art.name, "batch": engine.batch, "chunk": engine.chunk, "graphs": engine.graphs,
               "time_model": doc["time_model"], "scale": doc["time_scale"], "prompts": opts.prompts,

@@ -159,9 +159,10 @@ def run(serve: Launch, bench: Launch, timed: TimedRun, environ: Mapping[str, str
 def _warm_up(argv: list[str], port: int, result: Path, env: dict[str, str]) -> None:
     """One batch-sized burst before the measured runs, not counted: every graph's first call (torch's lazy set-up
     of its ops) is slow, and would overrun a hold of the run it fell in."""
+    batch = argv[argv.index("--max-concurrency") + 1] if "--max-concurrency" in argv else "1"  # the compiled batch
     argv = bench_argv(argv, float("inf"), result)
     argv[argv.index("--port") + 1] = str(port)
-    argv[argv.index("--num-prompts") + 1] = "4"
+    argv[argv.index("--num-prompts") + 1] = batch
     done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise BackendError(f"`vllm bench serve` (warm-up) exited with {done.returncode}: {done.stderr[-2000:]}",
