@@ -103,3 +103,25 @@ def test_bench_argv_sends_poisson_arrivals_uncapped_and_saves_every_list(tmp_pat
     assert argv[argv.index("--request-rate") + 1] == "0.25"
     assert {"--save-result", "--save-detailed"} <= set(argv)
     assert argv[argv.index("--metric-percentiles") + 1] == "50,90,99"
+
+
+def test_bench_serve_time_model_refusals_are_one_line_and_the_dry_run_shows_both_commands(tmp_path, capsys):
+    from tests.fakes_rbln import run_main
+    from tests.test_serve_emulate import emulated_artifact
+
+    art = emulated_artifact(tmp_path / "emu")
+    model_file = tmp_path / "times.json"
+    model_file.write_text(json.dumps(MODEL.to_json()))
+    base = ["bench-serve", str(art), "--time-model", str(model_file)]
+    code, _, err = run_main(base, capsys)  # no --emulate
+    assert code == 2 and "only with --emulate" in err and "Traceback" not in err
+    code, _, err = run_main([*base, "--emulate", "--time-scale", "0"], capsys)
+    assert code == 2 and "--time-scale 0.0 is not a positive number" in err
+    code, _, err = run_main([*base[:3], str(tmp_path / "missing.json"), "--emulate"], capsys)
+    assert code == 2 and "cannot be read as a device-time model" in err and "Traceback" not in err
+    code, out, err = run_main([*base, "--emulate", "--time-scale", "50", "--request-rate", "2", "--dry-run", "--json"],
+                              capsys)  # fmt: skip
+    assert code == 0, err
+    shown = json.loads(out)
+    assert shown["serve"]["argv"][:2] == ["vllm", "serve"] and shown["bench"]["argv"][:3] == ["vllm", "bench", "serve"]
+    assert shown["rates"] == [2.0] and shown["serve"]["env"]["QVL_EMULATE_NPU"] == "1"
