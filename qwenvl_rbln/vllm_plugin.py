@@ -23,14 +23,20 @@ from qwenvl_rbln.serving.options import PACKING_ENV as ENV
 _installed = False
 
 
+TIME_MODEL_ENV = "QVL_EMULATE_TIME_MODEL"  # backends/emulator/timed.py's switch (read there, named here)
+
+
 def register() -> None:
-    """Install the per-frame video cap (``QVL_FRAME_CAP=1``), and the packed ViT forward on optimum-rbln's vision
-    model class when ``QVL_VIT_PACKING=1``."""
+    """Install the per-frame video cap (``QVL_FRAME_CAP=1``), the timed emulator's time-model reader where
+    ``QVL_EMULATE_TIME_MODEL`` is set, and the packed ViT forward on optimum-rbln's vision model class when
+    ``QVL_VIT_PACKING=1``."""
     global _installed
     try:
         serving_plugin.register()
     except Exception as exc:  # noqa: BLE001 - a plugin must never stop vLLM from starting
         serving_plugin.warn(f"the per-frame video cap failed ({type(exc).__name__}: {exc})")
+    if os.environ.get(TIME_MODEL_ENV):
+        register_time_model_reader()
     if _installed or os.environ.get(ENV) != "1":
         return
     warn = serving_plugin.warn
@@ -48,3 +54,11 @@ def register() -> None:
         warn(f"ViT packing could not be installed ({type(exc).__name__}: {exc}); the ViT runs unpacked")
         return
     _installed = True
+
+
+def register_time_model_reader() -> None:
+    """The emulator (a backend) reads its device-time model through the tuning layer's reader, given here from the
+    top so neither imports the other; both modules are pure Python (no torch)."""
+    timed = importlib.import_module("qwenvl_rbln.backends.emulator.timed")
+    device_time = importlib.import_module("qwenvl_rbln.tuning.device_time")
+    timed.set_reader(device_time.DeviceTimeModel.from_json)

@@ -78,12 +78,12 @@ def test_every_command_module_is_found_by_the_command_it_is_named_after():
         assert module_for(command) == module
         app = cli.app_for([command, "--help"])
         assert app is not cli.full_app(), f"{module} does not register `{command}`"
-    assert module_for("nope") is None and module_for("bench-serve") is None
+    assert module_for("nope") is None and module_for("bench-serve") == "bench_serve_cmd"
 
 
 def test_each_command_alone_is_the_command_of_the_whole_app():
     """Registered alone, every command (and group) has the same parameters, help and subcommands as in the app
-    with every command; a name no module is named after (bench-serve) gets the whole app."""
+    with every command; a name no module is named after (a typo) gets the whole app."""
     import typer.main
 
     from qwenvl_rbln import cli
@@ -98,7 +98,7 @@ def test_each_command_alone_is_the_command_of_the_whole_app():
         alone = typer.main.get_command(cli.app_for([name]))
         assert shape(alone.commands[name]) == shape(command), name
         assert shape(alone)[1] == shape(full)[1]  # the root's own options (--version)
-    assert cli.app_for(["bench-serve"]) is cli.full_app()
+    assert cli.app_for(["bench-srve"]) is cli.full_app()
     assert cli.app_for(["--help"]) is cli.full_app() and cli.app_for([]) is cli.full_app()
 
 

@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "compare_cmd",
     "eval_cmd",
     "serve_cmd",
+    "bench_serve_cmd",
     "deploy_cmd",
     "presets_cmd",
     "cache_cmd",
@@ -38,7 +39,7 @@ def register_all(app: typer.Typer) -> None:
 
 
 def module_for(command: str) -> str | None:
-    """The listed module named after ``command`` (``bucket-plan``: ``bucket_plan_cmd``), or None: a command
-    registered under another name (``bench-serve``, in ``serve_cmd``) or a typo then loads every module."""
+    """The listed module named after ``command`` (``bucket-plan``: ``bucket_plan_cmd``), or None: a typo (or a
+    command registered under another name) then loads every module."""
     name = command.replace("-", "_") + "_cmd"
     return name if name in COMMAND_MODULES else None

@@ -1,6 +1,7 @@
-"""`qvl serve` and `qvl bench-serve`: hand a compiled artifact to vllm-rbln, checked before anything starts.
+"""`qvl serve`: hand a compiled artifact to vllm-rbln, checked before anything starts (`qvl bench-serve`, in
+``bench_serve_cmd``, shares its options and helpers).
 
-Both commands build their command line in ``qwenvl_rbln/serving/`` (preflight, argv, environment, as data) and
+The command builds its command line in ``qwenvl_rbln/serving/`` (preflight, argv, environment, as data) and
 then either print it (``--dry-run``; ``--json``: ``{"argv": [...], "env": {...}, "checks": [...]}``) or exec
 ``vllm`` with exactly that argv and environment. The human ``--dry-run`` output is a shell script: the checks as
 comments, the environment as ``export``/``unset`` lines, then the command.
@@ -167,7 +168,6 @@ def _before_start(opts: Any, launch: Any) -> None:
 
 def register(app: typer.Typer) -> None:
     _register_serve(app)
-    _register_bench(app)
 
 
 def _register_serve(app: typer.Typer) -> None:
@@ -246,54 +246,4 @@ def _register_serve(app: typer.Typer) -> None:
             _emulated(launch, serve=True)
         if not dry_run:
             _before_start(opts, launch)
-        _run(launch, warnings, dry_run=dry_run, as_json=as_json)
-
-
-def _register_bench(app: typer.Typer) -> None:
-    @app.command("bench-serve")
-    def bench_serve(
-        directory: Path = DirArg,
-        vllm_args: list[str] = PassThrough,
-        preset: str = PresetArgOpt,
-        host: str = BenchHostOpt,
-        port: int = PortOpt,
-        served_model_name: str = NameOpt,
-        num_prompts: int = typer.Option(100, "--num-prompts", min=1, help="Requests to send."),
-        input_len: int = typer.Option(128, "--input-len", min=1, help="Random text tokens per request."),
-        output_len: int = typer.Option(128, "--output-len", min=1, help="Tokens to generate per request."),
-        seed: int = typer.Option(0, "--seed", help="Random seed of the generated requests."),
-        api_key_file: Path = KeyFileOpt,
-        emulate: bool = EmulateOpt,
-        workers: int = serve_fleet.BenchWorkersOpt,
-        dry_run: bool = DryRunOpt,
-        as_json: bool = JsonOpt,
-    ) -> None:
-        """Load-test a running `qvl serve` with vLLM's own `vllm bench serve` (random images sized to the buckets)."""
-        import os
-
-        from qwenvl_rbln.backends.emulator import refuse_real_rebel, requested
-        from qwenvl_rbln.serving.bench import bench_command
-        from qwenvl_rbln.serving.options import BenchOptions
-
-        directory, extra = _split(directory, vllm_args)
-        opts = BenchOptions(
-            directory=directory,
-            preset=preset,
-            host=host,
-            port=port,
-            served_model_name=served_model_name,
-            num_prompts=num_prompts,
-            input_len=input_len,
-            output_len=output_len,
-            seed=seed,
-            extra=extra,
-            api_key_file=api_key_file,
-            emulate=requested(emulate),
-            workers=workers if workers is not None or dry_run else serve_fleet.fleet_size(host, port),
-        )
-        if opts.emulate:
-            refuse_real_rebel("--emulate")
-        launch, warnings = bench_command(opts, os.environ)
-        if opts.emulate:
-            _emulated(launch, serve=False)
         _run(launch, warnings, dry_run=dry_run, as_json=as_json)

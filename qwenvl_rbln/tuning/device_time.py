@@ -218,3 +218,17 @@ def from_roofline(roof: Any, block: int, name: str) -> DeviceTimeModel:
     """A time model over a roofline tune already built (its measured lookups, scales and labels are shared): not
     serialisable to the emulator (``to_json`` gives the name only), for the simulator inside tune."""
     return DeviceTimeModel(name, {"kind": "in-process", "block": block}, _Roof(roof, block))
+
+
+def model_for_flag(spec: str, artifact: Path) -> DeviceTimeModel:
+    """``--time-model``'s value: ``roofline:MODEL`` (a hub id or directory: its roofline at the artifact's compiled
+    shapes), ``timings:FILE`` (``qvl profile``'s timings.json for this artifact's graphs), or a JSON file written
+    by ``DeviceTimeModel.to_json``."""
+    import json
+
+    kind, _, rest = spec.partition(":")
+    if kind == "roofline" and rest:
+        return time_model_for_artifact(Path(artifact), model=rest)
+    if kind == "timings" and rest:
+        return time_model_for_artifact(Path(artifact), timings=Path(rest))
+    return DeviceTimeModel.from_json(json.loads(Path(spec).read_text(encoding="utf-8")))
