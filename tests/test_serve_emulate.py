@@ -202,6 +202,16 @@ def stand_in_vllm(bin_dir: Path) -> None:
     path.chmod(0o755)
 
 
+def _state(pid: int) -> str:
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return f"pid {pid} {p.status()} ppid {p.ppid()} pgid {os.getpgid(pid)} cmd {p.cmdline()}"
+    except (psutil.Error, OSError) as exc:
+        return f"pid {pid}: {exc!r}"
+
+
 def test_ctrl_c_of_qvl_serve_emulate_ends_vllms_whole_group_and_labels_every_line(art, tmp_path):
     import psutil
 
@@ -223,7 +233,7 @@ def test_ctrl_c_of_qvl_serve_emulate_ends_vllms_whole_group_and_labels_every_lin
     assert proc.returncode == 130
     deadline = time.monotonic() + 60
     while psutil.pid_exists(grandchild) and psutil.Process(grandchild).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, "vLLM's child outlived Ctrl-C"
+        assert time.monotonic() < deadline, f"vLLM's child outlived Ctrl-C: {_state(grandchild)}"
         time.sleep(0.05)
     assert "qvl emulated | to stderr" in err and "emulated NPU: stopped" in err and "interrupted" in err
     lines = [line for line in (first + out + err).splitlines() if line.strip()]

@@ -129,34 +129,43 @@ def exit_code(returncode: int) -> int:
 
 
 def run(argv: Sequence[str], env: Mapping[str, str], label: str) -> int:
-    """Run ``argv`` to its end; its exit code, or ``EXIT_INTERRUPTED`` when qvl was interrupted meanwhile."""
-    proc, pumps = spawn(argv, env, label)
-    pgid = proc.pid
-    try:
-        return _supervise(proc, pgid, pumps)
-    except BaseException:  # a Ctrl-C before the handlers were in place, or any error: the group never outlives qvl
-        _kill_group(pgid, signal.SIGKILL)
-        raise
+    """Run ``argv`` to its end; its exit code, or ``EXIT_INTERRUPTED`` when qvl was interrupted meanwhile.
 
-
-def _supervise(proc: subprocess.Popen, pgid: int, pumps: list[threading.Thread]) -> int:
-    """Forward qvl's signals to its group, and wait for all of the group to end."""
+    The signals are forwarded from before the child exists: a Ctrl-C that lands while it is being started (its
+    first line may already be out: the pumps run beside this thread) is kept and sent to its group as soon as there
+    is one, never a KeyboardInterrupt that leaves a started group behind."""
     interrupted: list[float] = []
+    group: list[int] = []
 
     def on_signal() -> None:
         if not interrupted:
             interrupted.append(time.monotonic())
-            _kill_group(pgid, signal.SIGINT)  # what a terminal's Ctrl-C sends the foreground group
+            for pgid in group:
+                _kill_group(pgid, signal.SIGINT)  # what a terminal's Ctrl-C sends the foreground group
         else:
-            _kill_group(pgid, signal.SIGKILL)  # a second Ctrl-C: now
+            for pgid in group:
+                _kill_group(pgid, signal.SIGKILL)  # a second Ctrl-C: now
 
     with _forwarded(on_signal):
-        while proc.poll() is None:
-            if interrupted and time.monotonic() - interrupted[0] > GRACE_S:
-                _kill_group(pgid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=0.2)
-        end_group(pgid)  # whatever of the group outlived vLLM's main process
+        proc, pumps = spawn(argv, env, label)
+        group.append(proc.pid)
+        try:
+            if interrupted:  # a Ctrl-C while it was starting
+                _kill_group(proc.pid, signal.SIGINT)
+            return _supervise(proc, proc.pid, pumps, interrupted)
+        except BaseException:  # any error: the group never outlives qvl
+            _kill_group(proc.pid, signal.SIGKILL)
+            raise
+
+
+def _supervise(proc: subprocess.Popen, pgid: int, pumps: list[threading.Thread], interrupted: list[float]) -> int:
+    """Wait for all of the group to end (``interrupted``: when qvl's forwarded Ctrl-C came, if it did)."""
+    while proc.poll() is None:
+        if interrupted and time.monotonic() - interrupted[0] > GRACE_S:
+            _kill_group(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.2)
+    end_group(pgid)  # whatever of the group outlived vLLM's main process
     for pump in pumps:
         pump.join(timeout=2.0)
     if interrupted:
