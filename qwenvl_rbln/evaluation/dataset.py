@@ -17,14 +17,13 @@ the task kind (``items.prompt_for``), its media as absolute paths.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import InputError, QvlError, raise_all
 from qwenvl_rbln.evaluation.items import Dataset, EvalItem
 from qwenvl_rbln.evaluation.scoring import LETTERS, answer_letters
-from qwenvl_rbln.inference.requests import line_object, request_id
+from qwenvl_rbln.inference.requests import line_object, read_lines_or_errors, request_id
 from qwenvl_rbln.paths import user_path
 
 EASY_VQA = "easy-vqa"
@@ -55,7 +54,7 @@ def load_jsonl(path: Path, limit: int | None = None) -> list[EvalItem]:
     items: list[EvalItem] = []
     problems: list[QvlError] = []
     seen: dict[str, int] = {}
-    for lineno, text in _read_lines(path):
+    for lineno, text in read_lines_or_errors(path):  # every non-UTF-8 line reported with the others
         if limit is not None and len(items) + len(problems) >= limit:
             break
         where = f"{path}:{lineno}"
@@ -85,34 +84,6 @@ def load_jsonl(path: Path, limit: int | None = None) -> list[EvalItem]:
     if not items:
         raise InputError(f"--data {path} has no questions", f"write one JSON object per line, e.g. {_EXAMPLE}")
     return items
-
-
-def _read_lines(path: Path) -> Iterator[tuple[int, str | UnicodeDecodeError]]:
-    """(line number, text) of every question line, as the batch job reads its file (``inference.requests.
-    read_lines``: ``\n`` only, a BOM skipped, blank lines and ``#`` comments left out), except that a line that is
-    not UTF-8 comes as its decode error, so every such line is reported with the others at once."""
-    try:
-        fh = path.open("rb")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot be read ({exc.strerror})", "check the file permissions") from None
-    with fh:
-        lineno = 0
-        while True:
-            try:
-                raw = fh.readline()
-            except OSError as exc:
-                raise InputError(f"{path}:{lineno + 1}: cannot be read ({exc.strerror})", "check the disk") from None
-            if not raw:
-                return
-            lineno += 1
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield lineno, exc
-                continue
-            stripped = text.lstrip("\ufeff").strip()
-            if stripped and not stripped.startswith("#"):
-                yield lineno, stripped
 
 
 def _plain_unicode(where: str, obj: dict[str, Any]) -> None:

@@ -226,6 +226,18 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
 
     Lines end at ``\\n`` only, as ``wc -l`` and editors count them (a lone CR is JSON whitespace inside a line);
     a byte-order mark (Notepad, PowerShell 5) is skipped; blank lines and ``#`` comments are not requests."""
+    for lineno, text in read_lines_or_errors(path):
+        if isinstance(text, UnicodeDecodeError):
+            raise InputError(
+                f"{path}:{lineno}: not UTF-8 text ({text.reason} at byte {text.start} of the line)",
+                "save the batch file as UTF-8 JSONL",
+            )
+        yield lineno, text
+
+
+def read_lines_or_errors(path: Path) -> Iterator[tuple[int, str | UnicodeDecodeError]]:
+    """``read_lines``, except that a line that is not UTF-8 comes as its decode error instead of ending the read:
+    a reader that reports every bad line at once (``qvl eval``'s question file) gets them all."""
     try:
         fh = path.open("rb")
     except OSError as exc:
@@ -243,10 +255,8 @@ def read_lines(path: Path) -> Iterator[tuple[int, str]]:
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise InputError(
-                    f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start} of the line)",
-                    "save the batch file as UTF-8 JSONL",
-                ) from None
+                yield lineno, exc
+                continue
             stripped = text.lstrip("\ufeff").strip()
             if stripped and not stripped.startswith("#"):
                 yield lineno, stripped
