@@ -201,17 +201,16 @@ def _at_rate(console: Any, data: dict[str, Any]) -> None:
         rows.append(cells)
     title = f"at {sec['rate_rps']:g} req/s on one replica (vllm-rbln's scheduler simulated; {sec['time_model']})"
     print_left_out(console, print_table(console, cols, rows, title=title))
+    _simulation_footer(console, sec, "{} requests, seed {}; arrivals: {}", sec["arrivals"])
+
+
+def _simulation_footer(console: Any, sec: dict[str, Any], runs: str, last: Any) -> None:
+    """The dim line under a simulated table: the scheduler, the percentile definition, the runs and ``last``."""
     console.print(
-        markup(
-            "[dim]{}; percentiles: {}; {} requests, seed {}; arrivals: {}[/dim]",
-            sec["scheduler"],
-            sec["percentiles"],
-            sec["requests_per_run"],
-            sec["seed"],
-            sec["arrivals"],
-        ),
+        markup(f"[dim]{{}}; percentiles: {{}}; {runs}[/dim]", sec["scheduler"], sec["percentiles"],
+               sec["requests_per_run"], sec["seed"], last),
         highlight=False,
-    )
+    )  # fmt: skip
 
 
 def _capacity(console: Any, data: dict[str, Any]) -> None:
@@ -248,17 +247,7 @@ def _capacity(console: Any, data: dict[str, Any]) -> None:
         rows.append(cells)
     title = f"capacity under {','.join(targets)} (vllm-rbln's scheduler simulated; device times: {sec['time_model']})"
     print_left_out(console, print_table(console, cols, rows, title=title))
-    console.print(
-        markup(
-            "[dim]{}; percentiles: {}; {} requests per run, seed {}; search top {}[/dim]",
-            sec["scheduler"],
-            sec["percentiles"],
-            sec["requests_per_run"],
-            sec["seed"],
-            sec["search_top"],
-        ),
-        highlight=False,
-    )
+    _simulation_footer(console, sec, "{} requests per run, seed {}; search top {}", sec["search_top"])
     best = sec.get("best")
     if best and fleet:
         console.print(
