@@ -21,17 +21,21 @@ import os
 import sys
 from typing import Any
 
+from qwenvl_rbln.serving.public_routes import KEYLESS_METHODS, PUBLIC_ROUTES
+
 KEY_ENV = "QVL_FRONT_DOOR_KEY"
-PUBLIC = frozenset({"/health", "/readiness", "/liveness", "/ping", "/version", "/metrics", "/load"})
+ROUTER_PROBES = ("/readiness", "/liveness")  # vllm-router's own health probes, public like vLLM's /health
+PUBLIC = frozenset({*PUBLIC_ROUTES, *ROUTER_PROBES})  # the one public list of every qvl front door, plus those
 CLOSED = ("/add_worker", "/remove_worker", "/workers", "/flush_cache")
 HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length"}
 
 
 def allowed(method: str, path: str, authorization: str | None, key: str) -> int | None:
     """None when the request may pass; else the HTTP status to answer (401 no or wrong key, 403 a closed route)."""
-    if path.startswith(CLOSED) and method.upper() != "OPTIONS":
+    keyless = method.upper() in KEYLESS_METHODS
+    if path.startswith(CLOSED) and not keyless:
         return 403
-    if method.upper() == "OPTIONS" or path in PUBLIC:
+    if keyless or path in PUBLIC:
         return None
     given = (authorization or "").removeprefix("Bearer ").strip()
     return None if given and hmac.compare_digest(given.encode(), key.encode()) else 401
