@@ -1,0 +1,107 @@
+"""The host-time model: how long the host itself spends on one engine step, apart from the NPU's graph calls.
+
+Why: on a Rebel100 a Qwen3-VL-2B decode step is bound at about 0.7 ms of device time, while vLLM's scheduler,
+vllm-rbln's runner bookkeeping, input preparation and output processing take milliseconds of CPU per step. A
+prediction without that time says the NPU is busy when it is waiting for the host. The timed emulator cannot show
+it at a slowed-down scale (host milliseconds shrink to microseconds of device time), so it is measured at scale 1
+(``--emulate-speed device``) or on an NPU host (the wall time of each step less the device time the runtime reports).
+
+One step's host time, by kind (the step kinds of ``tuning.simulate``):
+
+- ``prefill(tokens, images)``: ``prefill_base_s + prefill_per_token_s * tokens + prefill_per_image_s * images``;
+- ``decode(rows)``: ``decode_base_s + decode_per_row_s * rows`` (``rows``: the running requests, not the graph).
+
+``source`` names where the figures come from (measured on which host, or the default this qvl ships and why) and
+is printed beside every prediction that uses them; ``host`` is the machine it was measured on (CPU model, cores,
+load average). Recorded in timings.json's ``host_time`` section (``record`` / ``recorded``), one entry per host key.
+
+Pure: no torch, no vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qwenvl_rbln.errors import InputError
+
+SECTION = "host_time"
+COEFFICIENTS = (
+    "prefill_base_s",
+    "prefill_per_token_s",
+    "prefill_per_image_s",
+    "decode_base_s",
+    "decode_per_row_s",
+)
+
+
+@dataclass(frozen=True)
+class HostTimeModel:
+    """Host seconds per engine step (see the module docstring)."""
+
+    prefill_base_s: float = 0.0
+    prefill_per_token_s: float = 0.0
+    prefill_per_image_s: float = 0.0
+    decode_base_s: float = 0.0
+    decode_per_row_s: float = 0.0
+    source: str = "none: host-free (0 s per step)"
+    host: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def prefill(self, tokens: int, images: int = 0) -> float:
+        return self.prefill_base_s + self.prefill_per_token_s * tokens + self.prefill_per_image_s * images
+
+    def decode(self, rows: int) -> float:
+        return self.decode_base_s + self.decode_per_row_s * rows
+
+    @property
+    def is_zero(self) -> bool:
+        return all(getattr(self, k) == 0 for k in COEFFICIENTS)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Any, where: str = "host-time model") -> HostTimeModel:
+        """Refuses anything but finite, non-negative coefficients, naming the key."""
+        if not isinstance(d, dict):
+            raise InputError(f"{where} is not a table", "write it with HostTimeModel.to_json()")
+        values: dict[str, Any] = {}
+        for key in COEFFICIENTS:
+            raw = d.get(key, 0.0)
+            if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) or raw < 0:
+                raise InputError(f"{where}: {key}={raw!r} is not a finite number of seconds >= 0",
+                                 "measure it again (qvl bench-serve --emulate --emulate-speed device)")  # fmt: skip
+            values[key] = float(raw)
+        host = d.get("host") if isinstance(d.get("host"), dict) else {}
+        return cls(**values, source=str(d.get("source") or "recorded"), host=host)
+
+
+HOST_FREE = HostTimeModel()
+
+
+def read_section(path: Path) -> dict[str, Any]:
+    """timings.json's host-time entries ({} when the file or the section is missing)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise InputError(f"timings file {path} cannot be read ({type(exc).__name__})",
+                         f"move it aside (mv {path} {path}.old)") from None  # fmt: skip
+    section = data.get(SECTION, {}) if isinstance(data, dict) else {}
+    return section if isinstance(section, dict) else {}
+
+
+def recorded(path: Path, key: str | None = None) -> HostTimeModel | None:
+    """The host-time model recorded under ``key`` (the newest entry when None); None when there is none."""
+    section = read_section(path)
+    if not section:
+        return None
+    if key is None:
+        key = max(section, key=lambda k: str((section[k] or {}).get("measured_at", "")))
+    if key not in section:
+        return None
+    return HostTimeModel.from_json(section[key], where=f"{path} {SECTION}[{key!r}]")
