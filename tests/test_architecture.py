@@ -24,7 +24,7 @@ MAX_FILE_LINES = 600
 MAX_ROOT_MODULES = 8  # besides __init__ and __main__
 
 # The one declared order, lowest first: a module may import from its own layer or an earlier one, never a later.
-# The README's "Where things live" lists the packages in this order.
+# docs/development.md's "Where things live" lists the packages in this order.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("qwenvl_rbln", "qwenvl_rbln.errors", "qwenvl_rbln.paths", "qwenvl_rbln.progress", "qwenvl_rbln.units"),
     ("qwenvl_rbln.planning",),
@@ -387,15 +387,16 @@ def test_no_function_is_too_long_to_hold_in_one_head():
     assert not too_long, "split into named steps: " + ", ".join(too_long)
 
 
-def _readme_layout() -> str:
-    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
-    layout = readme[readme.index("Where things live") :]
+def _layout_map() -> str:
+    """docs/development.md's "Where things live" block (moved there from the README)."""
+    doc = (PACKAGE.parent / "docs" / "development.md").read_text(encoding="utf-8")
+    layout = doc[doc.index("Where things live") :]
     return layout[: layout.index("```", layout.index("```") + 3)]
 
 
-def test_the_readme_layout_names_every_root_module_and_package():
-    """The developer section's map of the package must not fall behind the package."""
-    layout = _readme_layout()
+def test_the_layout_map_names_every_root_module_and_package():
+    """The developer page's map of the package must not fall behind the package."""
+    layout = _layout_map()
     unnamed = [
         path.name
         for path in sorted(PACKAGE.glob("*.py"))
@@ -403,15 +404,15 @@ def test_the_readme_layout_names_every_root_module_and_package():
     ]
     subpackages = [p.name for p in sorted(PACKAGE.iterdir()) if (p / "__init__.py").is_file()]
     unnamed += [f"{name}/" for name in subpackages if f"{name}/" not in layout]
-    assert not unnamed, f"README 'Where things live' does not name: {unnamed}"
+    assert not unnamed, f"docs/development.md 'Where things live' does not name: {unnamed}"
 
 
-def test_the_readme_layout_lists_the_packages_in_the_declared_order():
-    layout = _readme_layout()
+def test_the_layout_map_lists_the_packages_in_the_declared_order():
+    layout = _layout_map()
     names = [member.partition(".")[2] for members in LAYERS for member in members]
     packages = [f"{name}/" for name in names if name and (PACKAGE / name).is_dir()]
     positions = [layout.index("\n" + name) for name in packages]
-    assert positions == sorted(positions), f"README lists the packages out of LAYERS order: {packages}"
+    assert positions == sorted(positions), f"docs/development.md lists the packages out of LAYERS order: {packages}"
 
 
 def test_vision_never_asks_the_memory_planner():

@@ -1,5 +1,5 @@
-"""The documented deploy path, run as written: docs/cluster.md's commands (M5), the README's emulated compiles (L6),
-and the Containerfile's install of qvl, which must need nothing from a package index (M6)."""
+"""The documented deploy path, run as written: docs/cluster.md's commands (M5), docs/emulator.md's emulated compiles
+(L6), and the Containerfile's install of qvl, which must need nothing from a package index (M6)."""
 
 from __future__ import annotations
 
@@ -70,8 +70,9 @@ def test_cluster_md_commands_name_the_secret_namespace_image_and_folder_deploy_w
 
 
 def _readme_emulated_compiles() -> list[str]:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Emulated Rebel100", 1)[1].split("\n## ", 1)[0]
+    """The compiles of the emulator page's "Emulated Rebel100" section (moved there from the README)."""
+    doc = (ROOT / "docs" / "emulator.md").read_text()
+    section = doc.split("## Emulated Rebel100", 1)[1].split("\n## ", 1)[0]
     return [c for c in re.findall(r"`(qvl compile [^`]*)`", section) if "--dry-run" not in c]
 
 

@@ -1,6 +1,7 @@
 """New-user audit 2026-12-04b N4: the README's curl example sent "model": "Qwen/Qwen3-VL-2B-Instruct" to the server
 its own line starts (`qvl compile --preset cpu-tiny-rbln --emulate && qvl serve --emulate`), which serves the tiny
-model under its folder's name: 404. The example's name is checked against the name serve gives that artifact."""
+model under its folder's name: 404. The example (now in docs/serving.md; the line is also the README's quick start)
+has its name checked against the name serve gives that artifact."""
 
 from __future__ import annotations
 
@@ -25,10 +26,15 @@ def compiled_like(plan, root):
 
 
 def readme_example() -> tuple[str, str]:
-    """(the preset of the README's emulated serve line, the model name its curl example sends)."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    (preset,) = re.findall(r"qvl compile --preset (\S+) --emulate && qvl serve --emulate", text)
-    section = text[text.index("### The real engine on the emulated NPU") :]
+    """(the preset of the emulated serve line, the model name the curl example sends). The README's quick start and
+    docs/serving.md both carry the line; the curl example is in docs/serving.md, beside the line it answers."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    text = (REPO / "docs" / "serving.md").read_text(encoding="utf-8")
+    line = r"qvl compile --preset (\S+) --emulate && qvl serve --emulate"
+    presets = re.findall(line, readme) + re.findall(line, text)
+    assert len(presets) >= 3, presets  # the README's line, the page's block, and the sentence before its curl
+    (preset,) = set(presets)
+    section = text[text.index("## The real engine on the emulated NPU") :]
     block = section[section.index("```bash\ncurl") :]
     block = block[: block.index("\n```", 4)]
     (model,) = re.findall(r'"model": "([^"]+)"', block)

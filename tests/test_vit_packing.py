@@ -20,8 +20,8 @@ from qwenvl_rbln.backends import vit_packing as vp  # noqa: E402
 from qwenvl_rbln.vision.packing import Pack, PackPlan, plan_packs  # noqa: E402
 
 BUCKETS = [64, 256, 1024]
-# bf16 tolerance (documented in README "ViT packing"): packed and unpacked bf16 differ at rounding level only,
-# measured to stay below bf16's own error against fp32. Tested: max |packed - unpacked| <= the larger of
+# bf16 tolerance (documented in docs/bucket-plan.md, "ViT packing"): packed and unpacked bf16 differ at rounding
+# level only, measured to stay below bf16's own error against fp32. Tested: max |packed - unpacked| <= the larger of
 # 2**-5 * max|fp32 output| and bf16's own max error against fp32 on the same inputs.
 BF16_REL = 2.0**-5
 
