@@ -11,7 +11,7 @@ import signal
 import threading
 from collections.abc import Iterator
 
-# Exit codes (documented in README.md).
+# Exit codes (documented in docs/reference.md, "Exit codes").
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_BAD_INPUT = 2

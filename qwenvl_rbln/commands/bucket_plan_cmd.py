@@ -88,7 +88,7 @@ def register(app: typer.Typer) -> None:
             on_oversize=on_oversize,
         )
         print_warnings(warnings)
-        # a failing document carries the error object the README promises; its line closes stderr
+        # a failing document carries the error object docs/reference.md promises; its line closes stderr
         failed = final_error(data, as_json)
         error = failed or memory_gate(data["summary"], uncertain_ok)
         render.emit(data, as_json=as_json, human=lambda console, d: print_human(console, d, rows), error=error)

@@ -1,4 +1,4 @@
-"""``qvl eval``'s CI gates, each with its own exit code (README, "Exit codes"):
+"""``qvl eval``'s CI gates, each with its own exit code (docs/reference.md, "Exit codes"):
 
 - ``--min-accuracy A`` (a fraction, 0..1): fails (exit 8) when the accuracy is below A;
 - ``--max-drop POINTS``: fails (exit 9) only when the accuracy fell against ``--baseline`` by more than POINTS
