@@ -2,8 +2,9 @@
 
 Each ``qvl`` command in a shell block of the README, and of every docs/ page (where its reference moved), is parsed
 by its own Typer definition, as ``qvl`` parses it before it runs anything: the subcommand exists, every option is one
-it declares, every value parses to the option's type. Nothing runs (no engine, no compile, no file read);
-``tests/test_cli_contract.py::test_readme_examples_work_when_pasted`` runs the compile dry runs. The pages' links
+it declares, every value parses to the option's type. Nothing runs (no engine, no compile, no file read). Where a
+dry run is cheap it runs too: the README's serve and deploy lines here, on a stand-in artifact, and its compile dry
+runs in ``tests/test_cli_contract.py::test_readme_examples_work_when_pasted``. The pages' links
 must name a file of the repository and, with ``#anchor``, one of its headings; and the map keeps its shape: the
 two commands first, then each task with a quick start of at most three lines and the page that goes deeper."""
 
@@ -168,9 +169,9 @@ def test_the_reader_splits_shell_lines_as_bash_does():
 
 
 def _sections(text: str) -> dict[str, str]:
-    """Each `###` section of the README: its heading and its text up to the next heading."""
+    """Each `##` section of the README: its heading and its text up to the next heading."""
     parts = re.split(r"^(#{2,3}) (.+)$", text, flags=re.M)
-    return {parts[i + 1].strip(): parts[i + 2] for i in range(1, len(parts) - 2, 3) if parts[i] == "###"}
+    return {parts[i + 1].strip(): parts[i + 2] for i in range(1, len(parts) - 2, 3) if parts[i] == "##"}
 
 
 def test_the_readme_starts_with_the_two_commands_then_maps_each_task():
@@ -178,13 +179,13 @@ def test_the_readme_starts_with_the_two_commands_then_maps_each_task():
     first = code_blocks(text)[0]
     assert [line.split()[:2] for line in first.strip().splitlines()] == [["make", "demo"], ["make", "test"]]
     assert len(text.split()) <= MAX_README_WORDS, f"README has {len(text.split())} words: move reference to docs/"
-    first_screen = text[: text.index("\n### ")]  # the title, the two commands, one paragraph, the list of tasks
+    first_screen = text[: text.index("\n## ")]  # the title, the two commands, one paragraph, the list of tasks
     sections = _sections(text)
     assert list(sections)[: len(TASKS)] == list(TASKS)
     for task in TASKS:
         assert f"](#{slug(task)})" in first_screen, f"the first screen does not link {task!r}"
         body = sections[task]
-        (quick,) = [b for b in code_blocks(body)]  # one quick start per task
+        (quick,) = code_blocks(body)  # one quick start per task
         lines = [line for line in quick.strip().splitlines() if line.strip()]
         assert 1 <= len(lines) <= 3, (task, lines)
         assert re.search(r"\]\(docs/[\w-]+\.md", body), f"{task!r} names no page that goes deeper"
@@ -229,3 +230,36 @@ def test_the_link_checker_sees_a_broken_link(tmp_path):
     page = tmp_path / "p.md"
     page.write_text("[ok](a.md#some-code-here) [no](a.md#nowhere) [gone](b.md) [self](#p) [web](https://x.y/#z)\n# P\n")
     assert broken_links(page) == ["a.md#nowhere", "b.md"]
+
+
+# ------------------------------------------------------------------------------------- dry runs where they are cheap
+
+
+def test_the_readmes_serve_and_deploy_lines_run_as_dry_runs(tmp_path, capsys, monkeypatch):
+    """The serve and deploy quick starts, run as written plus ``--dry-run`` on a stand-in artifact at the paths they
+    name (an optimum-rbln layout and manifest; the load-check report the deploy line reads): qvl accepts them."""
+    import json
+
+    from qwenvl_rbln.artifacts.manifest import graph_hash, read_manifest, write_manifest
+    from qwenvl_rbln.planning.plan import build_plan
+    from tests.fakes_rbln import run_main, write_artifact
+
+    monkeypatch.setenv("QVL_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    readme = qvl_commands((ROOT / "README.md").read_text(encoding="utf-8"))
+    lines = [w for w in readme if w[1] in ("serve", "deploy") and "--emulate" not in w]
+    assert {w[1] for w in lines} == {"serve", "deploy"}, lines
+    plan = build_plan("rebel100-1npu")
+    for words in lines:
+        art = Path(words[2])
+        if not art.exists():
+            write_artifact(art, plan)
+            model = {"id": "Qwen/Qwen3-VL-2B-Instruct"}
+            write_manifest(art, {"format": 1, "npu": plan.npu, "placement": plan.placement, "model": model})
+        if "--load-check" in words:
+            loaded = {"ok": True, "create_runtimes": True, "seconds": 95.0}
+            runtime = {**loaded, "graph_hash": graph_hash(art, read_manifest(art))}
+            report = {"artifact_dir": str(art), "emulated": False, "runtime": runtime}
+            Path(words[words.index("--load-check") + 1]).write_text(json.dumps(report))
+        code, _, err = run_main([*words[1:], "--dry-run"], capsys)
+        assert code == 0, (shlex.join(words), err)

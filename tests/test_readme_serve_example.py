@@ -30,7 +30,7 @@ def readme_example() -> tuple[str, str]:
     docs/serving.md both carry the line; the curl example is in docs/serving.md, beside the line it answers."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     text = (REPO / "docs" / "serving.md").read_text(encoding="utf-8")
-    line = r"qvl compile --preset (\S+) --emulate && qvl serve --emulate"
+    line = r"qvl compile --preset (\S+) --emulate --force && qvl serve --emulate"  # --force: `make demo` compiled it
     presets = re.findall(line, readme) + re.findall(line, text)
     assert len(presets) >= 3, presets  # the README's line, the page's block, and the sentence before its curl
     (preset,) = set(presets)
