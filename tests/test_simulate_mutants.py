@@ -45,6 +45,7 @@ def test_a_preempted_request_goes_back_ahead_of_the_requests_already_waiting():
     assert (a.preemptions, b.preemptions, c.preemptions) == (0, 1, 0)
     assert (b.first_token, b.finish) == pytest.approx((2.0, 4.4))
     assert (c.first_token, c.finish) == pytest.approx((4.3, 4.6))
+    assert trace.end == pytest.approx(4.6)  # the run ends with its last step
 
 
 def test_a_step_after_a_preemption_is_priced_at_the_rows_that_run():
