@@ -307,7 +307,7 @@ def engine_for_artifact(artifact: Path) -> tuple[Engine, tuple[int, ...]]:
             max_model_len=max_len,
             graphs=tuple(int(b) for b in cfg.get("decoder_batch_sizes") or ()),
         )
-        visual = (cfg.get("visual") or {}).get("max_seq_len") or ()
+        visual = (cfg.get("visual") or {}).get("max_seq_len") or []
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InputError(
             f"{path} cannot be read as an optimum-rbln config ({type(exc).__name__}: {exc})",
