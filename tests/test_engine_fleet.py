@@ -9,6 +9,7 @@ kill cut must reach its client as an error, never as a clean end without a finis
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -97,6 +98,10 @@ def test_the_fleet_serves_through_the_router_from_both_engines_on_loopback(fleet
     assert all(a.choices[0].finish_reason in ("stop", "length") for a in answers)
     assert all(served_by(fleet, i) > 0 for i in range(REPLICAS)), fleet.output()[-3000:]
     assert all("emulated" in line for line in fleet.output().splitlines() if line.strip())
+    # power_of_two: the router asks each engine GET /get_load every second; it and /health stay out of their logs
+    engines = [line for line in fleet.output().splitlines() if re.search(r"engine-\d \| ", line)]
+    assert not [line for line in engines if re.search(r'"GET /(get_load|health)\b', line)]
+    assert "every engine answers /health (2); starting the rest: router" in fleet.output()
 
 
 def chat(api, text: str, max_tokens: int, stream: bool = False):

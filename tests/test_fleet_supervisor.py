@@ -151,9 +151,10 @@ def test_the_router_starts_once_every_engine_answers_health_and_the_fleet_says_w
     engine has answered /health, then says the fleet is ready when the public /health answers."""
     sick = tmp_path / "sick"
     sick.write_text("1")  # engine-1 starts unhealthy, as an engine still loading its graphs
-    ports = [free_port(), free_port()]
-    members = [engine("engine-0", ports[0], tmp_path / "never"), engine("engine-1", ports[1], sick), router()]
-    members[2].after_engines = True
+    ports = [free_port(), free_port(), free_port()]
+    members = [engine("engine-0", ports[0], tmp_path / "never"), engine("engine-1", ports[1], sick)]
+    argv = [sys.executable, "-c", ENGINE, str(ports[2]), str(tmp_path / "never")]  # a router: /health on its port
+    members.append(fleet_run.Member("router", argv, dict(os.environ), "router | ", restart=False, after_engines=True))
 
     def script(fleet, seen, said):
         until(lambda: any("engine-0 is up" in s for s in said), "engine-0 up")
@@ -163,7 +164,7 @@ def test_the_router_starts_once_every_engine_answers_health_and_the_fleet_says_w
         until(lambda: members[2].proc is not None, "the router's start")
         until(lambda: any("the fleet is ready" in s for s in said), "the ready line")
 
-    code, said, _ = run_with(members, script, ready_url=f"http://127.0.0.1:{ports[1]}/health")
+    code, said, _ = run_with(members, script, ready_url=f"http://127.0.0.1:{ports[2]}/health")
     assert code == EXIT_INTERRUPTED
     order = [s for s in said if "engine-1 is up" in s or "every engine answers /health" in s or "ready" in s]
     assert order[0].startswith("engine-1 is up") and "every engine answers /health (2)" in order[1], said

@@ -10,7 +10,9 @@ builds the fleet as data, like ``command.py`` builds one engine's line; ``fleet_
   device variable of the vllm-rbln at hand (``Engine.device_env``) naming its own NPUs. Each replica takes
   ``per_replica`` NPUs (the devices the compiled placement uses) from ``--devices`` in order, or from 0 up with
   ``--workers``; the placement positions inside that list stay the compiled ones.
-* Engines listen on loopback only (``127.0.0.1``, ports ``--port + 1`` and up); the router on ``--host``/``--port``.
+* Engines listen on loopback only (``127.0.0.1``, ports ``--port + 1`` and up), the router's metrics on the next
+  one; the router on ``--host``/``--port``, or, with a key or off loopback, on the port after the metrics behind
+  qvl's front door (``front_door.py``), which takes ``--host``/``--port``.
 * The router's policy is ``power_of_two`` (the less loaded of two engines, by the router's own count of requests
   in flight). A Qwen3-VL chat costs from a short text to several ViT buckets and a long prefill, and a replica's
   compiled batch is small (2-16), so the load must count at every request: ``round_robin``'s equal counts queue

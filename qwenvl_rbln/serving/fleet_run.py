@@ -104,8 +104,9 @@ class Fleet:
         return False
 
     def _ready(self, now: float) -> None:
-        """Once, after the start: say the fleet is ready when its public /health answers 200."""
-        if self.ready_url is None or not self.engines_up or now < self.next_ready:
+        """Once, after the start: say the fleet is ready when its public /health answers 200 (the router's: 200 only
+        while every engine is healthy)."""
+        if self.ready_url is None or now < self.next_ready:
             return
         self.next_ready = now + TICK_S * 5
         if healthy(self.ready_url):

@@ -12,7 +12,8 @@ loopback) qvl puts this guard on ``--host``/``--port`` and moves the router to l
   the client's headers and query string, so it answers as one engine does;
 * ``/metrics``: the router's own Prometheus metrics (its count of requests per engine, the engines' health), not a
   random engine's; each engine's own is on its loopback port (``qvl serve --dry-run`` lists them);
-* ``/load``: this door's count of requests in flight (vLLM's is 0 unless ``--enable-server-load-tracking``);
+* ``/load``: this door's count of requests in flight but the public ones (vLLM's is 0 unless
+  ``--enable-server-load-tracking``);
 * the router's membership routes (``CLOSED``) are refused to everyone: qvl owns the fleet's membership.
 
 Public (no key): ``/health``, ``/readiness``, ``/liveness`` (the router's probes), ``/ping``, ``/version``,
@@ -97,11 +98,12 @@ def app(router: str, metrics: str, engines: list[str], key: str | None) -> Any:
             return web.json_response({"error": {"message": f"refused by qvl's front door: {what}"}}, status=refused)
         if where(request.path) == "load":
             return web.json_response({"server_load": state["in_flight"]})
-        state["in_flight"] += 1
+        counted = request.path not in PUBLIC  # the probes and scrapes are no load
+        state["in_flight"] += counted
         try:
             return await forward(request, upstreams(request))
         finally:
-            state["in_flight"] -= 1
+            state["in_flight"] -= counted
 
     async def forward(request: web.Request, urls: list[str]) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
