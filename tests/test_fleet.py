@@ -100,6 +100,9 @@ def test_the_human_dry_run_is_one_script_of_every_process(art, capsys):
     assert sum(1 for ln in lines if ln.startswith("env ") and " vllm serve " in ln and ln.endswith(" &")) == 2
     assert lines[-1].startswith("env vllm-router --host 127.0.0.1")
     assert any(ln.startswith("# ok   fleet: 2 engines") for ln in lines)
+    wait = lines.index("# router") - 1  # as qvl runs it: the router once every engine answers /health
+    assert lines[wait].startswith("for u in http://127.0.0.1:") and lines[wait].count("/health") == 2
+    assert subprocess.run(["bash", "-n"], input=out, text=True).returncode == 0  # the script parses
 
 
 def test_router_flags_pass_through_and_the_ones_qvl_sets_are_refused(art, capsys):

@@ -103,6 +103,10 @@ def fleet_human(console: Any, d: dict[str, Any]) -> None:
         console.print(f"# {mark} {check['check']}: {check['detail']}", markup=False, highlight=False, soft_wrap=True)
     console.print("trap 'kill 0' INT TERM HUP EXIT", markup=False, highlight=False)
     for proc in d["processes"]:
+        if proc["name"] == "router":  # as qvl runs it: the router once every engine answers /health
+            urls = " ".join(f"{e['url']}/health" for e in d["engines"])
+            wait = f"for u in {urls}; do until curl -sf -o /dev/null $u; do sleep 1; done; done"
+            console.print(f"# every engine up first (vllm-router would listen once one is)\n{wait}", markup=False)
         env = proc["env"]
         hidden = [k for k, v in env.items() if v == REDACTED]
         if hidden:

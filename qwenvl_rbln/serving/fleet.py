@@ -255,7 +255,8 @@ def fleet_command(
         checks,
         "fleet",
         f"{len(groups)} engine{'s' if len(groups) > 1 else ''}, one per replica's NPUs "
-        f"({'; '.join(','.join(map(str, g)) for g in groups)}), on {ENGINE_HOST} ports {ports[0]}-{ports[-1]} "
+        f"({'; '.join(','.join(map(str, g)) for g in groups)}), on {ENGINE_HOST} "
+        f"{f'ports {ports[0]}-{ports[-1]}' if len(ports) > 1 else f'port {ports[0]}'} "
         f"(loopback only), each with {engine.device_env} set to its own NPUs; vllm-router on "
         f"{host_port(opts.host, opts.port)} in front; the artifact was checked once",
     )
