@@ -9,6 +9,7 @@ kill cut must reach its client as an error, never as a clean end without a finis
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -97,6 +98,10 @@ def test_the_fleet_serves_through_the_router_from_both_engines_on_loopback(fleet
     assert all(a.choices[0].finish_reason in ("stop", "length") for a in answers)
     assert all(served_by(fleet, i) > 0 for i in range(REPLICAS)), fleet.output()[-3000:]
     assert all("emulated" in line for line in fleet.output().splitlines() if line.strip())
+    # power_of_two: the router asks each engine GET /get_load every second; it and /health stay out of their logs
+    engines = [line for line in fleet.output().splitlines() if re.search(r"engine-\d \| ", line)]
+    assert not [line for line in engines if re.search(r'"GET /(get_load|health)\b', line)]
+    assert "every engine answers /health (2); starting the rest: router" in fleet.output()
 
 
 def chat(api, text: str, max_tokens: int, stream: bool = False):
@@ -119,7 +124,9 @@ def test_the_front_door_requires_the_key_and_closes_the_routers_own_routes(fleet
     assert chat(client(fleet, key="anything"), "hi", 2).choices
     port = eng.free_port()
     env = {**fleet.env, "QVL_FRONT_DOOR_KEY": KEY}
-    cmd = [sys.executable, "-m", "qwenvl_rbln.serving.front_door", "127.0.0.1", str(port), fleet.url]
+    ups = [fleet.url, f"http://127.0.0.1:{fleet.port + REPLICAS + 1}"]  # the router, its metrics, the engines
+    ups += [f"http://127.0.0.1:{engine_port(fleet, i)}" for i in range(REPLICAS)]
+    cmd = [sys.executable, "-m", "qwenvl_rbln.serving.front_door", "127.0.0.1", str(port), *ups]
     door = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: healthy(port), 60, "the front door's /health")
@@ -134,9 +141,10 @@ def test_the_front_door_requires_the_key_and_closes_the_routers_own_routes(fleet
                 return exc.code
 
         assert status("/health", None) == 200 and status("/readiness", None) == 200
-        for path in ("/v1/models", "/list_workers", "/get_server_info"):
+        for path in ("/v1/models", "/get_server_info"):
             assert status(path, None) == 401 and status(path, "wrong") == 401, path
         assert status("/v1/models", KEY) == 200
+        assert status("/list_workers", KEY) == 403  # the router's membership: qvl's
         assert status("/add_worker?url=http://127.0.0.1:9", KEY, "POST") == 403
         assert status("/remove_worker?url=http://127.0.0.1:9", KEY, "POST") == 403
         import openai

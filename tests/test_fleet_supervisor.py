@@ -66,11 +66,11 @@ def everything(members) -> list[int]:
     return pids
 
 
-def run_with(members, script, sig: int = signal.SIGINT) -> tuple[int, list[str], list[int]]:
+def run_with(members, script, sig: int = signal.SIGINT, **kw) -> tuple[int, list[str], list[int]]:
     """Run the fleet in this (main) thread while ``script(fleet, seen)`` acts from another; ``sig`` (Ctrl-C by
     default) ends it."""
     said: list[str] = []
-    fleet = fleet_run.Fleet(members, said.append)
+    fleet = fleet_run.Fleet(members, said.append, **kw)
     seen: list[int] = []
 
     def act() -> None:
@@ -102,7 +102,7 @@ def test_a_dead_engine_is_restarted_and_rejoins_and_a_signal_ends_every_process(
 
     code, said, seen = run_with(members, script, sig)
     assert code == EXIT_INTERRUPTED
-    assert any("engine-0 exited with code 137; restarting it" in s for s in said), said
+    assert any("engine-0 exited with code 137; restarting it in 0.2 s" in s for s in said), said  # BACKOFF_S[0]
     assert members[0].restarts == 1
     until(lambda: all(gone(pid) for pid in seen), f"left behind: {[p for p in seen if not gone(p)]}", 10)
 
@@ -130,9 +130,11 @@ def test_the_router_ending_ends_the_fleet_with_its_code(tmp_path):
         engine("engine-0", free_port(), tmp_path / "sick"),
         fleet_run.Member("router", [sys.executable, "-c", "import sys; sys.exit(4)"], {}, "router | ", restart=False),
     ]
-    with pytest.raises(fleet_run.FleetFailed, match="router exited with code 4"):
-        fleet_run.Fleet(members, lambda s: None).run()
+    said: list[str] = []
+    with pytest.raises(fleet_run.FleetFailed, match=r"^router exited with code 4$"):
+        fleet_run.Fleet(members, said.append).run()
     assert all(m.proc is None for m in members)
+    assert not any("restarting" in s for s in said) and members[1].starts == 1, said  # never started again
 
 
 def test_an_engine_that_never_comes_up_is_given_up_after_a_few_starts(monkeypatch):
@@ -142,3 +144,91 @@ def test_an_engine_that_never_comes_up_is_given_up_after_a_few_starts(monkeypatc
     )
     with pytest.raises(fleet_run.FleetFailed, match="3 starts in a row without /health 200"):
         fleet_run.Fleet([crash, router()], lambda s: None).run()
+
+
+def test_the_router_starts_once_every_engine_answers_health_and_the_fleet_says_when_it_is_ready(tmp_path):
+    """vllm-router 0.1.17 listens once ONE engine is healthy: qvl starts it (and the front door) only once every
+    engine has answered /health, then says the fleet is ready when the public /health answers."""
+    sick = tmp_path / "sick"
+    sick.write_text("1")  # engine-1 starts unhealthy, as an engine still loading its graphs
+    ports = [free_port(), free_port(), free_port()]
+    members = [engine("engine-0", ports[0], tmp_path / "never"), engine("engine-1", ports[1], sick)]
+    argv = [sys.executable, "-c", ENGINE, str(ports[2]), str(tmp_path / "never")]  # a router: /health on its port
+    members.append(fleet_run.Member("router", argv, dict(os.environ), "router | ", restart=False, after_engines=True))
+
+    def script(fleet, seen, said):
+        until(lambda: any("engine-0 is up" in s for s in said), "engine-0 up")
+        time.sleep(3 * fleet_run.HEALTH_EVERY_S)  # engine-1 still answers 503: the router must not start
+        assert members[2].proc is None and not any("ready" in s for s in said), said
+        sick.unlink()
+        until(lambda: members[2].proc is not None, "the router's start")
+        until(lambda: any("the fleet is ready" in s for s in said), "the ready line")
+
+    code, said, _ = run_with(members, script, ready_url=f"http://127.0.0.1:{ports[2]}/health")
+    assert code == EXIT_INTERRUPTED
+    order = [s for s in said if "engine-1 is up" in s or "every engine answers /health" in s or "ready" in s]
+    assert order[0].startswith("engine-1 is up") and "every engine answers /health (2)" in order[1], said
+    assert "the fleet is ready" in order[2] and members[1].restarts == 0  # a slow start is not a death
+
+
+def test_the_backoff_doubles_while_an_engine_keeps_dying_and_starts_afresh_once_it_served_a_while(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(fleet_run, "BACKOFF_S", (1.0, 2.0))
+    monkeypatch.setattr(fleet_run, "TICK_S", 0.05)
+    members = [engine("engine-0", free_port(), tmp_path / "sick"), router()]
+    starts: list[float] = []
+    real = fleet_run.Fleet._start
+    monkeypatch.setattr(fleet_run.Fleet, "_start", lambda self, m: starts.append(time.monotonic()) or real(self, m))
+
+    def kill_when_up(said, n: int) -> float:
+        until(lambda: sum("is up" in s for s in said) >= n, f"start {n}")
+        killed = time.monotonic()
+        os.kill(members[0].proc.pid, signal.SIGKILL)
+        return killed
+
+    def script(fleet, seen, said):
+        first = kill_when_up(said, 1)
+        until(lambda: len(starts) >= 3, "the first restart")
+        assert starts[2] - first >= 1.0  # BACKOFF_S[0], honoured
+        kill_when_up(said, 2)  # died again before STABLE_S: the next wait doubles
+        until(lambda: sum("restarting it in" in s for s in said) >= 2, "the second death")
+        monkeypatch.setattr(fleet_run, "STABLE_S", 0.0)  # now any run counts as having served a while
+        kill_when_up(said, 3)
+        until(lambda: sum("restarting it in" in s for s in said) >= 3, "the third death")
+
+    code, said, _ = run_with(members, script)
+    waits = [s.split("restarting it in ")[1].split(" s")[0] for s in said if "restarting it in" in s]
+    assert code == EXIT_INTERRUPTED and waits == ["1", "2", "1"], said
+
+
+class _Proc:
+    pid = 424242
+
+
+@pytest.mark.parametrize(
+    ("answers", "killed_at"),
+    [
+        ([False] * 6 + [True], None),  # still starting: misses before the first 200 are no death
+        ([True, False, False, True, False, False, True], None),  # a 200 between misses starts the count again
+        ([True, False, False, False, True], 4),  # HEALTH_MISSES misses in a row after a 200: ended at the third
+    ],
+    ids=["starting", "intermittent", "dead"],
+)
+def test_an_engine_is_ended_after_exactly_health_misses_failed_checks_in_a_row(answers, killed_at, monkeypatch):
+    said: list[str] = []
+    kills: list[int] = []
+    m = fleet_run.Member("engine-0", [], {}, "", health_url="http://127.0.0.1:9/health", proc=_Proc())
+    fleet = fleet_run.Fleet([m], said.append)
+    replies = iter(answers)
+    monkeypatch.setattr(fleet_run, "healthy", lambda url: next(replies))
+    signals: list[int] = []
+    monkeypatch.setattr(fleet_run.supervise, "kill_group", lambda pid, sig: signals.append(sig))
+    for i in range(len(answers)):
+        before = len(signals)
+        fleet._check(m, float(i) * 10)
+        if len(signals) > before:
+            kills.append(i + 1)
+    assert (kills[0] if kills else None) == killed_at, (kills, said)
+    if killed_at:
+        assert said[-1] == f"engine-0: /health failed {fleet_run.HEALTH_MISSES} times in a row; ending its processes"

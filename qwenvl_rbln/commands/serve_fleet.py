@@ -67,12 +67,29 @@ def serve_fleet(
 
         emulator_env = emulator.engine_environment(os.environ)
     fleet, warnings = fleet_command(
-        opts, os.environ, workers=workers, devices=ids, router_extra=router_args, emulator_env=emulator_env
+        opts,
+        os.environ,
+        workers=workers,
+        devices=ids,
+        router_extra=router_args,
+        emulator_env=emulator_env,
+        host_npus=_host_npus(opts.emulate),
     )
     if not dry_run and opts.vllm_rbln is not None:
         check_runnable(resolve(opts.vllm_rbln))
     _fleet(fleet, warnings, dry_run=dry_run, as_json=as_json)
     return True
+
+
+def _host_npus(emulate: bool) -> int | None:
+    """The NPUs this host has (the emulated host's under --emulate); None where ``rebel`` does not answer here."""
+    if emulate:
+        from qwenvl_rbln.backends.emulator.rebel_api import device_count
+
+        return device_count()
+    from qwenvl_rbln.batch.ray_cluster import host_npu_count
+
+    return host_npu_count()
 
 
 def fleet_human(console: Any, d: dict[str, Any]) -> None:
@@ -86,6 +103,10 @@ def fleet_human(console: Any, d: dict[str, Any]) -> None:
         console.print(f"# {mark} {check['check']}: {check['detail']}", markup=False, highlight=False, soft_wrap=True)
     console.print("trap 'kill 0' INT TERM HUP EXIT", markup=False, highlight=False)
     for proc in d["processes"]:
+        if proc["name"] == "router":  # as qvl runs it: the router once every engine answers /health
+            urls = " ".join(f"{e['url']}/health" for e in d["engines"])
+            wait = f"for u in {urls}; do until curl -sf -o /dev/null $u; do sleep 1; done; done"
+            console.print(f"# every engine up first (vllm-router would listen once one is)\n{wait}", markup=False)
         env = proc["env"]
         hidden = [k for k, v in env.items() if v == REDACTED]
         if hidden:
@@ -130,11 +151,17 @@ def _fleet(fleet: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> 
                 if found is None:
                     raise DependencyMissing(f"`{ROUTER}` is not on PATH, so nothing was started", ROUTER_INSTALL_HINT)
                 argv[0] = found
-        restart = name.startswith("engine")
-        members.append(fleet_run.Member(name, argv, env, f"{prefix}{name} | ", health_url=url, restart=restart))
+        engine = name.startswith("engine")
+        members.append(
+            fleet_run.Member(
+                name, argv, env, f"{prefix}{name} | ", health_url=url, restart=engine, after_engines=not engine
+            )
+        )
     render.info(f"qvl: {label}a fleet of {len(fleet.engines)} engines behind vllm-router: " + ", ".join(fleet.names))
+    render.info(f"qvl: {label}metrics: {metrics_line(fleet.to_dict())}")
+    say = lambda line: render.info(f"qvl: {label}{line}")  # noqa: E731
     try:
-        code = fleet_run.Fleet(members, lambda line: render.info(f"qvl: {label}{line}")).run()
+        code = fleet_run.Fleet(members, say, ready_url=public_health(fleet)).run()
     except fleet_run.FleetFailed as exc:
         raise BackendError(
             f"the fleet stopped: {exc} (its output is above, every line prefixed with its process's name); no "
@@ -146,15 +173,31 @@ def _fleet(fleet: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> 
         raise typer.Exit(code)
 
 
+def metrics_line(d: dict[str, Any]) -> str:
+    """Where the operator reads the fleet's metrics: the router's own and each engine's, each on loopback."""
+    engines = ", ".join(f"{e['name']} {e['url']}/metrics" for e in d["engines"])
+    return f"the router's {d['router']['metrics']}; {engines}"
+
+
+def public_health(fleet: Any) -> str:
+    """The fleet's public /health (the front door's, else the router's), as this host reaches it."""
+    argv = (fleet.front or fleet.router).argv
+    host, port = (argv[3], argv[4]) if fleet.front is not None else (argv[2], argv[4])
+    from qwenvl_rbln.serving.options import host_port
+
+    reach = "127.0.0.1" if host in ("0.0.0.0", "", "*") else ("::1" if host == "::" else host)
+    return f"http://{host_port(reach, int(port))}/health"
+
+
 def _ports_free(fleet: Any) -> None:
-    """Every loopback port the fleet takes (its engines', the router's metrics) is free, or one line before anything
-    starts: an engine that cannot bind would only be restarted until qvl gives up."""
+    """Every loopback port the fleet takes (its engines', the router's metrics, the router's own behind a front
+    door) is free, or one line before anything starts: an engine that cannot bind would only be restarted until qvl
+    gives up."""
     import socket
 
     from qwenvl_rbln.errors import InputError
 
-    argv = fleet.router.argv
-    ports = [*fleet.ports, int(argv[argv.index("--prometheus-port") + 1])]
+    ports = [*fleet.ports, fleet.metrics_port, *([fleet.router_port] if fleet.front is not None else [])]
     for port in ports:
         with socket.socket() as sock:
             try:
@@ -162,7 +205,8 @@ def _ports_free(fleet: Any) -> None:
             except OSError:
                 raise InputError(
                     f"port {port} on 127.0.0.1 is in use; the fleet takes ports {min(ports)}-{max(ports)} (its "
-                    "engines and the router's metrics, above --port); nothing was started",
+                    "engines, the router's metrics and its port behind the front door, above --port); nothing was "
+                    "started",
                     "pass another --port (the fleet uses it and the ports just above it)",
                 ) from None
 

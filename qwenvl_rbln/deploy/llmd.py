@@ -117,9 +117,10 @@ def router_values(select: dict[str, str], max_model_len: int, prefill: dict[str,
                 "pluginsCustomConfig": Note(
                     {"optimized-baseline-plugins.yaml": text},
                     "The guide's plugin set and filter parameters (router/optimized-baseline.values.yaml) with this "
-                    "artifact's numbers; the file below says what differs from the guide and why. If the replicas "
-                    "report no prefix-cache hits (vllm-rbln may run without vLLM's prefix cache), drop the filter as "
-                    "router/npu.rbln.values.yaml does and keep the token-load-scorer.",
+                    "artifact's numbers; the file below says what differs from the guide and why. vllm-rbln 0.11.1a1 "
+                    "turns prefix caching off for every multimodal model, Qwen3-VL included, so its replicas report no "
+                    "prefix-cache hits: drop the filter as router/npu.rbln.values.yaml does and keep the "
+                    "token-load-scorer.",
                 ),
             },
             "modelServers": Note(

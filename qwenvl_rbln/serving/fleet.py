@@ -10,16 +10,22 @@ builds the fleet as data, like ``command.py`` builds one engine's line; ``fleet_
   device variable of the vllm-rbln at hand (``Engine.device_env``) naming its own NPUs. Each replica takes
   ``per_replica`` NPUs (the devices the compiled placement uses) from ``--devices`` in order, or from 0 up with
   ``--workers``; the placement positions inside that list stay the compiled ones.
-* Engines listen on loopback only (``127.0.0.1``, ports ``--port + 1`` and up); the router on ``--host``/``--port``.
+* Engines listen on loopback only (``127.0.0.1``, ports ``--port + 1`` and up), the router's metrics on the next
+  one; the router on ``--host``/``--port``, or, with a key or off loopback, on the port after the metrics behind
+  qvl's front door (``front_door.py``), which takes ``--host``/``--port``.
 * The router's policy is ``power_of_two`` (the less loaded of two engines, by the router's own count of requests
   in flight). A Qwen3-VL chat costs from a short text to several ViT buckets and a long prefill, and a replica's
   compiled batch is small (2-16), so the load must count at every request: ``round_robin``'s equal counts queue
   behind a long request (measured: the same throughput, a 31 % higher median TTFT), and ``cache_aware`` (the
-  router's default) balances by load only once two engines are 64 requests apart, far beyond a Rebel100 batch.
-  ``cache_aware`` measured the same as ``power_of_two`` on requests that share no prefix; for multi-turn chats that
-  resend their images, ``--router-args '--policy cache_aware --balance-abs-threshold B'`` keeps a conversation on
-  the engine holding its prefix (not measured here). ``benchmarks/bench_fleet.py``, figures in
-  ``benchmarks/README.md``.
+  router's default) balances by load only once two engines are 64 requests apart, far beyond a Rebel100 batch; it
+  buys nothing else here, since vllm-rbln 0.11.1a1 turns prefix caching off for every multimodal model, Qwen3-VL
+  included (``platform.py``, ``disable_unsupported_prefix_caching``). ``benchmarks/bench_fleet.py``, figures in
+  ``benchmarks/README.md``. One replica runs ``round_robin``: vllm-router refuses ``power_of_two`` with fewer than
+  two workers, and with one there is nothing to choose.
+* ``power_of_two`` makes the router ask every engine ``GET /get_load`` each second; vLLM has no such route (and its
+  ``/load`` is 0 without ``--enable-server-load-tracking``), so the policy runs on the router's own counts, which is
+  what it needs. The engines answer the probe as any other unknown or keyed route (404, or 401 with a key), and
+  leave it and the health checks (``/health``, every 2 s from the router and from qvl) out of their access logs.
 * ``--router-args '...'`` passes flags to vllm-router (as ``-- ...`` passes vLLM's); the ones qvl sets are refused.
 """
 
@@ -37,7 +43,6 @@ from qwenvl_rbln.serving.command import check_serve, placement, replica_launch
 from qwenvl_rbln.serving.flags import parse_flags
 from qwenvl_rbln.serving.options import (
     API_KEY_ENV,
-    REDACTED,
     Launch,
     ServeOptions,
     api_key,
@@ -49,13 +54,19 @@ from qwenvl_rbln.serving.preflight import ok, warn
 ENGINE_HOST = "127.0.0.1"
 ROUTER = "vllm-router"
 POLICY = "power_of_two"
-# the router's health check every 2 s, one miss takes an engine out and one answer puts it back; it waits for
-# every engine at start (an engine's first start may take many minutes: a long bound, qvl gives up before). A
-# request that fails on an engine that just died is retried (the router picks again each time, and a dead engine's
-# count of requests in flight is 0, so it may be picked again): 8 tries over about 5 s, longer than the health
-# check takes to put the dead engine out of rotation (its default, 5 tries over 0.7 s, is shorter). Those failures
-# open the engine's circuit breaker; the router tries it again after 5 s (not its default 60 s), so an engine qvl
-# restarted is back in rotation as soon as its /health answers
+ONE_REPLICA_POLICY = "round_robin"  # vllm-router refuses power_of_two with one worker ("requires at least 2")
+NEEDS_TWO = ("power_of_two",)
+QUIET = ("/health", "/get_load")  # the probes every engine gets each 1-2 s, kept out of its access log
+# the router's health check every 2 s, one miss takes an engine out and one answer puts it back. It listens once ONE
+# engine answers /health (vllm-router 0.1.17), so qvl starts it only once every engine has (fleet_run.py); the
+# startup bound is long (an engine's first start may take many minutes; qvl gives up before). A request that fails
+# on an engine that just died is retried (the router picks again each time, and a dead engine's count of requests
+# in flight is 0, so it may be picked again): 8 tries, 7 waits of 100 ms x 1.5^i, about 3.2 s (2.6-3.9 s with the
+# router's jitter), longer than the health check takes to put the dead engine out of rotation (its default, 5 tries
+# over about 0.4 s, is shorter). One request's tries do not open a circuit: that takes 10 failures on an engine
+# (the router's --cb-failure-threshold); the health check is what takes a dead engine out. An open circuit is
+# tried again after 5 s (not the router's default 60 s), so an engine qvl restarted is back in rotation as soon as
+# its /health answers
 ROUTER_DEFAULTS = (
     ("--cb-timeout-duration-secs", "5"),
     ("--retry-max-retries", "8"),
@@ -72,7 +83,7 @@ ROUTER_OWNED = {
     "--port": "qvl serve --port",
     "--worker-urls": "qvl serve --workers / --devices (qvl starts the engines)",
     "--api-key": "qvl serve --api-key-file / $VLLM_API_KEY (never in argv)",
-    "--prometheus-port": "nothing (qvl sets it: --port + workers + 1 on loopback)",
+    "--prometheus-port": "nothing (qvl sets it: --port + replicas + 1 on loopback)",
     "--prometheus-host": "nothing (the router's metrics listen on loopback)",
     "--service-discovery": "qvl deploy (Kubernetes)",
     "--vllm-pd-disaggregation": "nothing (one replica serves prefill and decode)",
@@ -94,7 +105,9 @@ class FleetLaunch:
     checks: list[dict[str, Any]] = field(default_factory=list)
     emulated: bool = False
     batch: int = 1  # the compiled batch of one replica: the fleet holds len(engines) x batch at once
-    front: Launch | None = None  # off loopback with a key: qvl's key guard on --host/--port (front_door.py)
+    front: Launch | None = None  # with a key or off loopback: qvl's guard on --host/--port (front_door.py)
+    router_port: int = 0  # --port, or the loopback port behind the front door
+    metrics_port: int = 0  # the router's own Prometheus metrics, on loopback
 
     @property
     def processes(self) -> list[tuple[str, Launch]]:
@@ -116,21 +129,50 @@ class FleetLaunch:
                 for i, (port, devs) in enumerate(zip(self.ports, self.devices, strict=True))
             ],
             "capacity": len(self.engines) * self.batch,
+            "router": {
+                "url": f"http://{ENGINE_HOST if self.front is not None else self.router.argv[2]}:{self.router_port}",
+                "metrics": f"http://{ENGINE_HOST}:{self.metrics_port}/metrics",
+            },
         }
 
 
 def replicas_wanted(workers: int | None, devices: list[int] | None) -> bool:
-    """Whether the flags ask for a fleet at all (``--workers 1`` alone is today's one engine)."""
+    """Whether the flags ask for a fleet at all (``--workers 1`` alone is today's one engine); ``--workers 0`` or
+    less is refused, never read as one engine."""
+    if workers is not None and workers < 1:
+        raise InputError(f"--workers {workers} must be at least 1", "e.g. --workers 4 (one engine per NPU)")
     return devices is not None or (workers is not None and workers > 1)
 
 
-def replica_devices(visible: list[int], workers: int | None, devices: list[int] | None) -> list[list[int]]:
-    """The NPUs of each replica: ``len(visible)`` each, from ``devices`` in order, else from 0 up."""
+def check_npus_exist(ids: list[int], host_npus: int | None, flag: str) -> None:
+    """Every NPU id the fleet would use is one the host has (``host_npus``: the emulated host's count under
+    ``--emulate``); None when the count cannot be read here (nothing to check against)."""
+    missing = [i for i in ids if host_npus is not None and i >= host_npus]
+    if not missing:
+        return
+    have = f"NPUs 0-{host_npus - 1}" if host_npus > 1 else ("NPU 0" if host_npus == 1 else "no NPU")
+    raise InputError(
+        f"{flag}: this host has {host_npus} NPU{'s' if host_npus != 1 else ''} ({have}); NPU "
+        f"{', '.join(map(str, missing))} {'is' if len(missing) == 1 else 'are'} not one of them; nothing was started",
+        f"list ids from 0 to {host_npus - 1} (`rbln-smi` shows them; under --emulate QVL_EMULATOR_DEVICES sets the "
+        "count, 4 by default)"
+        if host_npus
+        else "run on a host with NPUs",
+    )
+
+
+def replica_devices(
+    visible: list[int], workers: int | None, devices: list[int] | None, host_npus: int | None = None
+) -> list[list[int]]:
+    """The NPUs of each replica: ``len(visible)`` each, from ``devices`` in order, else from 0 up; each one the
+    host has."""
     per = len(visible)
     if workers is not None and workers < 1:
         raise InputError(f"--workers {workers} must be at least 1", "e.g. --workers 4 (one engine per NPU)")
     if devices is None:
         devices = list(range((workers or 1) * per))
+        check_npus_exist(devices, host_npus, f"--workers {workers or 1} ({len(devices)} NPUs from 0 up)")
+    check_npus_exist(devices, host_npus, f"--devices {','.join(map(str, devices))}")
     if len(devices) % per:
         raise InputError(
             f"--devices {','.join(map(str, devices))} lists {len(devices)} NPUs, but one replica of this artifact uses "
@@ -184,10 +226,11 @@ def fleet_command(
     devices: list[int] | None,
     router_extra: str | None = None,
     emulator_env: Mapping[str, str] | None = None,
+    host_npus: int | None = None,
 ) -> tuple[FleetLaunch, list[str]]:
     """The preflight once, then one ``vllm serve`` line per replica and ``vllm-router`` in front of them.
     ``emulator_env``: under ``--emulate``, the emulator's environment (composed in by the command, as for one
-    engine: serving never reaches into a backend)."""
+    engine: serving never reaches into a backend); ``host_npus``: the NPUs the host has (None: unknown here)."""
     if opts.device is not None or opts.visual_device is not None:
         raise InputError(
             "--device/--visual-device place one engine; --workers/--devices place a fleet",
@@ -197,45 +240,52 @@ def fleet_command(
     check = check_serve(opts)  # the version, the host, the directory and the artifact, read and checked once
     art, plan, engine = check.art, check.plan, check.engine
     base = placement(art, None, None, getattr(plan, "placement", None), opts.force)
-    groups = replica_devices(base["visible"], workers, devices)
+    groups = replica_devices(base["visible"], workers, devices, host_npus)
     ports = [opts.port + 1 + i for i in range(len(groups))]
-    if opts.port + len(groups) + 1 > 65535:
-        raise InputError(f"--port {opts.port}: the engines take the ports above it, up to 65535", "pass a lower --port")
+    metrics_port = opts.port + len(groups) + 1
     engines, warnings = [], []
     for group, port in zip(groups, ports, strict=True):
         one = dataclasses.replace(opts, host=ENGINE_HOST, port=port)
         _, launch, said = replica_launch(check, one, environ, remap=lambda where, group=group: _remapped(where, group))
+        _quiet(launch, opts.extra)
         engines.append(launch)
         warnings = warnings or said  # every replica says the same: the first one's lines
     checks = list(engines[0].checks)
     ok(
         checks,
         "fleet",
-        f"{len(groups)} engines, one per replica's NPUs ({'; '.join(','.join(map(str, g)) for g in groups)}), "
-        f"on {ENGINE_HOST} ports {ports[0]}-{ports[-1]} (loopback only), each with {engine.device_env} set to its "
-        f"own NPUs; vllm-router on {host_port(opts.host, opts.port)} in front; the artifact was checked once",
+        f"{len(groups)} engine{'s' if len(groups) > 1 else ''}, one per replica's NPUs "
+        f"({'; '.join(','.join(map(str, g)) for g in groups)}), on {ENGINE_HOST} "
+        f"{f'ports {ports[0]}-{ports[-1]}' if len(ports) > 1 else f'port {ports[0]}'} "
+        f"(loopback only), each with {engine.device_env} set to its own NPUs; vllm-router on "
+        f"{host_port(opts.host, opts.port)} in front; the artifact was checked once",
     )
-    metrics_port = opts.port + len(groups) + 1
-    argv = [ROUTER, "--host", opts.host, "--port", str(opts.port), "--worker-urls"]
-    argv += [f"http://{ENGINE_HOST}:{p}" for p in ports]
-    argv += ["--prometheus-host", ENGINE_HOST, "--prometheus-port", str(metrics_port)]
-    given = {flag.split("=", 1)[0].replace("_", "-") for flag, _, _, _ in parse_flags(extra_router)}
-    if "--policy" not in given:
-        argv += ["--policy", POLICY]
-    for flag, value in ROUTER_DEFAULTS:
-        if flag not in given:
-            argv += [flag, value]
-    argv += extra_router
-    router = Launch(argv=argv, env={}, checks=[])
+    router = Launch(argv=_router_argv(opts, ports, metrics_port, extra_router), env={}, checks=[])
+    given = _policy(router.argv, extra_router)
     ok(
         checks,
         "router",
-        f"vllm-router, policy {'(yours)' if '--policy' in given else POLICY + ' (the less loaded of two engines)'}; "
-        f"its /health answers 200 only while every engine is healthy (/readiness: while one is); it listens once "
-        f"every engine answers /health; its own metrics on {ENGINE_HOST}:{metrics_port}",
+        f"vllm-router, policy {given or _policy_line(len(groups))}; qvl starts it once every engine answers /health "
+        "(it would listen once one does) and says when the fleet is ready; its /health answers 200 only while every "
+        "engine is healthy (/readiness: while one is)",
+    )
+    ok(
+        checks,
+        "metrics",
+        f"the router's own on http://{ENGINE_HOST}:{metrics_port}/metrics (requests and health per engine); each "
+        f"engine's vLLM metrics on its own port: {', '.join(f'http://{ENGINE_HOST}:{p}/metrics' for p in ports)}; "
+        f"each engine leaves {', '.join(QUIET)} (the probes) out of its access log",
     )
     fleet = FleetLaunch(engines, router, ports, groups, checks, batch=art.cfg["batch_size"])
+    fleet.router_port, fleet.metrics_port = opts.port, metrics_port
     _fleet_auth(fleet, opts, environ, warnings)
+    top = max(metrics_port, fleet.router_port)  # behind a front door the router takes the port above the metrics
+    if top > 65535:
+        raise InputError(
+            f"--port {opts.port}: the fleet takes the {top - opts.port} ports above it (its engines, the router's "
+            f"metrics{', the router behind the front door' if fleet.front is not None else ''}), up to 65535",
+            "pass a lower --port",
+        )
     if opts.emulate:
         for launch in fleet.engines:
             emulated.apply(launch, emulator_env or {}, serve=True)
@@ -243,24 +293,60 @@ def fleet_command(
     return fleet, warnings
 
 
+def _policy_line(replicas: int) -> str:
+    if replicas == 1:
+        return f"{ONE_REPLICA_POLICY} (one engine: vllm-router refuses {POLICY} with fewer than two)"
+    return f"{POLICY} (the less loaded of two engines)"
+
+
+def _policy(argv: list[str], extra: list[str]) -> str | None:
+    """The user's ``--policy`` (``'... (yours)'``) or None; a policy that needs two engines with one is refused."""
+    given = [value for flag, value, _, _ in parse_flags(extra) if flag == "--policy"]
+    if not given:
+        return None
+    policy = given[-1]
+    workers = argv[argv.index("--worker-urls") + 1 : argv.index("--prometheus-host")]
+    if len(workers) < 2 and policy in NEEDS_TWO:
+        raise InputError(
+            f"--router-args: --policy {policy} needs at least two engines and this fleet has one; nothing was started",
+            f"drop it (one engine runs {ONE_REPLICA_POLICY}), or list more NPUs in --devices",
+        )
+    return f"{policy} (yours)"
+
+
+def _router_argv(opts: ServeOptions, ports: list[int], metrics_port: int, extra: list[str]) -> list[str]:
+    argv = [ROUTER, "--host", opts.host, "--port", str(opts.port), "--worker-urls"]
+    argv += [f"http://{ENGINE_HOST}:{p}" for p in ports]
+    argv += ["--prometheus-host", ENGINE_HOST, "--prometheus-port", str(metrics_port)]
+    given = {flag for flag, _, _, _ in parse_flags(extra)}
+    if "--policy" not in given:
+        argv += ["--policy", POLICY if len(ports) > 1 else ONE_REPLICA_POLICY]
+    for flag, value in ROUTER_DEFAULTS:
+        if flag not in given:
+            argv += [flag, value]
+    return argv + extra
+
+
+def _quiet(launch: Launch, extra: list[str]) -> None:
+    """The probes out of the engine's access log, unless the user's ``-- ...`` says how to log."""
+    said = {word.split("=", 1)[0] for word in extra}
+    if not said & {"--disable-access-log-for-endpoints", "--disable-uvicorn-access-log", "--log-config-file"}:
+        launch.argv += ["--disable-access-log-for-endpoints", ",".join(QUIET)]
+
+
 def _fleet_auth(fleet: FleetLaunch, opts: ServeOptions, environ: Mapping[str, str], warnings: list[str]) -> None:
-    """Who may call the fleet. vllm-router 0.1.17 checks no client key (its ``--api-key`` is what it sends to the
-    engines) and answers its own routes, ``/add_worker`` and ``/remove_worker`` among them, to anyone: off
-    loopback the router listens on loopback and qvl's key guard (``front_door.py``) takes ``--host``/``--port``."""
+    """Who may call the fleet. vllm-router 0.1.17 checks no client key, answers its own routes, ``/add_worker`` and
+    ``/remove_worker`` among them, to anyone, and passes the client's key on only for the routes it balances: with a
+    key, or off loopback, qvl's guard (``front_door.py``) takes ``--host``/``--port`` and the router moves to
+    loopback behind it."""
     key, source = api_key(opts.api_key_file, environ)
     where = host_port(opts.host, opts.port)
     if key is not None:
         for launch in fleet.engines:
             launch.env[API_KEY_ENV] = key
             launch.secret = frozenset({*launch.secret, API_KEY_ENV})
-    if is_loopback(opts.host):
-        detail = (
-            f"API key from {source} ({REDACTED}): every engine requires it (the router passes the client's "
-            "Authorization on)"
-            if key is not None
-            else "no API key"
-        )
-        ok(fleet.checks, "auth", f"{detail}; {where} listens on loopback only (this machine's users can call it)")
+    if is_loopback(opts.host) and key is None:
+        ok(fleet.checks, "auth", f"no API key; {where} listens on loopback only (this machine's users can call it)")
         return
     if key is None and not opts.no_auth:
         raise InputError(
@@ -271,12 +357,11 @@ def _fleet_auth(fleet: FleetLaunch, opts: ServeOptions, environ: Mapping[str, st
         )
     if key is None:
         line = (
-            f"--no-auth: the fleet on {where} answers every machine that can reach this port, without a key, "
-            "the router's own routes too (/add_worker, /remove_worker: anyone can change where requests go)"
+            f"--no-auth: the fleet on {where} answers every machine that can reach this port, without a key "
+            "(the router's own routes that change where requests go stay closed)"
         )
         warn(fleet.checks, "auth", line)
         warnings.append(line)
-        return
     from qwenvl_rbln.serving import front_door
 
     front_door.put_in_front(fleet, opts, key, source)

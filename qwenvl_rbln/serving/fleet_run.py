@@ -2,8 +2,9 @@
 
 One loop in qvl's main thread keeps the fleet serving:
 
-* **start**: every engine and the router at once (the router waits for every engine's ``/health`` before it
-  listens, so the front door answers only once the whole fleet can serve);
+* **start**: every engine at once; the router (and the front door) only once every engine has answered ``/health``:
+  vllm-router 0.1.17 listens as soon as ONE engine is healthy, so started with the engines it would serve (and say
+  ready) while the others still load. qvl says the fleet is ready once the public ``/health`` answers 200;
 * **an engine that dies** (its ``vllm serve`` exits, or its ``/health`` fails ``HEALTH_MISSES`` times in a row
   after it had answered: an engine core killed under a live API server) has what is left of its group killed and
   is started again after a backoff (``BACKOFF_S``, doubling, reset once it has served ``STABLE_S``); the router
@@ -47,9 +48,11 @@ class Member:
     label: str
     health_url: str | None = None  # engines: their loopback /health
     restart: bool = True
+    after_engines: bool = False  # the router and the front door: started once every engine has answered /health
     proc: subprocess.Popen | None = None
     pumps: list[threading.Thread] = field(default_factory=list)
-    starts: int = 0  # starts in a row without one healthy answer (or since the backoff was reset)
+    starts: int = 0  # starts in a row without one /health 200: GIVE_UP of them end the fleet
+    backoff: int = 0  # restarts in a row: the next one waits BACKOFF_S[backoff]; reset once it served STABLE_S
     up_since: float | None = None  # first /health 200 of this run
     misses: int = 0
     next_start: float = 0.0
@@ -78,10 +81,37 @@ class FleetFailed(Exception):
 
 
 class Fleet:
-    def __init__(self, members: list[Member], say: Callable[[str], None]) -> None:
+    def __init__(self, members: list[Member], say: Callable[[str], None], ready_url: str | None = None) -> None:
         self.members = members
         self.say = say
         self.interrupted: list[float] = []
+        self.ready_url = ready_url  # the fleet's public /health: 200 once the router serves every engine
+        self.engines_up = False  # every engine has answered /health once: the rest may start
+        self.next_ready = 0.0
+
+    def _waiting(self, m: Member) -> bool:
+        """``m`` waits for every engine's first /health 200 (the router would otherwise serve with one)."""
+        if not m.after_engines or self.engines_up:
+            return False
+        engines = [e for e in self.members if e.health_url is not None]
+        if any(e.up_since is None for e in engines):
+            return True
+        self.engines_up = True
+        self.say(
+            f"every engine answers /health ({len(engines)}); starting the rest: "
+            + ", ".join(x.name for x in self.members if x.after_engines)
+        )
+        return False
+
+    def _ready(self, now: float) -> None:
+        """Once, after the start: say the fleet is ready when its public /health answers 200 (the router's: 200 only
+        while every engine is healthy)."""
+        if self.ready_url is None or now < self.next_ready:
+            return
+        self.next_ready = now + TICK_S * 5
+        if healthy(self.ready_url):
+            self.say(f"the fleet is ready: {self.ready_url} answers 200 (every engine healthy)")
+            self.ready_url = None
 
     # ------------------------------------------------------------------------------------------ one member
 
@@ -104,15 +134,14 @@ class Fleet:
         if not m.restart:
             raise FleetFailed(f"{m.name} exited with code {code}", code)
         if m.up_since is not None and now - m.up_since >= STABLE_S:
-            m.starts = 0  # it served a while: this death starts the backoff afresh
+            m.backoff = 0  # it served a while: this death starts the backoff afresh
         if m.starts >= GIVE_UP and m.up_since is None:
             raise FleetFailed(f"{m.name} exited with code {code}, {m.starts} starts in a row without /health 200", 5)
-        wait = BACKOFF_S[min(m.starts, len(BACKOFF_S)) - 1] if m.starts else BACKOFF_S[0]
+        wait = BACKOFF_S[min(m.backoff, len(BACKOFF_S) - 1)]
+        m.backoff += 1
         m.next_start = now + wait
         m.restarts += 1
-        self.say(
-            f"{m.name} exited with code {code}; restarting it in {wait:.0f} s (the router sends its work elsewhere)"
-        )
+        self.say(f"{m.name} exited with code {code}; restarting it in {wait:g} s (the router sends its work elsewhere)")
 
     def _check(self, m: Member, now: float) -> None:
         """An engine's /health: its first 200 puts it (back) in rotation; misses after that count as its death."""
@@ -153,7 +182,8 @@ class Fleet:
         try:
             with supervise.forwarded(self._on_signal):
                 for m in self.members:
-                    self._start(m)
+                    if not m.after_engines:
+                        self._start(m)
                 while True:
                     now = time.monotonic()
                     if self.interrupted and now - self.interrupted[0] > supervise.GRACE_S:
@@ -162,9 +192,11 @@ class Fleet:
                         if m.proc is not None and m.proc.poll() is not None:
                             self._ended(m, now)
                         elif m.proc is None and not self.interrupted and now >= m.next_start:
-                            self._start(m)
+                            if not self._waiting(m):
+                                self._start(m)
                         else:
                             self._check(m, now)
+                    self._ready(now)
                     if self.interrupted and all(m.proc is None for m in self.members):
                         return EXIT_INTERRUPTED
                     time.sleep(TICK_S)

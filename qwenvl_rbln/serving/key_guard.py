@@ -27,13 +27,28 @@ from qwenvl_rbln.serving.public_routes import needs_key
 UNAUTHORIZED = b'{"error":"Unauthorized"}'
 
 
+def digest_of(key: str) -> bytes:
+    """What a key is compared as: its SHA-256, so the comparison takes the same time whatever the lengths."""
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+def key_matches(authorization: str | None, digest: bytes) -> bool:
+    """Whether an ``Authorization`` header carries the key: vLLM's reading (``openai/server_utils.py``), the one of
+    every qvl guard (this one and the fleet's front door): the scheme ``Bearer`` in any case, one space, the rest
+    is the token as sent; a bare key, another scheme or no header is no key."""
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return secrets.compare_digest(digest_of(token), digest)
+
+
 class KeyGuard:
     """Requires ``Authorization: Bearer $VLLM_API_KEY`` on every HTTP and WebSocket request but the public routes."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
         key = os.environ.get(API_KEY_ENV, "")
-        self.digest = hashlib.sha256(key.encode("utf-8")).digest() if key else None
+        self.digest = digest_of(key) if key else None
 
     def allowed(self, scope: dict[str, Any]) -> bool:
         """Whether the request in ``scope`` may reach vLLM."""
@@ -49,10 +64,7 @@ class KeyGuard:
             if name.lower() == b"authorization":
                 header = value
                 break
-        scheme, _, token = header.decode("latin-1").partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        return secrets.compare_digest(hashlib.sha256(token.encode("utf-8")).digest(), self.digest)
+        return key_matches(header.decode("latin-1"), self.digest)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope.get("type") not in ("http", "websocket") or self.allowed(scope):

@@ -8,9 +8,10 @@ Why these, from vLLM 0.22's source: they are the routes vLLM's own Prometheus in
 server's infrastructure rather than its API (``vllm/entrypoints/serve/instrumentator/metrics.py``,
 ``excluded_handlers``) and that probes and scrapers call without credentials: ``/health`` (Kubernetes probes,
 ``qvl deploy``), ``/ping`` (SageMaker's health check, GET and POST), ``/version``, ``/metrics`` (Prometheus) and
-``/load`` (the number of requests in flight, for load balancers). The sixth of that list, ``/server_info``, is not
-public: it exists only in vLLM's development mode and dumps the whole engine configuration. None of the public
-routes runs the model or the tokenizer, or changes the server.
+``/load`` (for load balancers: vLLM counts requests in flight only with ``--enable-server-load-tracking``, which qvl
+does not pass, so an engine's is 0; the fleet's front door answers its own count). The sixth of that list,
+``/server_info``, is not public: it exists only in vLLM's development mode and dumps the whole engine configuration.
+None of the public routes runs the model or the tokenizer, or changes the server.
 
 vLLM itself guards only paths under ``/v1``, ``/v2`` and ``/inference`` (``openai/server_utils.py``,
 ``GUARDED_PREFIX``), so without qvl's guard ``POST /invocations`` (a full chat completion), ``/tokenize``,
