@@ -62,9 +62,11 @@ def runner():
 
 
 def test_a_resumed_request_gets_the_features_the_runner_kept_for_it(runner):
-    assert runner._extract_mm_kwargs(step(cached=["img"], resumed=["img"])) == {
-        "image": ["PIXELS+GRID-1", "PIXELS+GRID-2"]
-    }
+    resumed = step(cached=["img"], resumed=["img"])
+    assert runner._extract_mm_kwargs(resumed) == {"image": ["PIXELS+GRID-1", "PIXELS+GRID-2"]}
+    first, second = runner.seen  # vllm-rbln's own answer ({}), then the kept state as the step's new request
+    assert first is resumed and second.scheduled_new_reqs == [runner.requests["img"]]
+    assert second.scheduled_cached_reqs is resumed.scheduled_cached_reqs  # everything else is the step's own
     assert runner._extract_mm_kwargs(step(cached=["vid"], resumed=["vid"])) == {"video": ["FRAMES+GRID"]}
 
 
@@ -82,6 +84,24 @@ def test_every_other_step_is_vllm_rblns_own(runner):
         runner._extract_mm_kwargs(output)
         assert runner.seen == [output]
     assert runner._extract_mm_kwargs(new) == {"image": ["NEW"]}
+
+
+def test_a_vllm_rbln_that_already_resumes_features_gets_none_twice(runner):
+    """A later vllm-rbln that reads the resumed request's features itself: its answer stands, nothing is added."""
+    fixed = type(runner)
+    original = Runner._extract_mm_kwargs
+
+    def reads_resumed_too(self, scheduler_output):
+        out = original(self, scheduler_output)
+        for req_id in scheduler_output.scheduled_cached_reqs.resumed_req_ids:
+            for f in self.requests[req_id].mm_features:
+                out.setdefault(f.modality, []).append(f.data)
+        return out
+
+    fixed._extract_mm_kwargs = rf.with_resumed_features(reads_resumed_too)
+    resumed = step(cached=["img"], resumed=["img"])
+    assert runner._extract_mm_kwargs(resumed) == {"image": ["PIXELS+GRID-1", "PIXELS+GRID-2"]}
+    assert runner.seen == [resumed]
 
 
 def test_the_features_go_when_the_runner_forgets_the_request(runner):

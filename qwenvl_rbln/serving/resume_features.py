@@ -10,17 +10,18 @@ placeholders would be prefilled as text and the answer would change silently (up
 
 The fix, with ``QVL_RESUME_MM=1`` (set by ``qvl serve`` for an artifact whose KV pool can preempt,
 ``can_preempt``): qvl's plugin wraps ``RBLNOptimumModelRunner._extract_mm_kwargs``. For a prefill step that resumes
-a request, it hands the original method that request's own features instead of the (empty) new requests: the
-runner's ``self.requests[req_id].mm_features``, the ``MultiModalFeatureSpec`` list (pixels, grid) the runner stored
-from the request's ``NewRequestData`` when it was first scheduled and keeps across a preemption ("keep their cached
-states since they will be scheduled again"). That is the per-request cache: the runner fills it when a request is
-first scheduled and pops it when the request finishes or is aborted (both come as ``finished_req_ids``), so it
-holds only requests the runner knows, and qvl keeps no second copy that could outlive them. The same batching code
-(``group_and_batch_mm_kwargs``) then builds the step's kwargs, so the recompute runs the ViT again on the same
+a request and got nothing from the original method, it calls it again with that request's kept state standing as
+the step's new request: the runner's ``self.requests[req_id]``, whose ``mm_features`` (pixels, grid) the runner
+stored from the request's ``NewRequestData`` when it was first scheduled and keeps across a preemption ("keep their
+cached states since they will be scheduled again"). That is the per-request cache: the runner fills it when a
+request is first scheduled and pops it when the request finishes or is aborted (both come as ``finished_req_ids``),
+so it holds only requests the runner knows, and qvl keeps no second copy that could outlive them. The same batching
+code (``group_and_batch_mm_kwargs``) then builds the step's kwargs, so the recompute runs the ViT again on the same
 pixels and rebuilds the same M-RoPE positions: the answer equals the uninterrupted one (the engine test compares).
 
-Cost: one dictionary look-up per prefill step; nothing else changes. A vllm-rbln without that method gets one
-warning saying what is then at risk; nothing here raises.
+Cost: one dictionary look-up per prefill step, and a second call of the method on a resumed one; nothing else
+changes. A vllm-rbln that fixes this itself returns the features on the first call, and qvl adds nothing. A
+vllm-rbln without that method gets one warning saying what is then at risk; nothing here raises.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import functools
 import importlib
 import math
 import os
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -78,18 +78,30 @@ def resumed_request(scheduler_output: Any) -> str | None:
     return resumed[0]
 
 
+class _Resumed:
+    """The step's scheduler output as vllm-rbln's method reads it, with the resumed request's kept state (which has
+    the ``req_id`` and ``mm_features`` a ``NewRequestData`` has) standing as its one new request."""
+
+    def __init__(self, output: Any, state: Any) -> None:
+        self._output = output
+        self.scheduled_new_reqs = [state]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._output, name)
+
+
 def with_resumed_features(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``original`` that, for a resumed request, reads the features the runner kept for it."""
+    """``original`` that, for a resumed request it found nothing for, reads the features the runner kept for it.
+    A vllm-rbln that already gives a resumed request its features is left to do so (never twice)."""
 
     @functools.wraps(original)
     def extract(self: Any, scheduler_output: Any) -> Any:
-        req_id = resumed_request(scheduler_output)
+        found = original(self, scheduler_output)
+        req_id = resumed_request(scheduler_output) if not found else None
         state = getattr(self, "requests", {}).get(req_id) if req_id is not None else None
-        features = getattr(state, "mm_features", None)
-        if not features:  # not a resumed step, or a text request: vllm-rbln's own answer
-            return original(self, scheduler_output)
-        kept = types.SimpleNamespace(scheduled_new_reqs=[types.SimpleNamespace(mm_features=features)])
-        return original(self, kept)
+        if not getattr(state, "mm_features", None):  # not a resumed step, or a text request: vllm-rbln's answer
+            return found
+        return original(self, _Resumed(scheduler_output, state))
 
     setattr(extract, MARK, True)
     return extract
