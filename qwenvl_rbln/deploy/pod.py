@@ -25,8 +25,9 @@ from qwenvl_rbln.serving.options import (
     ServeOptions,
 )
 from qwenvl_rbln.serving.preflight import warn
+from qwenvl_rbln.serving.resume_features import RESUME_ENV
 
-PLUGIN_ENVS = (PACKING_ENV, FRAME_CAP_ENV, MAX_FRAME_PIXELS_ENV, SORT_ENV)
+PLUGIN_ENVS = (PACKING_ENV, FRAME_CAP_ENV, MAX_FRAME_PIXELS_ENV, SORT_ENV, RESUME_ENV)
 POD_HOST = "0.0.0.0"  # the pod's network namespace: the Service and the probes reach it on the pod IP
 
 
@@ -92,7 +93,7 @@ def pod_launch(opts: ServeOptions, model_path: str, *, plugin: bool) -> PodLaunc
     art, launch, warnings = checked_launch(opts, {}, command="deploy", remap=pod_numbering)
     argv = [model_path if i == 2 else a for i, a in enumerate(launch.argv)]  # vllm serve DIR ...
     env = {k: v for k, v in launch.env.items() if v is not None}
-    costs: list[str] = []
+    costs: dict[str, str] = {}
     if not plugin:  # no qvl in the image: its middleware cannot be imported there either
         costs = _plugin_costs(launch)
         argv = _without_key_guard(argv)
@@ -101,10 +102,18 @@ def pod_launch(opts: ServeOptions, model_path: str, *, plugin: bool) -> PodLaunc
             env["VLLM_PLUGINS"] = ",".join(p for p in env["VLLM_PLUGINS"].split(",") if p != PLUGIN_NAME)
     devices = len((launch.env.get(launch.device_env) or "0").split(","))
     checks = launch.checks if plugin else _without_plugin(launch.checks, costs)
-    return PodLaunch(art, argv, env, checks, devices, warnings, costs)
+    return PodLaunch(art, argv, env, checks, devices, warnings, list(costs.values()))
 
 
-PLUGIN_CHECKS = {"video frame cap": 0, "video cap": 0, "key guard": 1, "vit packing": 2, "decode sort": 3}
+# serve's check -> the cost (``_plugin_costs``) of its plugin part
+PLUGIN_CHECKS = {
+    "video frame cap": "frame cap",
+    "video cap": "frame cap",
+    "key guard": "key guard",
+    "vit packing": "packing",
+    "decode sort": "sort",
+    "preemption": "resume",
+}
 
 
 def _without_key_guard(argv: list[str]) -> list[str]:
@@ -113,12 +122,12 @@ def _without_key_guard(argv: list[str]) -> list[str]:
     return argv[: i - 1] + argv[i + 1 :]
 
 
-def _without_plugin(checks: list[dict[str, Any]], costs: list[str]) -> list[dict[str, Any]]:
+def _without_plugin(checks: list[dict[str, Any]], costs: dict[str, str]) -> list[dict[str, Any]]:
     """Serve's checks with the plugin's own ones turned into what --no-plugin costs (a warning, never "ok"): one
     warning per cost, however many of serve's checks it replaces (the frame cap and the processor's video cap are
     one cause)."""
     out: list[dict[str, Any]] = []
-    said: set[int] = set()
+    said: set[str] = set()
     for check in checks:
         cost = PLUGIN_CHECKS.get(check["check"])
         if cost is None:
@@ -129,22 +138,28 @@ def _without_plugin(checks: list[dict[str, Any]], costs: list[str]) -> list[dict
     return out
 
 
-def _plugin_costs(launch: Launch) -> list[str]:
-    """What serving without qvl in the image gives up, for this artifact."""
-    costs = [
-        f"no video frame cap ({FRAME_CAP_ENV}): a long or large video can exceed the largest ViT bucket and fail "
-        "the request (or the engine) instead of being capped per frame",
-        f"no key guard ({KEY_GUARD}): vLLM alone requires the API key only under /v1, /v2 and /inference, so "
-        "POST /invocations (a full chat completion), /tokenize and /detokenize answer anyone who reaches the pod; "
+def _plugin_costs(launch: Launch) -> dict[str, str]:
+    """What serving without qvl in the image gives up, for this artifact, by cost (``PLUGIN_CHECKS``' values)."""
+    costs = {
+        "frame cap": f"no video frame cap ({FRAME_CAP_ENV}): a long or large video can exceed the largest ViT bucket "
+        "and fail the request (or the engine) instead of being capped per frame",
+        "key guard": f"no key guard ({KEY_GUARD}): vLLM alone requires the API key only under /v1, /v2 and /inference, "
+        "so POST /invocations (a full chat completion), /tokenize and /detokenize answer anyone who reaches the pod; "
         "keep the plugin, or let only the public routes through at your gateway",
-        f"no ViT packing ({PACKING_ENV}): every image and video runs in its own ViT call, so a multimodal batch "
-        "costs more NPU time",
-    ]
+        "packing": f"no ViT packing ({PACKING_ENV}): every image and video runs in its own ViT call, so a multimodal "
+        "batch costs more NPU time",
+    }
     if SORT_ENV in launch.env:
-        costs.append(
+        costs["sort"] = (
             f"no decode batch sort ({SORT_ENV}): the decoder was compiled with _requires_batch_sort and vllm-rbln's "
             "optimum runner does not sort, so the first two requests of different lengths decoding together end the "
             "engine (the replica restarts); keep the plugin, or recompile with batch_size 1"
+        )
+    if RESUME_ENV in launch.env:
+        costs["resume"] = (
+            f"no resumed images ({RESUME_ENV}): the KV pool is short of batch_size x max_seq_len, so vLLM can preempt "
+            "a request, and vllm-rbln recomputes a preempted image or video request without its images: the engine "
+            "ends (the replica restarts); keep the plugin, or recompile with a full KV pool"
         )
     return costs
 

@@ -20,7 +20,7 @@ from qwenvl_rbln.artifacts.manifest import MANIFEST_NAME
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.paths import user_path
 from qwenvl_rbln.planning.catalogue.multi_device import multi_device_refusal
-from qwenvl_rbln.serving import emulated
+from qwenvl_rbln.serving import emulated, resume_features
 from qwenvl_rbln.serving.decode_sort import SORT_ENV, compiled_with_sort, needs_sort
 from qwenvl_rbln.serving.engine import Engine, resolve
 from qwenvl_rbln.serving.flags import check_pass_through, image_kwargs
@@ -398,6 +398,9 @@ def vllm_launch(
             "optimum-rbln 0.12 refuses a decode batch not sorted by length), and vllm-rbln's optimum runner does not "
             f"sort: the {PLUGIN_NAME} plugin sorts each one in every vLLM process",
         )
+    if resume_features.can_preempt(cfg):
+        env[resume_features.RESUME_ENV] = "1"
+        ok(checks, "preemption", resume_features.check_line(cfg, PLUGIN_NAME))
     return Launch(argv=argv, env=env, checks=checks, engine=engine)
 
 

@@ -391,7 +391,8 @@ def check_kv_pool(cfg: dict[str, Any], path: Path, checks: list[dict[str, Any]])
             checks,
             "kv pool",
             f"{blocks} blocks of {block} tokens: vLLM keeps one as its null block, and {blocks - 1} still hold one "
-            f"sequence of max_seq_len {max_len} (not {batch} at once: the scheduler waits for blocks)",
+            f"sequence of max_seq_len {max_len}, not {batch} at once: the scheduler preempts a request when blocks run "
+            "out and recomputes it later (see 'preemption')",
         )
         return
     attn = cfg.get("attn_impl") or default_attn_impl(cfg.get("kvcache_partition_len"))

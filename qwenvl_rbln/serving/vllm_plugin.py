@@ -16,6 +16,9 @@ its own; a bad value is one warning line, and that default is then not applied.
 
 ``QVL_SORT_DECODE=1`` (set by ``qvl serve`` for a decoder compiled with ``_requires_batch_sort``): every decode
 batch reaches optimum-rbln longest first (``serving/decode_sort.py``).
+
+``QVL_RESUME_MM=1`` (set by ``qvl serve`` for an artifact whose KV pool can preempt): a request vLLM preempted is
+recomputed with its images and videos, not as text (``serving/resume_features.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from qwenvl_rbln.serving import decode_sort
+from qwenvl_rbln.serving import decode_sort, resume_features
 from qwenvl_rbln.serving.options import FRAME_CAP_ENV, MAX_FRAME_PIXELS_ENV
 
 
@@ -72,7 +75,9 @@ def install_frame_cap() -> bool:
 
 
 def register() -> None:
-    """Install the per-frame video cap (``QVL_FRAME_CAP=1``) and the decode batch sort (``QVL_SORT_DECODE=1``)."""
+    """Install the per-frame video cap (``QVL_FRAME_CAP=1``), the decode batch sort (``QVL_SORT_DECODE=1``) and the
+    resumed request's features (``QVL_RESUME_MM=1``)."""
     if os.environ.get(FRAME_CAP_ENV) == "1":
         install_frame_cap()
     decode_sort.install(warn)  # QVL_SORT_DECODE unset: nothing to sort, nothing said
+    resume_features.install(warn)  # QVL_RESUME_MM unset: a full pool, nothing preempts, nothing said
