@@ -28,9 +28,15 @@ class _Recorder:
         self.calls.append(("prefill", chunk, context))
         return 1.0
 
-    def decode(self, batch: int, context: int, rows: int) -> float:
+    def decode(self, batch: int, context: float, rows: int) -> float:
         self.calls.append(("decode", batch, context, rows))
         return 0.1
+
+    def sampler(self, rows: int) -> float:
+        self.calls.append(("sampler", rows))
+        return 0.0
+
+    sampler_source = "none"
 
 
 def _recorded() -> tuple[DeviceTimeModel, _Recorder]:
