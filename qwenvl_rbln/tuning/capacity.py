@@ -352,7 +352,8 @@ def capacity(load: Load, slos: list[Slo], *, rel_tol: float = 0.01, max_iter: in
     missed = misses(at_light, slos)
     out: dict[str, Any] = {"saturation_rps": saturated, "requests": load.requests, "seed": load.seed}
     if missed:
-        return {**out, "capacity_rps": 0.0, "unreachable": missed, "at_lightest": at_light}
+        return {**out, **_utilisation(0.0, saturated), "capacity_rps": 0.0, "unreachable": missed,
+                "at_lightest": at_light}  # fmt: skip
     if not misses(load.at(top), slos):
         return {
             **out,
