@@ -178,6 +178,8 @@ def test_the_host_time_source_and_the_npu_busy_share_are_named_in_json_and_the_t
     assert "NPU busy" in out and "own-context req/s" in out
     assert "host time default: this machine's measurement (provisional)" in out
     assert "sampler assumed, not measured" in out and "decode rows ranked at the upper end" in out
+    assert "NPU busy" in sized["preset"]["description"] and "host time this machine's default" in (
+        sized["preset"]["description"])  # fmt: skip
 
 
 def test_a_measured_host_time_in_timings_json_is_used_and_named(home, tmp_path, sized):

@@ -85,7 +85,9 @@ def _figures(fig: dict[str, Any]) -> dict[str, Any]:
     return {k: fig[k] for k in keep}
 
 
-def size_one(checker: Checker, cfg: Config, row: dict[str, Any], host: HostTimeModel) -> dict[str, Any]:
+def size_one(
+    checker: Checker, cfg: Config, row: dict[str, Any], host: HostTimeModel, measured: bool = False
+) -> dict[str, Any]:
     """One candidate's capacity under the targets (and, with --rate, its fleet), and with --rate the figures each
     replica shows at its share of the rate (the whole rate on one replica without targets); at the ranked (upper)
     end of a decode step's cost, and the same at the lower end under ``own_context``."""
@@ -94,7 +96,7 @@ def size_one(checker: Checker, cfg: Config, row: dict[str, Any], host: HostTimeM
     mix = kinds(checker.work, checker.vit(cfg))
     run = (engine, model, mix, checker.work.output_tokens, needs.sim_requests, needs.seed, needs.arrivals)
     loads = {end: Load(*run, host=host, context_end=end) for end in (LONGEST, OWN)}
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"host_time": "measured" if measured else "this machine's default"}
     if needs.slos:
         out.update(_sized(loads[LONGEST], needs, row["npus"]))
         lower = _sized(loads[OWN], needs, row["npus"])
@@ -155,7 +157,7 @@ def size_candidates(
     needs = checker.needs
     host, measured = for_prediction()
     for cfg, row in items:
-        row["capacity"] = size_one(checker, cfg, row, host)
+        row["capacity"] = size_one(checker, cfg, row, host, measured)
     ranked = items
     if needs.slos:
         ranked = [
