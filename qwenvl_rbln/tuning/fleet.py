@@ -170,7 +170,8 @@ def size_candidates(
         "seed": needs.seed,
         "scheduler": SCHEDULER,
         "percentiles": PERCENTILE_RULE,
-        "arrivals": "Poisson (one seeded draw, scaled to each rate simulated)"
+        "arrivals": "Poisson, sent as vllm bench serve --request-rate R --seed S sends them (N gamma delays, "
+        "rescaled so the last leaves at N / R), one draw rescaled to each rate simulated"
         if needs.arrivals is None
         else f"the --arrivals trace ({len(needs.arrivals)} requests), its gaps scaled to each rate simulated",
         "search_top": f"{MAX_UTILISATION:.0%} of each candidate's saturation throughput" if needs.slos else None,
