@@ -231,8 +231,8 @@ def _charged(console: Any, sec: dict[str, Any]) -> None:
     if ctx.get("rule"):
         console.print(markup("[bold]decode rows[/bold] {}", ctx["rule"]), highlight=False)
     if sec.get("npu_busy_share"):
-        console.print(markup("[dim]{}: the rest is the host's time, the gap to the card's limit[/dim]",
-                             sec["npu_busy_share"]), highlight=False)  # fmt: skip
+        rest = "the rest is host time and waiting for requests: the gap to the card's limit"
+        console.print(markup("[dim]{}; {}[/dim]", sec["npu_busy_share"], rest), highlight=False)
 
 
 def _capacity(console: Any, data: dict[str, Any]) -> None:
