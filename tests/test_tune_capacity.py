@@ -106,6 +106,7 @@ def test_an_unreachable_target_exits_4_naming_it_and_by_how_much(home):
         (["--slo", "ttft_p90=2"], "--slo target 'ttft_p90=2' has no unit"),
         (["--slo", "ttft_p95=2s"], "p95 is not p50, p90 or p99"),
         (["--slo", "ttft_p90=2s", "--rate", "0"], "--rate 0.0 is not a positive request rate"),
+        (["--slo", "ttft_p90=2s", "--seed", "-1"], "--seed -1 is outside 0..4294967295"),  # numpy's seed range
     ],
 )
 def test_bad_targets_are_one_line_errors_naming_the_value_and_the_fix(home, extra, said):
