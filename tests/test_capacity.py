@@ -187,3 +187,89 @@ def test_a_runs_kinds_follow_the_mix_exactly_in_a_seeded_order():
     runs = [draw(mix, 200, seed) for seed in (0, 1)]
     assert [Counter(r.kinds) for r in runs] == [{0: 180, 1: 20}] * 2  # the rare heavy kind: exactly its share
     assert runs[0].kinds != runs[1].kinds and draw(mix, 200, 0) == runs[0]  # order: the seed's, repeatably
+
+
+def _vllm_send_times(n: int, rate: float, seed: int, monkeypatch) -> list[float]:
+    """vLLM 0.22's own ``get_request`` async generator, run as ``vllm bench serve`` runs it after seeding numpy
+    with ``--seed``: each request's send time, read off its sleeps with a clock held at 0 (so each sleep is exactly
+    the request's delay from the start) instead of sleeping."""
+    import asyncio
+    import random
+    import types
+
+    from qwenvl_rbln.backends import emulator
+
+    emulator.activate()  # vLLM's platform plugin (vllm-rbln) imports rebel
+    from vllm.benchmarks import serve
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(serve, "time", types.SimpleNamespace(time=lambda: 0.0))
+    monkeypatch.setattr(serve, "asyncio", types.SimpleNamespace(sleep=sleep))
+    random.seed(seed)
+    np.random.seed(seed)
+
+    async def collect() -> list[float]:
+        sent = []
+        async for _request, _rate in serve.get_request(list(range(n)), rate):
+            sent.append(slept[-1] if slept else 0.0)  # every delay is > 0 at a finite rate: one sleep each
+        return sent
+
+    sent = asyncio.run(collect())
+    assert len(slept) == n
+    return sent
+
+
+@pytest.mark.parametrize(("n", "rate", "seed"), [(1000, 8.09, 0), (1000, 20.0, 1), (37, 0.3, 12345)])
+def test_the_arrivals_are_vllm_bench_serves_for_the_same_seed_bit_for_bit(n, rate, seed, monkeypatch):
+    pytest.importorskip("vllm")
+    from qwenvl_rbln.tuning.capacity import draw, requests_at
+
+    expected = _vllm_send_times(n, rate, seed, monkeypatch)
+    d = draw([Kind(10, (), 1.0)], n, seed)
+    assert [r.arrival for r in requests_at([Kind(10, (), 1.0)], d, rate, 4)] == expected
+    assert expected[-1] == pytest.approx(n / rate) and expected[0] > 0  # rescaled to N / rate; the first delayed
+
+
+def test_the_draws_are_numpys_legacy_generator_without_numpy():
+    """The standard library in numpy's seeded state: the same doubles, hence the same exponentials, bit for bit."""
+    from qwenvl_rbln.tuning.capacity import _numpy_seeded, unit_exponentials
+
+    for seed in (0, 1, 2**32 - 1):
+        rs = np.random.RandomState(seed)
+        assert unit_exponentials(500, seed) == tuple(float(x) for x in rs.standard_exponential(500))
+        assert [_numpy_seeded(seed).random() for _ in range(3)][0] == np.random.RandomState(seed).random_sample()
+    with pytest.raises(InputError, match="--seed -1 is outside 0..4294967295"):
+        unit_exponentials(3, -1)
+
+
+def test_throughput_runs_from_the_benchmarks_start_and_the_npu_busy_share_is_device_over_wall():
+    from qwenvl_rbln.tuning.capacity import requests_at
+
+    load = _load()
+    fig = load.at(2.0)
+    trace = simulate(ENGINE, TOY, requests_at(MIX, load._draw, 2.0, 20))
+    assert min(r.request.arrival for r in trace.records) > 0  # vLLM delays the first request too
+    assert fig["duration_s"] == trace.end  # from 0, the benchmark's start, to the last finish
+    assert fig["requests_per_s"] == pytest.approx(200 / trace.end)
+    assert 0 < fig["npu_busy_share"] < 1 and fig["npu_busy_share"] == pytest.approx(fig["device_s"] / trace.end)
+    assert fig["host_s"] == 0.0  # host-free by default
+    from qwenvl_rbln.tuning.host_time import HostTimeModel
+
+    hosted = _load(host=HostTimeModel(prefill_base_s=0.004, decode_base_s=0.003, source="test")).at(math.inf)
+    bare = load.at(math.inf)
+    assert hosted["host_s"] > 0 and hosted["npu_busy_share"] < bare["npu_busy_share"] == pytest.approx(1.0)
+    assert hosted["requests_per_s"] < bare["requests_per_s"]
+
+
+def test_a_capacity_near_saturation_is_flagged():
+    from qwenvl_rbln.tuning.capacity import NEAR_SATURATION
+
+    cap = capacity(_load(), parse_slo("ttft_p90=100s"))  # loose: the search's top, 95 % of saturation
+    assert cap["utilisation"] == pytest.approx(0.95) and cap["utilisation"] > NEAR_SATURATION
+    assert "understates the tail" in cap["near_saturation"]
+    tight = capacity(_load(), parse_slo("ttft_p90=300ms"))
+    assert tight["utilisation"] < NEAR_SATURATION and tight["near_saturation"] is None

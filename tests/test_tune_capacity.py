@@ -106,6 +106,7 @@ def test_an_unreachable_target_exits_4_naming_it_and_by_how_much(home):
         (["--slo", "ttft_p90=2"], "--slo target 'ttft_p90=2' has no unit"),
         (["--slo", "ttft_p95=2s"], "p95 is not p50, p90 or p99"),
         (["--slo", "ttft_p90=2s", "--rate", "0"], "--rate 0.0 is not a positive request rate"),
+        (["--slo", "ttft_p90=2s", "--seed", "-1"], "--seed -1 is outside 0..4294967295"),  # numpy's seed range
     ],
 )
 def test_bad_targets_are_one_line_errors_naming_the_value_and_the_fix(home, extra, said):
@@ -157,3 +158,49 @@ def test_the_workload_mix_becomes_request_kinds_with_packed_vit_calls():
     assert got == {(330, (1024,)): 5.0, (310, (1024,)): 3.0, (860, (1024, 1024, 1024)): 2.0}
     # an image larger than every bucket cannot be served: it is left out, as tune's estimate leaves it
     assert {(k.prompt, k.vit) for k in kinds(work, [512])} == {(310, (512, 512))}
+
+
+def test_the_host_time_source_and_the_npu_busy_share_are_named_in_json_and_the_table(home, sized):
+    """No host_time in timings.json: the named default (this machine's measurement), never 0 in silence; every row
+    its NPU busy share at capacity, and its capacity at the other context end."""
+    sec = sized["capacity"]
+    host = sec["host_time"]
+    assert host["measured"] is False and host["source"].startswith("default: this machine's measurement")
+    assert host["seconds"]["decode_base_s"] > 0 and host["host"]["cpu"]
+    assert "assumed, not measured" in sec["sampler"]
+    assert sec["decode_context"]["ranked"] == "longest" and sec["npu_busy_share"].startswith("NPU busy share")
+    for row in sized["candidates"]:
+        cap = row["capacity"]
+        assert 0 < cap["npu_busy_share"] < 1 and cap["at_capacity"]["npu_busy_share"] == cap["npu_busy_share"]
+        assert cap["own_context"]["capacity_rps"] >= 0.99 * cap["capacity_rps"]  # the lower end serves no less
+    res = _tune(home, "--slo", "ttft_p90=150ms,tpot_p99=100ms", "--rate", "20")
+    assert res.exit_code == 0, res.stderr
+    out = " ".join(res.stdout.split())
+    assert "NPU busy" in out and "own-context req/s" in out
+    assert "host time default: this machine's measurement (provisional)" in out
+    assert "sampler assumed, not measured" in out and "decode rows ranked at the upper end" in out
+    assert "NPU busy" in sized["preset"]["description"] and "host time this machine's default" in (
+        sized["preset"]["description"])  # fmt: skip
+
+
+def test_a_measured_host_time_in_timings_json_is_used_and_named(home, tmp_path, sized):
+    from qwenvl_rbln.tuning.host_time import SECTION
+    from qwenvl_rbln.tuning.measured import EMULATED, FORMAT, REAL, VERSION
+
+    slow = {"prefill_base_s": 0.02, "decode_base_s": 0.02, "source": "measured on host-x at scale 1",
+            "measured_at": "2026-12-06T05:00:00Z", "host": {"cpu": "test cpu"}}  # fmt: skip
+    doc = {"format": FORMAT, "version": VERSION, REAL: {}, EMULATED: {}, SECTION: {"host-x": slow}}
+    (tmp_path / "timings.json").write_text(json.dumps(doc))
+    res = run_qvl("tune", "-w", str(home / "w.jsonl"), *ARGS, "--slo", "ttft_p90=150ms,tpot_p99=100ms", "--rate",
+                  "20", "--json", env={"QVL_HOME": str(tmp_path)})  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    got = json.loads(res.stdout)
+    host = got["capacity"]["host_time"]
+    assert host["measured"] is True and host["source"] == "measured on host-x at scale 1"
+    assert host["seconds"]["decode_base_s"] == 0.02 and host["host"] == {"cpu": "test cpu"}
+    # 20 ms of host per step against the default's 3-4 ms: every row serves less, and its NPU is idler
+    defaults = {(r["batch_size"], r["npus"]): r for r in sized["candidates"]}
+    for mine in got["candidates"]:
+        default = defaults[(mine["batch_size"], mine["npus"])]
+        assert mine["capacity"]["capacity_rps"] < default["capacity"]["capacity_rps"]
+        assert mine["capacity"]["npu_busy_share"] < default["capacity"]["npu_busy_share"]

@@ -59,7 +59,12 @@ def register(app: typer.Typer) -> None:
             "candidate's simulated TTFT/TPOT/latency percentiles on one replica at that rate.",
         ),
         sim_requests: int = typer.Option(1000, "--sim-requests", help="Requests per simulated run (--slo, --rate)."),
-        seed: int = typer.Option(0, "--seed", help="The simulated runs' seed (--slo, --rate): same seed, same answer."),
+        seed: int = typer.Option(
+            0,
+            "--seed",
+            help="The simulated runs' seed (--slo, --rate): same seed, same answer; the arrivals are those `vllm "
+            "bench serve --seed` sends.",
+        ),
         arrivals: Path = typer.Option(
             None,
             "--arrivals",

@@ -5,13 +5,22 @@
   (e2el) percentiles with ``numpy.percentile``'s default (linear) method, which is what ``vllm bench serve``
   calls (``vllm/benchmarks/serve.py::calculate_metrics``, ``np.percentile(ttfts or 0, p)``); ``percentile`` is
   a literal port (qvl's core install has no numpy), checked bit for bit against numpy in the tests. Throughput
-  over the run from the first arrival to the last finish.
+  over the run from the benchmark's start (time 0, before the first delayed arrival, as vLLM's duration) to the
+  last finish; the NPU busy share (device time / that wall time).
+- Arrivals: ``send_times`` is ``vllm bench serve``'s ``get_request`` (``--request-rate R``, burstiness 1, no
+  ramp-up) to the bit for the same ``--seed``: N gamma(1, 1/R) delays from numpy's legacy global generator after
+  ``np.random.seed(seed)``, cumulated, then rescaled so the last request is sent at exactly N / R. numpy is not
+  needed for that: numpy seeds its MT19937 from an integer with ``init_genrand`` and draws a legacy double and an
+  exponential (``-log(1 - U)``) exactly as CPython's ``random`` does, so ``_numpy_seeded`` puts the standard
+  library's generator in numpy's state and the draws match bit for bit (checked against vLLM's own
+  ``get_request`` in the tests). It assumes, as for vLLM's random and ShareGPT datasets, that nothing drew from
+  numpy's global generator between the seeding and the sending.
 - ``capacity``: the largest Poisson arrival rate one replica sustains with every target met, by bisection over the
   serving simulator (``tuning.simulate``) with one seed and one draw of requests scaled to each rate (common
   random numbers), so the search is deterministic and its figure moves smoothly with the rate. It is capped at
   ``MAX_UTILISATION`` of the replica's saturation throughput (every request queued at once): at and near that
   rate the queue grows for the whole run, so a finite run's percentiles understate what a long one sees, however
-  loose the targets are.
+  loose the targets are. Below the cap they still do (``NEAR_SATURATION``): a capacity above it is flagged.
 
 Like Vidur (Agrawal et al., MLSys 2024): a scheduler simulation fed by per-graph device times, searched for the
 largest rate under the targets.
@@ -20,6 +29,7 @@ largest rate under the targets.
 from __future__ import annotations
 
 import math
+import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +38,8 @@ from typing import Any
 
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.tuning.device_time import DeviceTimeModel
-from qwenvl_rbln.tuning.simulate import Engine, Request, Trace, simulate
+from qwenvl_rbln.tuning.host_time import HOST_FREE, HostTimeModel
+from qwenvl_rbln.tuning.simulate import LONGEST, Engine, Request, StepCosts, Trace, simulate
 
 METRICS = ("ttft", "tpot", "latency")
 PERCENTILES = (50, 90, 99)
@@ -36,6 +47,14 @@ EXAMPLE = "e.g. --slo ttft_p90=2s,tpot_p99=100ms"
 DEFAULT_REQUESTS = 1000
 DEFAULT_SEED = 0
 MAX_UTILISATION = 0.95  # the search's top, as a fraction of the saturation throughput
+# A capacity above this fraction of saturation rests on tail percentiles a finite run understates: the upstream
+# audit (2026-12-06, O5) measured TTFT p90 141 ms at 1,000 requests against 159 ms at 16,000, at 85 % of saturation.
+NEAR_SATURATION = 0.8
+NEAR_SATURATION_TEXT = (
+    "above {:.0%} of saturation a finite run understates the tail (an audit found TTFT p90 11 % low at 85 % with "
+    "1,000 requests): rerun with more --sim-requests and other --seed values before relying on it"
+)
+MAX_SEED = 2**32 - 1  # numpy's np.random.seed range, which vllm bench serve's --seed goes to
 _TARGET = re.compile(r"(?P<metric>[a-z]+)_p(?P<pct>\d+)=(?P<num>[0-9]*\.?[0-9]+(?:e[-+]?\d+)?)(?P<unit>ms|s)?")
 
 
@@ -147,15 +166,16 @@ def percentile(values: Sequence[float], q: float) -> float:
     return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 
 
-def metrics(trace: Trace) -> dict[str, Any]:
-    """The figures ``vllm bench serve`` prints, in seconds, for a simulated run."""
+def metrics(trace: Trace, start: float | None = None) -> dict[str, Any]:
+    """The figures ``vllm bench serve`` prints, in seconds, for a simulated run; the duration from ``start`` (None:
+    the first arrival) to the last finish. Also the NPU busy share: device time / wall time from 0."""
     recs = trace.records
     series = {
         "ttft": [r.ttft for r in recs],
         "tpot": [t for r in recs if (t := r.tpot) is not None],
         "latency": [r.latency for r in recs],
     }
-    start = min(r.request.arrival for r in recs)
+    start = min(r.request.arrival for r in recs) if start is None else start
     duration = max(r.finish for r in recs) - start
     out: dict[str, Any] = {"requests": len(recs), "duration_s": duration}
     for name, vals in series.items():
@@ -167,6 +187,8 @@ def metrics(trace: Trace) -> dict[str, Any]:
     out["requests_per_s"] = len(recs) / duration if duration > 0 else math.inf
     out["output_tokens_per_s"] = tokens / duration if duration > 0 else math.inf
     out["preemptions"] = sum(r.preemptions for r in recs)
+    out["npu_busy_share"] = trace.npu_busy_share
+    out["device_s"], out["host_s"] = trace.device_s, trace.host_s
     return out
 
 
@@ -194,28 +216,67 @@ class Kind:
 
 @dataclass(frozen=True)
 class Draw:
-    """One seeded draw of a run: unit-rate gaps between arrivals (the first request at 0) and each request's kind."""
+    """One seeded draw of a run and each request's kind. Poisson: one unit exponential per request (``send_times``
+    makes vLLM's send times of them at any rate). A replayed trace: its gaps scaled to a mean of 1, first at 0."""
 
     gaps: tuple[float, ...]
     kinds: tuple[int, ...]
+    poisson: bool = True
+
+
+def _numpy_seeded(seed: int) -> random.Random:
+    """The standard library's generator in the state ``np.random.seed(seed)`` leaves numpy's legacy MT19937 in:
+    numpy seeds an integer with ``init_genrand`` (Python's own ``seed`` uses ``init_by_array``), 624 words with the
+    next draw regenerating them. ``random()`` then gives numpy's legacy doubles (both are genrand_res53)."""
+    if not 0 <= seed <= MAX_SEED:
+        raise InputError(
+            f"--seed {seed} is outside 0..{MAX_SEED}", "vllm bench serve seeds numpy with it: give one in range"
+        )
+    mt = [seed]
+    for i in range(1, 624):
+        prev = mt[-1]
+        mt.append((1812433253 * (prev ^ (prev >> 30)) + i) & 0xFFFFFFFF)
+    rng = random.Random()
+    rng.setstate((3, (*mt, 624), None))
+    return rng
+
+
+def unit_exponentials(n: int, seed: int) -> tuple[float, ...]:
+    """numpy's legacy ``standard_exponential`` after ``np.random.seed(seed)``: ``-log(1 - U)``, bit for bit."""
+    rng = _numpy_seeded(seed)
+    return tuple(-math.log(1.0 - rng.random()) for _ in range(n))
+
+
+def send_times(exponentials: Sequence[float], rate: float) -> list[float]:
+    """When ``vllm bench serve --request-rate rate`` sends each request, from the benchmark's start: its
+    ``get_request`` (burstiness 1, no ramp-up) step for step, ``np.random.gamma(1, theta)`` being theta x a unit
+    exponential; all at 0 at an infinite rate."""
+    if not math.isfinite(rate):
+        return [0.0] * len(exponentials)
+    theta = 1.0 / (rate * 1.0)
+    delay_ts = [theta * e for e in exponentials]
+    for i in range(1, len(delay_ts)):
+        delay_ts[i] += delay_ts[i - 1]
+    if delay_ts and delay_ts[-1] != 0:
+        normalize_factor = (len(delay_ts) / rate) / delay_ts[-1]
+        delay_ts = [delay * normalize_factor for delay in delay_ts]
+    return delay_ts
 
 
 def draw(mix: Sequence[Kind], n: int, seed: int, arrivals: Sequence[float] | None = None) -> Draw:
-    """Poisson gaps (unit rate), or a replayed trace's gaps scaled to a mean of 1 (its shape, at any rate); the
-    requests' kinds in the mix's proportions (``apportion``), in an order shuffled with ``seed``."""
-    import random
-
-    rng = random.Random(seed)  # the standard library's: qvl's core install has no numpy
+    """vllm bench serve's Poisson delays for ``seed`` (``unit_exponentials``), or a replayed trace's gaps scaled to a
+    mean of 1 (its shape, at any rate); the requests' kinds in the mix's proportions (``apportion``), in an order
+    shuffled with ``seed`` (the standard library's own seeding, apart from the arrivals)."""
     if arrivals is not None:
         n = len(arrivals)
         diffs = [float(b) - float(a) for a, b in zip(arrivals, arrivals[1:], strict=False)]
         mean = sum(diffs) / len(diffs)
-        gaps = [d / mean for d in diffs]
+        gaps, poisson = tuple(d / mean for d in diffs), False
     else:
-        gaps = [rng.expovariate(1.0) for _ in range(max(n - 1, 0))]
+        gaps, poisson = unit_exponentials(n, seed), True
     kinds = apportion([k.weight for k in mix], n)
-    rng.shuffle(kinds)
-    return Draw(tuple(gaps), tuple(kinds))
+    random.Random(seed).shuffle(kinds)
+    return Draw(gaps, tuple(kinds), poisson)
 
 
 def apportion(weights: Sequence[float], n: int) -> list[int]:
@@ -232,13 +293,17 @@ def apportion(weights: Sequence[float], n: int) -> list[int]:
 
 
 def requests_at(mix: Sequence[Kind], d: Draw, rate: float, output: int) -> list[Request]:
-    """The draw's requests as a Poisson process at ``rate`` requests/s (``math.inf``: all at once)."""
-    t, out = 0.0, []
-    for i, k in enumerate(d.kinds):
-        if i:
-            t = t + d.gaps[i - 1] / rate if math.isfinite(rate) else 0.0
-        out.append(Request(t, mix[k].prompt, output, mix[k].vit))
-    return out
+    """The draw's requests at ``rate`` requests/s (``math.inf``: all at once): sent as vllm bench serve sends them,
+    or a replayed trace's shape (first at 0)."""
+    if d.poisson:
+        times = send_times(d.gaps, rate)
+    else:
+        times, t = [], 0.0
+        for i in range(len(d.kinds)):
+            if i:
+                t = t + d.gaps[i - 1] / rate if math.isfinite(rate) else 0.0
+            times.append(t)
+    return [Request(t, mix[k].prompt, output, mix[k].vit) for t, k in zip(times, d.kinds, strict=True)]
 
 
 def replay(mix: Sequence[Kind], arrivals: Sequence[float], output: int, seed: int) -> list[Request]:
@@ -261,16 +326,19 @@ class Load:
     requests: int = DEFAULT_REQUESTS
     seed: int = DEFAULT_SEED
     arrivals: tuple[float, ...] | None = None  # a replayed trace (its shape scaled to each rate), else Poisson
+    host: HostTimeModel = HOST_FREE
+    context_end: str = LONGEST
 
     def __post_init__(self) -> None:
         self._draw = draw(self.mix, self.requests, self.seed, self.arrivals)
         self._runs: dict[float, dict[str, Any]] = {}
+        self._costs = StepCosts(self.engine, self.model, self.host, self.context_end)
 
     def at(self, rate: float) -> dict[str, Any]:
         if rate not in self._runs:
-            self._runs[rate] = metrics(
-                simulate(self.engine, self.model, requests_at(self.mix, self._draw, rate, self.output))
-            )
+            reqs = requests_at(self.mix, self._draw, rate, self.output)
+            trace = simulate(self.engine, self.model, reqs, costs=self._costs)
+            self._runs[rate] = metrics(trace, start=0.0)
         return self._runs[rate]
 
 
@@ -284,10 +352,12 @@ def capacity(load: Load, slos: list[Slo], *, rel_tol: float = 0.01, max_iter: in
     missed = misses(at_light, slos)
     out: dict[str, Any] = {"saturation_rps": saturated, "requests": load.requests, "seed": load.seed}
     if missed:
-        return {**out, "capacity_rps": 0.0, "unreachable": missed, "at_lightest": at_light}
+        return {**out, **_utilisation(0.0, saturated), "capacity_rps": 0.0, "unreachable": missed,
+                "at_lightest": at_light}  # fmt: skip
     if not misses(load.at(top), slos):
         return {
             **out,
+            **_utilisation(top, saturated),
             "capacity_rps": top,
             "binding": f"throughput: every target met at {MAX_UTILISATION:.0%} of saturation",
             "at_capacity": load.at(top),
@@ -302,7 +372,15 @@ def capacity(load: Load, slos: list[Slo], *, rel_tol: float = 0.01, max_iter: in
         else:
             lo = mid
     binding = misses(load.at(hi), slos)
-    return {**out, "capacity_rps": lo, "binding": ", ".join(m["target"] for m in binding), "at_capacity": load.at(lo)}
+    return {**out, **_utilisation(lo, saturated), "capacity_rps": lo,
+            "binding": ", ".join(m["target"] for m in binding), "at_capacity": load.at(lo)}  # fmt: skip
+
+
+def _utilisation(rate: float, saturated: float) -> dict[str, Any]:
+    """The capacity as a share of saturation, and the warning when a finite run's tail is not to be trusted."""
+    share = rate / saturated if saturated > 0 else 0.0
+    near = NEAR_SATURATION_TEXT.format(NEAR_SATURATION) if share > NEAR_SATURATION else None
+    return {"utilisation": share, "near_saturation": near}
 
 
 def fleet(capacity_rps: float, rate: float, npus_per_replica: int) -> dict[str, Any]:

@@ -12,12 +12,17 @@ subprocess and rebuilds the same figures there):
   the bound (``tuning.measured_roofline``, as tune does).
 - ``linear``: declared coefficients (a toy model for hand-worked schedules and tests).
 
+Besides the graphs, ``sampler(rows)``: vllm-rbln's compiled sampler, one NPU call per engine step. No measured or
+published figure exists: the roofline kinds use ``roofline.SAMPLER_ASSUMPTION`` (stated wherever it is printed),
+a linear model its declared ``sampler`` coefficients (default none).
+
 Pure: no torch, no vLLM. The emulator's time scale is the emulator's, not part of a device time.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,8 +40,11 @@ class DeviceTimeModel:
     - ``vit(bucket)``: one ViT call at a visual ``max_seq_len`` bucket (patches);
     - ``prefill(chunk, context)``: one prefill chunk call of ``chunk`` (= prefill_chunk_size) tokens, ``context``
       tokens in the KV cache after it (so the first chunk of a prompt is at ``context == chunk``);
-    - ``decode(batch, context, rows=None)``: one call of the decoder graph compiled at ``batch`` rows, at
-      ``context`` (the longest row's position); ``rows`` real rows (default: all ``batch``).
+    - ``decode(batch, context, rows=None)``: one call of the decoder graph compiled at ``batch`` rows. ``context``
+      is either one number, every real row at it (``rows`` of them, default all ``batch``: the upper end when it is
+      the longest row's), or each real row's own context (a sequence: the rows are its length). Tokens in the KV
+      cache after the step: a row at ``cache_position`` p is at context p + 1;
+    - ``sampler(rows)``: one sampler call on ``rows`` rows of logits (``sampler_source`` says what it rests on).
     """
 
     name: str
@@ -53,8 +61,19 @@ class DeviceTimeModel:
     def prefill(self, chunk: int, context: int) -> float:
         return float(self._backend.prefill(int(chunk), int(context)))
 
-    def decode(self, batch: int, context: int, rows: int | None = None) -> float:
-        return float(self._backend.decode(int(batch), int(context), int(batch if rows is None else rows)))
+    def decode(self, batch: int, context: float | Sequence[int], rows: int | None = None) -> float:
+        if isinstance(context, int | float):
+            return float(self._backend.decode(int(batch), float(context), int(batch if rows is None else rows)))
+        contexts = [int(c) for c in context]
+        n = len(contexts)  # the cost is linear in rows x context: the rows at their mean context cost the same
+        return float(self._backend.decode(int(batch), sum(contexts) / n if n else 0.0, n))
+
+    def sampler(self, rows: int) -> float:
+        return float(self._backend.sampler(int(rows)))
+
+    @property
+    def sampler_source(self) -> str:
+        return str(self._backend.sampler_source)
 
     def prompt(self, tokens: int, chunk: int) -> float:
         """Every chunk of one prompt of ``tokens`` tokens: ceil(tokens / chunk) calls, each compiled at ``chunk``."""
@@ -85,6 +104,16 @@ class _Linear:
     vit_c: tuple[float, float]
     prefill_c: tuple[float, float, float]
     decode_c: tuple[float, float, float]
+    sampler_c: tuple[float, float] = (0.0, 0.0)  # s0 + s1 x rows
+
+    @property
+    def sampler_source(self) -> str:
+        if not any(self.sampler_c):
+            return "declared: none (0 s)"
+        return f"declared: {self.sampler_c[0]:g} s + {self.sampler_c[1]:g} s per row"
+
+    def sampler(self, rows: int) -> float:
+        return self.sampler_c[0] + self.sampler_c[1] * rows
 
     def vit(self, bucket: int) -> float:
         return self.vit_c[0] + self.vit_c[1] * bucket
@@ -92,7 +121,7 @@ class _Linear:
     def prefill(self, chunk: int, context: int) -> float:
         return self.prefill_c[0] + self.prefill_c[1] * chunk + self.prefill_c[2] * context
 
-    def decode(self, batch: int, context: int, rows: int) -> float:
+    def decode(self, batch: int, context: float, rows: int) -> float:
         return self.decode_c[0] + self.decode_c[1] * batch + self.decode_c[2] * rows * context
 
 
@@ -111,8 +140,17 @@ class _Roof:
                              "ask the time model at the artifact's prefill_chunk_size")  # fmt: skip
         return self.roof.prefill_chunk(max(0, context - chunk), self.block)
 
-    def decode(self, batch: int, context: int, rows: int) -> float:
+    def decode(self, batch: int, context: float, rows: int) -> float:
         return self.roof.decode_step(batch, rows, float(context), self.block)
+
+    def sampler(self, rows: int) -> float:
+        return self.roof.sampler_call(rows)
+
+    @property
+    def sampler_source(self) -> str:
+        from qwenvl_rbln.tuning.roofline import SAMPLER_ASSUMPTION
+
+        return SAMPLER_ASSUMPTION
 
 
 def _coeffs(spec: dict[str, Any], key: str, n: int) -> tuple[float, ...]:
@@ -128,7 +166,8 @@ def _coeffs(spec: dict[str, Any], key: str, n: int) -> tuple[float, ...]:
 def _build(spec: dict[str, Any]) -> Any:
     kind = spec.get("kind")
     if kind == "linear":
-        return _Linear(_coeffs(spec, "vit", 2), _coeffs(spec, "prefill", 3), _coeffs(spec, "decode", 3))  # type: ignore[arg-type]
+        sampler = _coeffs(spec, "sampler", 2) if "sampler" in spec else (0.0, 0.0)
+        return _Linear(_coeffs(spec, "vit", 2), _coeffs(spec, "prefill", 3), _coeffs(spec, "decode", 3), sampler)  # type: ignore[arg-type]
     if kind in ("roofline", "timings"):
         return _Roof(_roofline(spec), int(spec["block"]))
     raise InputError(f"device-time model kind {kind!r} is not one of {', '.join(KINDS)}", "use roofline or timings")
@@ -209,9 +248,12 @@ def time_model_for_artifact(artifact: Path, *, timings: Path | None = None, mode
 
 def linear_model(vit: tuple[float, float] = (0.0, 0.0), prefill: tuple[float, float, float] = (0.0, 0.0, 0.0),
                  decode: tuple[float, float, float] = (0.0, 0.0, 0.0), name: str = "declared linear times",
-                 ) -> DeviceTimeModel:  # fmt: skip
+                 sampler: tuple[float, float] = (0.0, 0.0)) -> DeviceTimeModel:  # fmt: skip
     """A declared toy model (hand-worked schedules): see ``_Linear``."""
-    return DeviceTimeModel(name, {"kind": "linear", "vit": list(vit), "prefill": list(prefill), "decode": list(decode)})
+    spec = {"kind": "linear", "vit": list(vit), "prefill": list(prefill), "decode": list(decode)}
+    if any(sampler):
+        spec["sampler"] = list(sampler)
+    return DeviceTimeModel(name, spec)
 
 
 def from_roofline(roof: Any, block: int, name: str) -> DeviceTimeModel:

@@ -7,6 +7,13 @@ plus --prompt-tokens), fed by the same figures tune ranks by (``MeasuredRoofline
 timings.json has them, a MoE at its high end) through ``tuning.device_time``. ``tuning.capacity`` searches the
 largest rate per replica that meets every target.
 
+Every step is charged its host time too (``tuning.host_time``: timings.json's measured ``host_time`` entry, else
+``host_time.DEFAULT``, named as this machine's provisional measurement) and the sampler's device call (an
+assumption, stated). Each row is ranked at the upper end of a decode step's cost (every row at the longest row's
+context, as a MoE is ranked at its high end: a capacity promised at the lower end might not hold) and also sized
+at the lower end (each row at its own context), shown beside it. Its NPU busy share at capacity (device time /
+wall time) says how much of the card the host leaves unused.
+
 Placement: vllm-rbln runs a request's ViT calls inside its prefill step whichever NPU they run on, so a replica
 with the ViT on its own NPU serves no faster in the simulation and needs two NPUs per replica.
 """
@@ -19,8 +26,9 @@ from typing import Any
 from qwenvl_rbln.errors import DoesNotFit
 from qwenvl_rbln.tuning.capacity import MAX_UTILISATION, Kind, Load, capacity, fleet, unreachable_text
 from qwenvl_rbln.tuning.device_time import DeviceTimeModel, from_roofline
+from qwenvl_rbln.tuning.host_time import COEFFICIENTS, HostTimeModel, for_prediction
 from qwenvl_rbln.tuning.search import Checker, Config
-from qwenvl_rbln.tuning.simulate import Engine
+from qwenvl_rbln.tuning.simulate import CONTEXT_ENDS, LONGEST, OWN, Engine
 from qwenvl_rbln.tuning.workload import Work
 from qwenvl_rbln.vision.buckets import select_bucket
 from qwenvl_rbln.vision.packing import slot, uniform_packs
@@ -30,6 +38,12 @@ SCHEDULER = (
     "vllm-rbln 0.11.1a1's optimum scheduler, simulated: one prefill at a time and first (ViT calls, then the "
     "prompt in prefill_chunk_size chunks), decode steps wait while it runs, up to batch_size requests on the "
     "smallest decoder graph that holds them, KV blocks admitted per request"
+)
+BUSY = "NPU busy share: device time (every graph call and the sampler) / wall time of the simulated run"
+RANKED_END = (
+    "ranked at the upper end (every decode row at the longest row's context), as a MoE at its high end: what an "
+    "RBLN decode costs a shorter row is unknown, and a capacity promised at the lower end might not hold; the lower "
+    "end (each row at its own context, the roofline's bound) is shown beside it"
 )
 
 
@@ -67,29 +81,32 @@ def time_model(checker: Checker, cfg: Config) -> DeviceTimeModel:
 
 
 def _figures(fig: dict[str, Any]) -> dict[str, Any]:
-    keep = ("ttft", "tpot", "latency", "requests_per_s", "output_tokens_per_s", "preemptions")
+    keep = ("ttft", "tpot", "latency", "requests_per_s", "output_tokens_per_s", "preemptions", "npu_busy_share")
     return {k: fig[k] for k in keep}
 
 
-def size_one(checker: Checker, cfg: Config, row: dict[str, Any]) -> dict[str, Any]:
+def size_one(
+    checker: Checker, cfg: Config, row: dict[str, Any], host: HostTimeModel, measured: bool = False
+) -> dict[str, Any]:
     """One candidate's capacity under the targets (and, with --rate, its fleet), and with --rate the figures each
-    replica shows at its share of the rate (the whole rate on one replica without targets)."""
+    replica shows at its share of the rate (the whole rate on one replica without targets); at the ranked (upper)
+    end of a decode step's cost, and the same at the lower end under ``own_context``."""
     needs = checker.needs
-    load = Load(
-        engine_for(cfg, row, checker.roof.chunk),
-        time_model(checker, cfg),
-        kinds(checker.work, checker.vit(cfg)),
-        checker.work.output_tokens,
-        needs.sim_requests,
-        needs.seed,
-        needs.arrivals,
-    )
-    out: dict[str, Any] = {}
+    engine, model = engine_for(cfg, row, checker.roof.chunk), time_model(checker, cfg)
+    mix = kinds(checker.work, checker.vit(cfg))
+    run = (engine, model, mix, checker.work.output_tokens, needs.sim_requests, needs.seed, needs.arrivals)
+    loads = {end: Load(*run, host=host, context_end=end) for end in (LONGEST, OWN)}
+    out: dict[str, Any] = {"host_time": "measured" if measured else "this machine's default"}
     if needs.slos:
-        out.update(_sized(load, needs, row["npus"]))
+        out.update(_sized(loads[LONGEST], needs, row["npus"]))
+        lower = _sized(loads[OWN], needs, row["npus"])
+        out["own_context"] = {k: lower.get(k) for k in ("capacity_rps", "capacity_per_npu_rps", "npu_busy_share",
+                                                          "binding", "replicas", "npus")}  # fmt: skip
     if needs.rate is not None:
         share = needs.rate / (out.get("replicas") or 1)
-        out["at_rate"] = {"replica_rps": share, **_figures(load.at(share))}
+        out["at_rate"] = {"replica_rps": share, **_figures(loads[LONGEST].at(share))}
+        own_share = needs.rate / ((out.get("own_context") or {}).get("replicas") or 1)
+        out.setdefault("own_context", {})["at_rate"] = {"replica_rps": own_share, **_figures(loads[OWN].at(own_share))}
     return out
 
 
@@ -98,7 +115,10 @@ def _sized(load: Load, needs: Any, npus: int) -> dict[str, Any]:
     out: dict[str, Any] = {
         "capacity_rps": cap["capacity_rps"],
         "capacity_per_npu_rps": cap["capacity_rps"] / npus,
+        "npu_busy_share": (cap.get("at_capacity") or {}).get("npu_busy_share"),
         "saturation_rps": cap["saturation_rps"],
+        "utilisation": cap.get("utilisation"),
+        "near_saturation": cap.get("near_saturation"),
         "binding": cap.get("binding"),
         "unreachable": cap.get("unreachable"),
         "unreachable_text": unreachable_text(cap["unreachable"]) if cap.get("unreachable") else None,
@@ -108,6 +128,16 @@ def _sized(load: Load, needs: Any, npus: int) -> dict[str, Any]:
     if needs.rate is not None:
         out.update(fleet(cap["capacity_rps"], needs.rate, npus))
     return out
+
+
+def host_section(host: HostTimeModel, measured: bool) -> dict[str, Any]:
+    """The host-time model a prediction used, for --json and the table's footer: never 0 in silence."""
+    return {
+        "source": host.source,
+        "measured": measured,
+        "seconds": {k: getattr(host, k) for k in COEFFICIENTS},
+        "host": dict(host.host),
+    }
 
 
 def _key(needs: Any, item: tuple[int, Config, dict[str, Any]]) -> tuple:
@@ -125,8 +155,9 @@ def size_candidates(
     """Every candidate sized and ranked (by NPUs for --rate, else by capacity per NPU); the document's
     ``capacity`` section; the error when no candidate meets the targets at any rate."""
     needs = checker.needs
+    host, measured = for_prediction()
     for cfg, row in items:
-        row["capacity"] = size_one(checker, cfg, row)
+        row["capacity"] = size_one(checker, cfg, row, host, measured)
     ranked = items
     if needs.slos:
         ranked = [
@@ -139,7 +170,8 @@ def size_candidates(
         "seed": needs.seed,
         "scheduler": SCHEDULER,
         "percentiles": PERCENTILE_RULE,
-        "arrivals": "Poisson (one seeded draw, scaled to each rate simulated)"
+        "arrivals": "Poisson, sent as vllm bench serve --request-rate R --seed S sends them (N gamma delays, "
+        "rescaled so the last leaves at N / R), one draw rescaled to each rate simulated"
         if needs.arrivals is None
         else f"the --arrivals trace ({len(needs.arrivals)} requests), its gaps scaled to each rate simulated",
         "search_top": f"{MAX_UTILISATION:.0%} of each candidate's saturation throughput" if needs.slos else None,
@@ -147,6 +179,10 @@ def size_candidates(
         if needs.slos
         else "the estimate (no --slo: the figures at --rate are predictions, not a ranking)",
         "time_model": time_model(checker, items[0][0]).name if items else None,
+        "host_time": host_section(host, measured),
+        "sampler": time_model(checker, items[0][0]).sampler_source if items else None,
+        "decode_context": {"ranked": LONGEST, "also": OWN, "ends": dict(CONTEXT_ENDS), "rule": RANKED_END},
+        "npu_busy_share": BUSY,
     }
     error = None
     if not needs.slos:

@@ -81,6 +81,42 @@ class HostTimeModel:
 
 HOST_FREE = HostTimeModel()
 
+# ---- DEFAULT: the figure a prediction uses when timings.json has no host_time entry (never 0 in silence) --------
+# PROVISIONAL: this machine's measurement so far, the one figure the fidelity runs gave (bench_fidelity.py's
+# host_step_s: the median wall gap before each engine step's first graph call, 3-5 ms over its 9 runs), split here
+# by hand into a decode and a prefill base. The per-row, per-token and per-image terms were not measured apart: 0
+# until the device-speed emulator's measurement (``record``) replaces these numbers.
+DEFAULT = HostTimeModel(
+    prefill_base_s=4e-3,
+    prefill_per_token_s=0.0,
+    prefill_per_image_s=0.0,
+    decode_base_s=3e-3,
+    decode_per_row_s=0.0,
+    source=(
+        "default: this machine's measurement (provisional), not an NPU host's: 3-5 ms of wall time per engine "
+        "step, the host gap benchmarks/bench_fidelity.py measured (host_step_s) in 9 timed-emulator runs of vLLM "
+        "0.22 + vllm-rbln 0.11.1a1 (batch 2-8) on an Intel Xeon, 2 cores shared (load average 10-12); taken as "
+        "3 ms per decode step, 4 ms per prefill step"
+    ),
+    host={
+        "cpu": "Intel(R) Xeon(R) Processor",
+        "cores": 2,
+        "load_average": "10-12",
+        "measured_by": "benchmarks/bench_fidelity.py host_step_s (timed emulator, scale 3000)",
+    },  # fmt: skip
+)
+
+
+def for_prediction(path: Path | None = None) -> tuple[HostTimeModel, bool]:
+    """The host-time model a prediction uses: timings.json's newest ``host_time`` entry (``path``, default qvl's
+    timings.json), else ``DEFAULT``; and whether it was measured (recorded) rather than the default."""
+    if path is None:
+        from qwenvl_rbln.tuning.measured import timings_path
+
+        path = timings_path()
+    found = recorded(path)
+    return (found, True) if found is not None else (DEFAULT, False)
+
 
 def read_section(path: Path) -> dict[str, Any]:
     """timings.json's host-time entries ({} when the file or the section is missing)."""

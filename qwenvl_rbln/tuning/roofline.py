@@ -12,7 +12,11 @@ which uses them instead and says so.
 - Prefill chunk: 2 x (params - lm_head) x chunk rows + 2 x lm_head (optimum-rbln 0.12 computes the logits of one
   row per chunk: ``logits_to_keep`` 1) + attention over the context so far, against weights + KV read.
 - Decode step on graph G with b real rows at context c: 2 x params x G + attention 4 x layers x heads x head_dim
-  x b x c, against weights (MoE: the experts the rows route to) + b x c x KV bytes per token.
+  x b x c, against weights (MoE: the experts the rows route to) + b x c x KV bytes per token. Linear in b x c, so
+  rows at their own contexts cost exactly b rows at their mean context (``tuning.device_time`` passes it).
+- Sampler call (vllm-rbln's compiled sampler, one NPU call per engine step, ``VLLM_RBLN_SAMPLER`` on by default):
+  an ASSUMPTION, not a bound of a known graph: reading the logits (rows x vocab x 2 bytes) at the peak bandwidth,
+  plus ``SAMPLER_LAUNCH_S`` per call (``SAMPLER_ASSUMPTION`` says so wherever it is used).
 
 A MoE model has two ends (``dense_experts``): the low one assumes ``custom_moe_glu`` computes and reads only the
 routed experts; the high one that it computes every expert densely (it takes every expert's buffers and a dense
@@ -31,6 +35,14 @@ from qwenvl_rbln.planning.catalogue.modelinfo import ModelGeometry
 from qwenvl_rbln.vision.buckets import vit_flops
 
 LABEL = "roofline bound, not measured"
+# No Rebel100 sampler timing is published and qvl profile does not time it: an assumed fixed cost per call (the
+# runtime's launch and the top-k/top-p kernel's fixed work), of the order of a device-call launch. Provisional.
+SAMPLER_LAUNCH_S = 20e-6
+SAMPLER_ASSUMPTION = (
+    "assumed, not measured: one compiled-sampler call per engine step (vllm-rbln's VLLM_RBLN_SAMPLER, on by "
+    "default; rbln_sampler.py) = reading its logits (rows x vocab x 2 bytes) at the card's peak HBM bandwidth + "
+    f"{SAMPLER_LAUNCH_S * 1e6:g} us per call (an assumed launch cost: no Rebel100 sampler timing is published)"
+)
 
 
 @dataclass
@@ -125,6 +137,11 @@ class Roofline:
         per_token, read = self.lm_params_read(graph)
         flops = 2 * per_token * graph + 4 * self._attn * rows * context
         return self._time(flops, read * self.dtype_bytes + rows * context * self._kv_per_token)
+
+    def sampler_call(self, rows: int) -> float:
+        """One sampler call on ``rows`` rows of logits: ``SAMPLER_ASSUMPTION``."""
+        logits = rows * self.geometry.text.vocab_size * self.dtype_bytes
+        return SAMPLER_LAUNCH_S + logits / self.compute.hbm_bytes_per_s
 
     def label(self) -> str:
         if self.used_measured:

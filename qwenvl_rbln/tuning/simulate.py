@@ -10,18 +10,31 @@ says its graph calls take. Followed from the source (``vllm_rbln/v1/core/optimum
   so one step) and stops (``req_index > 0: break``); only a step with no prefill decodes (``if req_index == 0``);
 - a prefill runs the request's ViT calls (packed into its bucket, ``vision.packing``) and then
   ceil(tokens / prefill_chunk_size) prefill chunk calls; it yields the request's first token;
+- every step also runs the sampler (vllm-rbln's compiled sampler, ``VLLM_RBLN_SAMPLER`` on by default: one NPU
+  call per step, ``optimum_model_runner.sample_tokens``) on one row of logits for a prefill and for a lone decode
+  row, else on the rows padded to its bucket (``prepare_rbln_sampler``: the decoder graphs when there are several,
+  else ``get_bucket_sizes(max_num_seqs)``); its time is ``DeviceTimeModel.sampler``;
+- every step also costs host time (``tuning.host_time.HostTimeModel``: vLLM's scheduler, vllm-rbln's input
+  preparation and output processing), during which the NPU is idle: ``host.prefill(tokens, ViT calls)`` or
+  ``host.decode(rows)``, plus ``Engine.step_overhead_s`` (a run's own measured gap, for the fidelity check);
 - KV admission: a request needs ceil(min(tokens, max_model_len) / block_size) blocks (tokens = prompt + tokens
   generated so far); a waiting head that cannot get them stays waiting (``new_blocks is None: break``) and the
   step decodes instead; a decode that needs a new block when none is free preempts the LAST running request
   (``self.running.pop()``: freed, put back at the head of the waiting queue, recomputed later with its generated
-  tokens as prompt, ViT again);
+  tokens as prompt, ViT again). The ViT is charged again because under ``qvl serve`` it runs again: qvl's vLLM
+  plugin gives a resumed multimodal request its pixels and grid again. vllm-rbln alone passes multimodal inputs
+  only for new requests (``_extract_mm_kwargs`` reads ``scheduled_new_reqs``), so without the plugin a resumed
+  request runs no ViT and prefills its image placeholders as text (a wrong answer, faster);
 - the pool: ``kvcache_num_blocks`` usable blocks when they hold every row at the full context, one fewer when not
   (vLLM's null block, ``update_num_blocks`` / ``RBLNBlockPool``);
 - a decode step of n requests runs the smallest compiled decoder graph >= n (``select_bucket_size``: bisect over
-  ``decoder_batch_sizes``), at the longest row's context.
+  ``decoder_batch_sizes``). What a row of it costs is the hardware's secret: ``context_end`` picks the end.
+  ``OWN`` charges each row its own context (the lower end, a true roofline bound); ``LONGEST`` charges every row
+  the longest row's (the upper end, as if the graph attended every row over the batch's longest partitions).
 
-Per request it records arrival, first-token time and finish; ``tuning.capacity`` turns those into TTFT, TPOT and
-latency percentiles as ``vllm bench serve`` computes them.
+Per request it records arrival, first-token time and finish, and over the run the device and host seconds (the
+NPU busy share: device time / wall time); ``tuning.capacity`` turns those into TTFT, TPOT and latency
+percentiles as ``vllm bench serve`` computes them.
 """
 
 from __future__ import annotations
@@ -36,6 +49,14 @@ from pathlib import Path
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.tuning.artifact_config import read_rbln_config
 from qwenvl_rbln.tuning.device_time import DeviceTimeModel
+from qwenvl_rbln.tuning.host_time import HOST_FREE, HostTimeModel
+
+OWN, LONGEST = "own", "longest"
+CONTEXT_ENDS = {
+    OWN: "each decode row at its own context (the lower end: the roofline's bound)",
+    LONGEST: "every decode row at the longest row's context (the upper end: the batch's longest partitions for "
+    "every row)",
+}
 
 
 @dataclass(frozen=True)
@@ -48,10 +69,19 @@ class Engine:
     num_blocks: int  # kvcache_num_blocks
     max_model_len: int  # max_seq_len
     graphs: tuple[int, ...] = ()  # decoder_batch_sizes; empty: one graph at the batch
-    step_overhead_s: float = 0.0  # host time per engine step (scheduling, sampling), if known
+    step_overhead_s: float = 0.0  # host seconds per step on top of the host-time model (a run's measured gap)
 
     def decoder_graphs(self) -> tuple[int, ...]:
         return tuple(sorted(self.graphs)) if self.graphs else (self.batch,)
+
+    def sampler_rows(self, n: int) -> int:
+        """Rows of logits the sampler runs on for n decode rows: vllm-rbln pads them (not one row) to its bucket,
+        the decoder graphs when there are several (``use_multiple_decoder``), else ``get_bucket_sizes``."""
+        if n <= 1:
+            return 1
+        graphs = self.decoder_graphs()
+        buckets = list(graphs) if len(graphs) > 1 else sampler_buckets(self.batch)
+        return buckets[min(bisect.bisect_left(buckets, n), len(buckets) - 1)]
 
     def usable_blocks(self) -> int:
         full = self.num_blocks >= self.batch * math.ceil(self.max_model_len / self.block_size)
@@ -59,6 +89,18 @@ class Engine:
 
     def blocks_for(self, tokens: int) -> int:
         return math.ceil(min(tokens, self.max_model_len) / self.block_size)
+
+
+def sampler_buckets(max_num_seqs: int) -> list[int]:
+    """vllm-rbln 0.11.1a1's ``RBLNOptimumModelRunner.get_bucket_sizes``, line for line (sorted)."""
+    bucket_sizes = [i for i in [1, 2, 4] if i <= max_num_seqs]
+    if max_num_seqs >= 8:
+        bucket_sizes += list(range(8, min(max_num_seqs + 1, 256), 8))
+    if max_num_seqs >= 256:
+        bucket_sizes += list(range(256, max_num_seqs + 1, 16))
+    if max_num_seqs not in bucket_sizes:
+        bucket_sizes.append(max_num_seqs)
+    return sorted(bucket_sizes)
 
 
 @dataclass(frozen=True)
@@ -100,30 +142,72 @@ class Record:
 
 @dataclass
 class Trace:
-    """The simulation's result: a record per request, and the steps it ran (kind, start, seconds, rows)."""
+    """The simulation's result: a record per request, the steps it ran (kind, start, seconds, rows), when the last
+    one ended, and the seconds the NPU was busy (graph and sampler calls) and the host alone."""
 
     records: list[Record]
     steps: list[tuple[str, float, float, int]] = field(default_factory=list)
     end: float = 0.0
+    device_s: float = 0.0
+    host_s: float = 0.0
+
+    @property
+    def npu_busy_share(self) -> float:
+        """Device time / wall time from 0 (the benchmark's start) to the last step's end."""
+        return self.device_s / self.end if self.end > 0 else 0.0
+
+
+class StepCosts:
+    """(step, device, host seconds) of each kind of step, for one engine, device-time model, host-time model and
+    context end; memoised, and shared by every run of a capacity search (the same steps recur at every rate)."""
+
+    def __init__(self, engine: Engine, model: DeviceTimeModel, host: HostTimeModel = HOST_FREE, end: str = LONGEST):
+        if end not in CONTEXT_ENDS:
+            raise InputError(f"context end {end!r} is not one of {', '.join(CONTEXT_ENDS)}", "own or longest")
+        self.e, self.m, self.host, self.end, self.own = engine, model, host, end, end == OWN
+        self.graphs = engine.decoder_graphs()
+        self.prefills: dict[tuple[int, tuple[int, ...]], tuple[float, float, float]] = {}
+        self.decodes: dict[tuple[int, int], tuple[float, float, float]] = {}
+
+    def prefill(self, tokens: int, vit: tuple[int, ...]) -> tuple[float, float, float]:
+        """A prefill step: its ViT calls, its chunks and a sampler call on one row; host time by tokens and calls."""
+        key = (tokens, vit)
+        if key not in self.prefills:
+            device = sum(self.m.vit(b) for b in vit) + self.m.prompt(tokens, self.e.chunk) + self.m.sampler(1)
+            host = self.host.prefill(tokens, len(vit)) + self.e.step_overhead_s
+            self.prefills[key] = (device + host, device, host)
+        return self.prefills[key]
+
+    def decode(self, n: int, context: int) -> tuple[float, float, float]:
+        """A decode step of n rows; ``context``: the rows' total context (``OWN``) or the longest row's
+        (``LONGEST``). The graph, the sampler on its padded rows, host time by rows."""
+        found = self.decodes.get((n, context))
+        if found is None:
+            graph = self.graphs[min(bisect.bisect_left(self.graphs, n), len(self.graphs) - 1)]
+            per_row = context / n if self.own else context
+            device = self.m.decode(graph, per_row, rows=n) + self.m.sampler(self.e.sampler_rows(n))
+            host = self.host.decode(n) + self.e.step_overhead_s
+            found = self.decodes[(n, context)] = (device + host, device, host)
+        return found
 
 
 class _Sim:
-    def __init__(self, engine: Engine, model: DeviceTimeModel, keep_steps: bool):
-        self.e, self.m, self.keep = engine, model, keep_steps
-        self.graphs = engine.decoder_graphs()
-        self.free = engine.usable_blocks()
+    def __init__(self, costs: StepCosts, keep_steps: bool):
+        self.e, self.costs, self.keep, self.own = costs.e, costs, keep_steps, costs.own
+        self.free = self.e.usable_blocks()
         self.waiting: deque[Record] = deque()
         self.running: list[Record] = []
         self.steps: list[tuple[str, float, float, int]] = []
         self.finished = 0
-        self._prefill_cache: dict[tuple[int, tuple[int, ...]], float] = {}
-        self._decode_cache: dict[tuple[int, int], float] = {}
+        self.device_s = self.host_s = 0.0
 
-    def prefill_seconds(self, tokens: int, vit: tuple[int, ...]) -> float:
-        key = (tokens, vit)
-        if key not in self._prefill_cache:
-            self._prefill_cache[key] = sum(self.m.vit(b) for b in vit) + self.m.prompt(tokens, self.e.chunk)
-        return self._prefill_cache[key]
+    def account(self, kind: str, now: float, step: tuple[float, float, float], rows: int) -> float:
+        seconds, device, host = step
+        self.device_s += device
+        self.host_s += host
+        if self.keep:
+            self.steps.append((kind, now, seconds, rows))
+        return seconds
 
     def try_prefill(self, now: float) -> float | None:
         """The head of the waiting queue's prefill, if a slot and its blocks are free: its seconds."""
@@ -138,9 +222,7 @@ class _Sim:
         self.free -= need
         rec.blocks = need
         self.running.append(rec)
-        seconds = self.prefill_seconds(tokens, rec.request.vit) + self.e.step_overhead_s
-        if self.keep:
-            self.steps.append(("prefill", now, seconds, 1))
+        seconds = self.account("prefill", now, self.costs.prefill(tokens, rec.request.vit), 1)
         end = now + seconds
         rec.generated += 1
         if math.isnan(rec.first_token):
@@ -152,12 +234,11 @@ class _Sim:
     def decode(self, now: float) -> float | None:
         """One decode step of every running request that gets its block (preempting from the back): seconds."""
         scheduled: list[Record] = []
-        block, context, preempted = self.e.block_size, 0, False
+        block = self.e.block_size
         i = 0
         while i < len(self.running):
             rec = self.running[i]
             tokens = rec.request.prompt + rec.generated
-            context = max(context, tokens)
             if tokens <= rec.blocks * block:  # its blocks hold the new token: the common case, no allocation
                 scheduled.append(rec)
                 i += 1
@@ -166,7 +247,6 @@ class _Sim:
             stopped = False
             while need > self.free:
                 victim = self.running.pop()
-                preempted = True
                 self.free += victim.blocks
                 victim.blocks = 0
                 victim.preemptions += 1
@@ -183,24 +263,13 @@ class _Sim:
         if not scheduled:
             return None
         n = len(scheduled)
-        if preempted:  # the context counted a row that was then preempted: the scheduled rows' own
-            context = max(r.request.prompt + r.generated for r in scheduled)
-        seconds = self.step_seconds(n, context)
-        if self.keep:
-            self.steps.append(("decode", now, seconds, n))
+        contexts = [r.request.prompt + r.generated for r in scheduled]  # the scheduled rows' own (after the step)
+        seconds = self.account("decode", now, self.costs.decode(n, sum(contexts) if self.own else max(contexts)), n)
         end = now + seconds
         for rec in scheduled:
             rec.generated += 1
             if rec.generated >= rec.request.output:
                 self.finish(rec, end)
-        return seconds
-
-    def step_seconds(self, n: int, context: int) -> float:
-        key = (n, context)
-        seconds = self._decode_cache.get(key)
-        if seconds is None:  # the same rows at the same context cost the same: look the graph up once
-            graph = self.graphs[min(bisect.bisect_left(self.graphs, n), len(self.graphs) - 1)]
-            seconds = self._decode_cache[key] = self.m.decode(graph, context, rows=n) + self.e.step_overhead_s
         return seconds
 
     def coast(self, now: float, arrival: float) -> float | None:
@@ -216,10 +285,14 @@ class _Sim:
             return None
         k = min(slack + 1, min(r.request.output - r.generated for r in rows))
         watch = not self.waiting and len(rows) < self.e.batch
-        n, context = len(rows), max(tokens)
-        done = 0
-        while done < k and not (watch and done and now >= arrival):
-            seconds = self.step_seconds(n, context + done)
+        n = len(rows)
+        # every row gains a token per step: the total grows by n, the longest by 1
+        context, grow = (sum(tokens), n) if self.own else (max(tokens), 1)
+        done, cost = 0, self.costs.decode
+        while done < k and not (watch and done and now >= arrival):  # the hot loop of a capacity search
+            seconds, device, host = cost(n, context + grow * done)
+            self.device_s += device
+            self.host_s += host
             if self.keep:
                 self.steps.append(("decode", now, seconds, n))
             now += seconds
@@ -258,14 +331,25 @@ def check_requests(engine: Engine, requests: Sequence[Request]) -> None:
 
 
 def simulate(
-    engine: Engine, model: DeviceTimeModel, requests: Sequence[Request], *, keep_steps: bool = False, fast: bool = True
+    engine: Engine,
+    model: DeviceTimeModel,
+    requests: Sequence[Request],
+    *,
+    host: HostTimeModel = HOST_FREE,
+    context_end: str = LONGEST,
+    keep_steps: bool = False,
+    fast: bool = True,
+    costs: StepCosts | None = None,
 ) -> Trace:
-    """Run the requests (any order; taken by arrival, ties in the given order) through the scheduler. ``fast``
-    takes runs of identical decode steps in one go (``_Sim.coast``); the result is the same step for step."""
+    """Run the requests (any order; taken by arrival, ties in the given order) through the scheduler, each step
+    charged its device time (``model``: graph calls and the sampler) and its host time (``host``); decode rows at
+    ``context_end`` (``OWN`` or ``LONGEST``). ``fast`` takes runs of identical decode steps in one go
+    (``_Sim.coast``); the result is the same step for step. ``costs``: step costs to share between runs (built
+    for this engine, model, host and end; they replace those arguments)."""
     check_requests(engine, requests)
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i))
     records = [Record(requests[i]) for i in order]
-    sim = _Sim(engine, model, keep_steps)
+    sim = _Sim(costs or StepCosts(engine, model, host, context_end), keep_steps)
     now, nxt = 0.0, 0
     while sim.finished < len(records):
         while nxt < len(records) and records[nxt].request.arrival <= now:
@@ -288,7 +372,7 @@ def simulate(
         if seconds is None:  # unreachable after check_requests: nothing runs and the head cannot be admitted
             raise InputError("the simulated engine cannot admit the next request", "a larger KV pool")
         now += seconds
-    return Trace(records, sim.steps, now)
+    return Trace(records, sim.steps, now, sim.device_s, sim.host_s)
 
 
 def engine_for_artifact(artifact: Path) -> tuple[Engine, tuple[int, ...]]:

@@ -264,6 +264,8 @@ def _capacity_text(checker: Checker, best: dict[str, Any]) -> str:
         return ""
     targets = ",".join(t.text() for t in checker.needs.slos)
     text = f"; simulated capacity {cap['capacity_rps']:.2f} req/s per replica under {targets}"
+    if cap.get("npu_busy_share") is not None:  # the host's share: what its time leaves of the card
+        text += f" (NPU busy {cap['npu_busy_share']:.0%} there, host time {cap.get('host_time', 'default')})"
     if cap.get("replicas"):
         text += f"; {cap['replicas']} replica(s), {cap['npus']} NPU(s), for {checker.needs.rate:g} req/s"
     return text

@@ -187,7 +187,7 @@ def _at_rate(console: Any, data: dict[str, Any]) -> None:
     sec = data["capacity"]
     cols = [Col("#"), Col("batch")]
     cols += [Col(f"{m} p{q} ms") for m in ("ttft", "tpot", "latency") for q in (50, 90, 99)]
-    cols += [Col("req/s done"), Col("tok/s"), Col("preempted")]
+    cols += [Col("req/s done"), Col("tok/s"), Col("preempted"), Col("NPU busy")]
     rows = []
     for i, row in enumerate(data["candidates"], 1):
         at = (row.get("capacity") or {}).get("at_rate") or {}
@@ -197,11 +197,13 @@ def _at_rate(console: Any, data: dict[str, Any]) -> None:
             f"{at.get('requests_per_s', 0):.2f}",
             f"{at.get('output_tokens_per_s', 0):.0f}",
             str(at.get("preemptions", 0)),
+            _share(at.get("npu_busy_share")),
         ]
         rows.append(cells)
     title = f"at {sec['rate_rps']:g} req/s on one replica (vllm-rbln's scheduler simulated; {sec['time_model']})"
     print_left_out(console, print_table(console, cols, rows, title=title))
     _simulation_footer(console, sec, "{} requests, seed {}; arrivals: {}", sec["arrivals"])
+    _charged(console, sec)
 
 
 def _simulation_footer(console: Any, sec: dict[str, Any], runs: str, last: Any) -> None:
@@ -213,6 +215,26 @@ def _simulation_footer(console: Any, sec: dict[str, Any], runs: str, last: Any) 
     )  # fmt: skip
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _charged(console: Any, sec: dict[str, Any]) -> None:
+    """What every simulated step is charged besides the graphs: the host time (its source, never 0 in silence), the
+    sampler (an assumption), the decode rows' context end, and what the NPU busy share is."""
+    host = sec.get("host_time") or {}
+    colour = "" if host.get("measured") else "yellow"
+    line = f"[bold]host time[/bold] [{colour}]{{}}[/{colour}]" if colour else "[bold]host time[/bold] {}"
+    console.print(markup(line, host.get("source", "none")), highlight=False)
+    console.print(markup("[bold]sampler[/bold] {}", sec.get("sampler") or "none"), highlight=False)
+    ctx = sec.get("decode_context") or {}
+    if ctx.get("rule"):
+        console.print(markup("[bold]decode rows[/bold] {}", ctx["rule"]), highlight=False)
+    if sec.get("npu_busy_share"):
+        rest = "the rest is host time and waiting for requests: the gap to the card's limit"
+        console.print(markup("[dim]{}; {}[/dim]", sec["npu_busy_share"], rest), highlight=False)
+
+
 def _capacity(console: Any, data: dict[str, Any]) -> None:
     """Each row's simulated capacity under the latency targets, the figures there, and the fleet for --rate."""
     sec = data["capacity"]
@@ -222,6 +244,7 @@ def _capacity(console: Any, data: dict[str, Any]) -> None:
         return
     fleet = sec.get("rate_rps") is not None
     cols = [Col("#"), Col("batch"), Col("NPUs/replica"), Col("req/s per replica"), Col("req/s per NPU")]
+    cols += [Col("own-context req/s", drop=2), Col("NPU busy")]
     cols += [Col(f"{t.split('=')[0]} ms") for t in targets]
     cols += [Col("replicas"), Col("NPUs")] if fleet else []
     cols.append(Col("bound by", justify="left", fold=True))
@@ -239,6 +262,8 @@ def _capacity(console: Any, data: dict[str, Any]) -> None:
             str(row["npus"]),
             f"{cap.get('capacity_rps', 0):.2f}",
             f"{cap.get('capacity_per_npu_rps', 0):.2f}",
+            f"{(cap.get('own_context') or {}).get('capacity_rps') or 0:.2f}",
+            _share(cap.get("npu_busy_share")),
             *figs,
         ]
         if fleet:
@@ -248,6 +273,11 @@ def _capacity(console: Any, data: dict[str, Any]) -> None:
     title = f"capacity under {','.join(targets)} (vllm-rbln's scheduler simulated; device times: {sec['time_model']})"
     print_left_out(console, print_table(console, cols, rows, title=title))
     _simulation_footer(console, sec, "{} requests per run, seed {}; search top {}", sec["search_top"])
+    _charged(console, sec)
+    near = [i for i, row in enumerate(data["candidates"], 1) if (row.get("capacity") or {}).get("near_saturation")]
+    if near:
+        text = data["candidates"][near[0] - 1]["capacity"]["near_saturation"]
+        console.print(markup("[yellow]{}[/yellow]: {}", ", ".join(f"#{i}" for i in near), text), highlight=False)
     best = sec.get("best")
     if best and fleet:
         console.print(
