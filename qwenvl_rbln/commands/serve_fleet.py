@@ -114,7 +114,7 @@ def _fleet(fleet: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> 
     if dry_run:
         render.emit(fleet.to_dict(), as_json=as_json, human=fleet_human)
         return
-    _ports_free(fleet)
+    held = _ports_free(fleet)
     members = []
     prefix = emulated.LABEL if fleet.emulated else ""
     for name, launch in fleet.processes:
@@ -131,7 +131,9 @@ def _fleet(fleet: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> 
                     raise DependencyMissing(f"`{ROUTER}` is not on PATH, so nothing was started", ROUTER_INSTALL_HINT)
                 argv[0] = found
         restart = name.startswith("engine")
-        members.append(fleet_run.Member(name, argv, env, f"{prefix}{name} | ", health_url=url, restart=restart))
+        listen = held[int(name.split("-")[1])] if restart else None
+        member = fleet_run.Member(name, argv, env, f"{prefix}{name} | ", health_url=url, restart=restart, listen=listen)
+        members.append(member)
     render.info(f"qvl: {label}a fleet of {len(fleet.engines)} engines behind vllm-router: " + ", ".join(fleet.names))
     try:
         code = fleet_run.Fleet(members, lambda line: render.info(f"qvl: {label}{line}")).run()
@@ -146,25 +148,13 @@ def _fleet(fleet: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> 
         raise typer.Exit(code)
 
 
-def _ports_free(fleet: Any) -> None:
+def _ports_free(fleet: Any) -> list[Any]:
     """Every loopback port the fleet takes (its engines', the router's metrics) is free, or one line before anything
-    starts: an engine that cannot bind would only be restarted until qvl gives up."""
-    import socket
-
-    from qwenvl_rbln.errors import InputError
+    starts: each engine's port is held by qvl from here and handed to that engine (``serving/port.py``)."""
+    from qwenvl_rbln.serving import port
 
     argv = fleet.router.argv
-    ports = [*fleet.ports, int(argv[argv.index("--prometheus-port") + 1])]
-    for port in ports:
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                raise InputError(
-                    f"port {port} on 127.0.0.1 is in use; the fleet takes ports {min(ports)}-{max(ports)} (its "
-                    "engines and the router's metrics, above --port); nothing was started",
-                    "pass another --port (the fleet uses it and the ports just above it)",
-                ) from None
+    return port.hold_fleet(fleet.ports, int(argv[argv.index("--prometheus-port") + 1]))
 
 
 def fleet_size(host: str, port: int) -> int | None:

@@ -25,6 +25,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from qwenvl_rbln.errors import EXIT_INTERRUPTED
 from qwenvl_rbln.serving import supervise
@@ -47,6 +48,7 @@ class Member:
     label: str
     health_url: str | None = None  # engines: their loopback /health
     restart: bool = True
+    listen: Any = None  # engines: the port qvl holds for them (serving/port.HeldPort), handed to every start
     proc: subprocess.Popen | None = None
     pumps: list[threading.Thread] = field(default_factory=list)
     starts: int = 0  # starts in a row without one healthy answer (or since the backoff was reset)
@@ -86,7 +88,7 @@ class Fleet:
     # ------------------------------------------------------------------------------------------ one member
 
     def _start(self, m: Member) -> None:
-        m.proc, m.pumps = supervise.spawn(m.argv, m.env, m.label)
+        m.proc, m.pumps = supervise.spawn(m.argv, m.env, m.label, m.listen)
         m.starts += 1
         m.up_since, m.misses = None, 0
         m.next_check = time.monotonic() + HEALTH_EVERY_S

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import IO
 
 from qwenvl_rbln.errors import EXIT_INTERRUPTED, DependencyMissing
+from qwenvl_rbln.serving.port import HeldPort
 
 GRACE_S = 20.0  # vLLM's own shutdown after SIGINT (engine core, API server) before the group is killed
 GONE_S = 10.0  # after SIGKILL: how long to wait for the kernel to clear the group
@@ -88,13 +89,29 @@ def _forwarded(on_signal) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, str], label: str) -> tuple[subprocess.Popen, list[threading.Thread]]:
-    """Start ``argv`` in its own session (its pid is its group's id), its output pumped under ``label``."""
+def spawn(
+    argv: Sequence[str], env: Mapping[str, str], label: str, listen: HeldPort | None = None
+) -> tuple[subprocess.Popen, list[threading.Thread]]:
+    """Start ``argv`` in its own session (its pid is its group's id), its output pumped under ``label``; ``listen``:
+    the port qvl holds for it, handed over as an inherited socket (``port.py``)."""
     _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: vLLM's engine processes come back to qvl if vLLM ends first
+    with listen.handed() if listen is not None else contextlib.nullcontext(({}, ())) as (extra, fds):
+        proc = _popen(argv, {**env, **extra}, fds)
+    pumps = [
+        threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, label.encode()), daemon=True),
+        threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, label.encode()), daemon=True),
+    ]
+    for pump in pumps:
+        pump.start()
+    return proc, pumps
+
+
+def _popen(argv: Sequence[str], env: Mapping[str, str], fds: tuple[int, ...]) -> subprocess.Popen:
     try:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             list(argv),
             env=dict(env),
+            pass_fds=fds,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -105,13 +122,6 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], label: str) -> tuple[subp
         from qwenvl_rbln.serving.launch import VLLM_INSTALL_HINT
 
         raise DependencyMissing(f"cannot start {argv[0]}: {exc.strerror or exc}", VLLM_INSTALL_HINT) from None
-    pumps = [
-        threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, label.encode()), daemon=True),
-        threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, label.encode()), daemon=True),
-    ]
-    for pump in pumps:
-        pump.start()
-    return proc, pumps
 
 
 def end_group(pgid: int) -> None:
@@ -128,7 +138,7 @@ def exit_code(returncode: int) -> int:
     return returncode if returncode >= 0 else 128 - returncode
 
 
-def run(argv: Sequence[str], env: Mapping[str, str], label: str) -> int:
+def run(argv: Sequence[str], env: Mapping[str, str], label: str, listen: HeldPort | None = None) -> int:
     """Run ``argv`` to its end; its exit code, or ``EXIT_INTERRUPTED`` when qvl was interrupted meanwhile.
 
     The signals are forwarded from before the child exists: a Ctrl-C that lands while it is being started (its
@@ -147,7 +157,7 @@ def run(argv: Sequence[str], env: Mapping[str, str], label: str) -> int:
                 _kill_group(pgid, signal.SIGKILL)  # a second Ctrl-C: now
 
     with _forwarded(on_signal):
-        proc, pumps = spawn(argv, env, label)
+        proc, pumps = spawn(argv, env, label, listen)
         group.append(proc.pid)
         try:
             if interrupted:  # a Ctrl-C while it was starting

@@ -16,6 +16,9 @@ its own; a bad value is one warning line, and that default is then not applied.
 
 ``QVL_SORT_DECODE=1`` (set by ``qvl serve`` for a decoder compiled with ``_requires_batch_sort``): every decode
 batch reaches optimum-rbln longest first (``serving/decode_sort.py``).
+
+``QVL_LISTEN_FD=<fd>`` (set by ``qvl serve`` for the socket it bound and listens on since its port check): vLLM's
+API server serves on that socket instead of binding the port again (``serving/port.py`` says why).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from qwenvl_rbln.serving import decode_sort
+from qwenvl_rbln.serving import decode_sort, port
 from qwenvl_rbln.serving.options import FRAME_CAP_ENV, MAX_FRAME_PIXELS_ENV
 
 
@@ -72,7 +75,12 @@ def install_frame_cap() -> bool:
 
 
 def register() -> None:
-    """Install the per-frame video cap (``QVL_FRAME_CAP=1``) and the decode batch sort (``QVL_SORT_DECODE=1``)."""
+    """Serve on qvl's listening socket (``QVL_LISTEN_FD``), install the per-frame video cap (``QVL_FRAME_CAP=1``)
+    and the decode batch sort (``QVL_SORT_DECODE=1``)."""
+    try:
+        port.adopt_in_vllm(warn)
+    except Exception as exc:  # noqa: BLE001 - a plugin must never stop vLLM from starting
+        warn(f"qvl's listening socket could not be handed to vLLM ({type(exc).__name__}: {exc})")
     if os.environ.get(FRAME_CAP_ENV) == "1":
         install_frame_cap()
     decode_sort.install(warn)  # QVL_SORT_DECODE unset: nothing to sort, nothing said
