@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO
 
 from qwenvl_rbln.errors import EXIT_INTERRUPTED, DependencyMissing
@@ -50,9 +50,11 @@ def _reap() -> None:
             pass
 
 
-def _pump(source: IO[bytes], sink: IO[bytes], label: bytes) -> None:
-    """Copy ``source`` to ``sink`` line by line, each line prefixed with ``label``."""
+def _pump(source: IO[bytes], sink: IO[bytes], label: bytes, watch: Callable[[bytes], None] | None = None) -> None:
+    """Copy ``source`` to ``sink`` line by line, each line prefixed with ``label`` (and shown to ``watch``)."""
     for line in iter(source.readline, b""):
+        if watch is not None:
+            watch(line)
         with contextlib.suppress(OSError, ValueError):
             sink.write(label + line if line.endswith(b"\n") else label + line + b"\n")
             sink.flush()
@@ -90,15 +92,19 @@ def _forwarded(on_signal) -> Iterator[None]:
 
 
 def spawn(
-    argv: Sequence[str], env: Mapping[str, str], label: str, listen: HeldPort | None = None
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    label: str,
+    listen: HeldPort | None = None,
+    watch: Callable[[bytes], None] | None = None,
 ) -> tuple[subprocess.Popen, list[threading.Thread]]:
     """Start ``argv`` in its own session (its pid is its group's id), its output pumped under ``label``; ``listen``:
-    the port qvl holds for it, handed over as an inherited socket (``port.py``)."""
+    the port qvl holds for it, handed over as an inherited socket (``port.py``); ``watch`` sees each stdout line."""
     _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: vLLM's engine processes come back to qvl if vLLM ends first
     with listen.handed() if listen is not None else contextlib.nullcontext(({}, ())) as (extra, fds):
         proc = _popen(argv, {**env, **extra}, fds)
     pumps = [
-        threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, label.encode()), daemon=True),
+        threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, label.encode(), watch), daemon=True),
         threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, label.encode()), daemon=True),
     ]
     for pump in pumps:
@@ -138,7 +144,13 @@ def exit_code(returncode: int) -> int:
     return returncode if returncode >= 0 else 128 - returncode
 
 
-def run(argv: Sequence[str], env: Mapping[str, str], label: str, listen: HeldPort | None = None) -> int:
+def run(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    label: str,
+    listen: HeldPort | None = None,
+    watch: Callable[[bytes], None] | None = None,
+) -> int:
     """Run ``argv`` to its end; its exit code, or ``EXIT_INTERRUPTED`` when qvl was interrupted meanwhile.
 
     The signals are forwarded from before the child exists: a Ctrl-C that lands while it is being started (its
@@ -157,7 +169,7 @@ def run(argv: Sequence[str], env: Mapping[str, str], label: str, listen: HeldPor
                 _kill_group(pgid, signal.SIGKILL)  # a second Ctrl-C: now
 
     with _forwarded(on_signal):
-        proc, pumps = spawn(argv, env, label, listen)
+        proc, pumps = spawn(argv, env, label, listen, watch)
         group.append(proc.pid)
         try:
             if interrupted:  # a Ctrl-C while it was starting

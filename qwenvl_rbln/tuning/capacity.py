@@ -99,6 +99,11 @@ def read_arrivals(path: Path) -> tuple[float, ...]:
         raise InputError(
             f"--arrivals {path} cannot be read ({exc.strerror or exc})", "give a file of arrival times"
         ) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"--arrivals {path} is not a UTF-8 text file ({exc.reason} at byte {exc.start})",
+            "a JSON list or one number per line, e.g. 0.0 0.13 0.52",
+        ) from None
     try:
         raw = json.loads(text) if text.lstrip().startswith("[") else [ln for ln in text.split() if ln]
         times = tuple(float(x) for x in raw)
