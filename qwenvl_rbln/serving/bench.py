@@ -92,7 +92,7 @@ def bench_command(opts: BenchOptions, environ: Mapping[str, str] | None = None) 
     if opts.emulate:
         emulated.check_host(opts.host, opts.port)
     directory, warnings = resolve_directory(opts.directory, opts.preset, "bench-serve")
-    art = preflight(directory, verify_hashes=False, emulated=opts.emulate)
+    art = preflight(directory, verify_hashes=False, emulated=opts.emulate, command="bench-serve")
     checks = list(art.checks)
     refuse_owned(opts.extra, BENCH_OWNED, by="qvl bench-serve", fix="use {}")
     sizes, notes = bench_images(art, opts.input_len, opts.output_len)

@@ -36,7 +36,11 @@ EXAMPLE = "e.g. --slo ttft_p90=2s,tpot_p99=100ms"
 DEFAULT_REQUESTS = 1000
 DEFAULT_SEED = 0
 MAX_UTILISATION = 0.95  # the search's top, as a fraction of the saturation throughput
-_TARGET = re.compile(r"(?P<metric>[a-z]+)_p(?P<pct>\d+)=(?P<num>[0-9]*\.?[0-9]+(?:e[-+]?\d+)?)(?P<unit>ms|s)?")
+_TARGET = re.compile(r"(?P<metric>[a-z]+)_p(?P<pct>\d+)=(?P<num>-?[0-9]*\.?[0-9]+(?:e[-+]?\d+)?)(?P<unit>ms|s)?")
+# The rates a simulation answers sanely: below RATE_MIN the arrival times of a long run (up to 100,000 requests /
+# rate seconds) lose the precision of a device step (at 1e-12 req/s every figure came out 0 ms); above RATE_MAX the
+# replica count is no deployment (1e300 req/s printed a 48-digit --replicas).
+RATE_MIN, RATE_MAX = 1e-3, 1e6
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,12 @@ def check_rate(rate: float | None, slos: list[Slo] | None) -> None:
         return
     if not math.isfinite(rate) or rate <= 0:
         raise InputError(f"--rate {rate} is not a positive request rate", "requests per second, e.g. --rate 20")
+    if not RATE_MIN <= rate <= RATE_MAX:
+        raise InputError(
+            f"--rate {rate:g} is outside {RATE_MIN:g}..{RATE_MAX:g} requests per second, where the simulation's "
+            "figures hold (its arrival times lose precision below, and no fleet is that large above)",
+            "requests per second, e.g. --rate 20",
+        )
 
 
 # ------------------------------------------------------------------------------------------------ figures
@@ -322,7 +332,7 @@ def unreachable_text(missed: list[dict[str, Any]]) -> str:
     """Which targets no rate meets, and by how much (at the lightest load)."""
     return "; ".join(
         f"{m['target']} is unreachable: {_secs(m['got_s'])} at the lightest load, "
-        f"{_secs(m['over_s'])} over (x{m['over_ratio']:.2f})"
+        f"{_secs(m['over_s'])} over (x{m['over_ratio']:.{'2f' if m['over_ratio'] < 1e4 else '3g'}})"
         for m in missed
     )
 

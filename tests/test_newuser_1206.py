@@ -1,0 +1,123 @@
+"""New-user audit 2026-12-06, the input findings: M2 (a non-UTF-8 --arrivals file was an internal error), L2 (absurd
+rates gave 0 ms figures and 48-digit replica counts; deploy wrote replicas no Deployment holds), L3 (bench-serve and
+deploy gave serve's advice for an emulated artifact) and L9's small items. Each is one line, exit 2, naming the
+value and the fix; what is sane still runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qwenvl_rbln.errors import InputError
+from qwenvl_rbln.tuning.capacity import check_rate, parse_slo, unreachable_text
+from tests.fakes_rbln import run_main
+from tests.test_serve_emulate import emulated_artifact
+
+W = '{"width": 256, "height": 256, "count": 1}\n'
+
+
+def one_line(capsys, *argv: str) -> str:
+    code, out, err = run_main(list(argv), capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1 and "Traceback" not in err, (code, err)
+    assert lines[0].startswith("qvl: error: ") and "; fix: " in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def workload(tmp_path) -> Path:
+    path = tmp_path / "one256.jsonl"
+    path.write_text(W)
+    return path
+
+
+@pytest.mark.parametrize("head", [b"\xff\xfe", b"\x80\xc6\x01"])
+def test_a_non_utf8_arrivals_file_is_one_line(head, tmp_path, workload, capsys):
+    bad = tmp_path / "a.txt"
+    bad.write_bytes(head + "\n".join(str(i) for i in range(31)).encode())
+    line = one_line(capsys, "tune", "-w", str(workload), "--context", "2048", "--rate", "50", "--arrivals", str(bad))
+    assert f"--arrivals {bad} is not a UTF-8 text file" in line and "one number per line" in line
+
+
+def test_a_non_utf8_batch_trace_gets_the_traces_fix(tmp_path, workload, capsys):
+    bad = tmp_path / "t.txt"
+    bad.write_bytes(b"\xff\xfe1\n2\n")
+    line = one_line(capsys, "tune", "-w", str(workload), "--context", "2048", "--batch-trace", str(bad))
+    assert "not a UTF-8 text file" in line and "batch trace is a JSON list of running batch sizes" in line
+    assert "JSONL or CSV" not in line
+
+
+@pytest.mark.parametrize("rate", [1e-12, 1e-4, 1e7, 1e300])
+def test_rates_outside_what_the_simulation_answers_are_refused(rate):
+    with pytest.raises(InputError, match=r"is outside 0\.001\.\.1e\+06 requests per second"):
+        check_rate(rate, [])
+
+
+@pytest.mark.parametrize("rate", [1e-3, 20.0, 1e6])
+def test_rates_inside_pass(rate):
+    check_rate(rate, [])
+
+
+def test_the_lowest_rate_still_gives_device_times(tmp_path, workload, capsys):
+    import json
+    import math
+
+    from qwenvl_rbln.tuning.capacity import RATE_MIN
+
+    assert math.ulp(100_000 / RATE_MIN) < 1e-6  # the longest run's last arrival keeps a microsecond's precision
+    args = ["tune", "-w", str(workload), "--context", "2048", "--json", "--rate", str(RATE_MIN)]
+    code, out, err = run_main(args, capsys)
+    assert code == 0, err
+    at = json.loads(out)["candidates"][0]["capacity"]["at_rate"]
+    assert at["ttft"]["p50"] > 0 and at["tpot"]["p50"] > 0  # 1e-12 req/s gave 0.0000 ms before
+
+
+def test_sim_requests_without_a_simulation_is_refused_as_arrivals_is(workload, capsys):
+    line = one_line(capsys, "tune", "-w", str(workload), "--context", "2048", "--sim-requests", "50")
+    assert "--sim-requests sizes the runs for the serving simulation" in line and "add --slo and/or --rate" in line
+
+
+def test_a_negative_target_is_not_a_positive_time_and_a_huge_shortfall_is_short():
+    for text in ("ttft_p90=-2s", "ttft_p90=0s"):
+        with pytest.raises(InputError, match="is not a positive time"):
+            parse_slo(text)
+    line = unreachable_text(
+        [{"target": "ttft_p90=1e-297ms", "got_s": 1.65e-3, "over_s": 1.65e-3, "over_ratio": 1.6e297}]
+    )
+    assert "x1.6e+297" in line and len(line) < 200
+    assert "x1647.87" in unreachable_text([{"target": "t", "got_s": 1.0, "over_s": 1.0, "over_ratio": 1647.871}])
+
+
+@pytest.mark.parametrize(("replicas", "ok"), [("2147483647", True), ("2147483648", False), ("3000000000", False)])
+def test_deploy_replicas_fit_a_deployments_int32(replicas, ok, tmp_path, capsys):
+    from tests.test_deploy import IMAGE, _artifact
+
+    art = _artifact(tmp_path / "one", "rebel100-1npu")
+    args = ["deploy", str(art), "--artifact", "pvc:models", "--image", IMAGE, "--dry-run", "--replicas", replicas]
+    if ok:
+        code, out, err = run_main(args, capsys)
+        assert code == 0 and f"replicas: {replicas}" in out, err
+    else:
+        line = one_line(capsys, *args)
+        assert f"--replicas {replicas} is more than a Deployment holds" in line and "2147483647" in line
+
+
+def test_an_emulated_artifact_gets_each_commands_own_advice(tmp_path, capsys):
+    from tests.test_deploy import IMAGE
+
+    art = emulated_artifact(tmp_path / "emu")
+    line = one_line(capsys, "serve", str(art), "--dry-run")
+    assert "`qvl serve --emulate DIR`" in line
+    line = one_line(capsys, "bench-serve", str(art), "--dry-run")
+    assert "`qvl bench-serve --emulate DIR`" in line
+    line = one_line(capsys, "deploy", str(art), "--artifact", "pvc:models", "--image", IMAGE, "--dry-run")
+    assert "a deployment needs a real compile" in line and "qvl bench-serve" not in line
+
+
+@pytest.mark.parametrize(("flags", "said"), [(["--limit", "3"], "--limit only applies to a run")])
+def test_wording(flags, said, tmp_path, capsys):
+    results = tmp_path / "r.jsonl"
+    results.write_text('{"id": "q1", "prediction": "a", "answers": ["a"]}\n')
+    code, _, err = run_main(["eval", "--score", str(results), *flags], capsys)
+    assert code == 2 and said in err, err
