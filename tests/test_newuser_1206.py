@@ -121,3 +121,57 @@ def test_wording(flags, said, tmp_path, capsys):
     results.write_text('{"id": "q1", "prediction": "a", "answers": ["a"]}\n')
     code, _, err = run_main(["eval", "--score", str(results), *flags], capsys)
     assert code == 2 and said in err, err
+
+
+# ------------------------------------------------------------------------------------- L9: the fleet's log
+
+
+def test_an_engine_that_exits_0_unasked_is_said_so_and_no_escape_reaches_the_log(tmp_path, capfd):
+    """vLLM's API server exits 0 when its engine core dies; vllm-router colours its lines even into a pipe."""
+    import sys
+
+    from qwenvl_rbln.serving import fleet_run
+    from tests.helpers_cli import free_port
+    from tests.test_fleet_supervisor import router, run_with, until
+
+    coloured = "print('\\x1b[2m2026\\x1b[0m \\x1b[32m INFO\\x1b[0m started', flush=True)"
+    members = [
+        fleet_run.Member("engine-0", [sys.executable, "-c", coloured], {}, "engine-0 | ",
+                         health_url=f"http://127.0.0.1:{free_port()}/health"),
+        router(),
+    ]  # fmt: skip
+
+    def script(fleet, seen, said):
+        until(lambda: any("engine-0 exited with code 0" in s for s in said), "the exit")
+
+    code, said, _ = run_with(members, script)
+    assert any("exited with code 0 unasked (vLLM's API server exits 0 when its engine core dies)" in s for s in said)
+    out = capfd.readouterr().out
+    assert "engine-0 | 2026  INFO started" in out and "\x1b" not in out, repr(out[-500:])
+
+
+def test_fleet_engines_leave_the_routers_load_polls_out_of_their_access_log(tmp_path, capsys):
+    import json
+
+    art = emulated_artifact(tmp_path / "art")
+    code, out, err = run_main(["serve", str(art), "--emulate", "--workers", "2", "--dry-run", "--json"], capsys)
+    assert code == 0, err
+    engines = [p for p in json.loads(out)["processes"] if p["name"].startswith("engine")]
+    for proc in engines:
+        argv = proc["argv"]
+        assert argv[argv.index("--disable-access-log-for-endpoints") + 1] == "/get_load"
+    extra = ["--", "--disable-access-log-for-endpoints=/metrics"]
+    code, out, err = run_main(["serve", str(art), "--emulate", "--workers", "2", "--dry-run", "--json", *extra], capsys)
+    assert code == 0, err
+    for proc in json.loads(out)["processes"][:2]:
+        assert "/get_load" not in proc["argv"] and "--disable-access-log-for-endpoints=/metrics" in proc["argv"]
+
+
+def test_a_huge_quoted_value_is_clipped_in_the_one_error_line(tmp_path, capsys):
+    import json
+
+    art = emulated_artifact(tmp_path / "art")
+    model = tmp_path / "huge.json"
+    model.write_text(json.dumps({"kind": "linear", "vit": [0.0] * 1_000_000}))
+    line = one_line(capsys, "bench-serve", str(art), "--emulate", "--time-model", str(model), "--dry-run")
+    assert len(line) < 2500 and "characters left out" in line and "vit=" in line and "fix: " in line

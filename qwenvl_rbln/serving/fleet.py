@@ -48,6 +48,9 @@ from qwenvl_rbln.serving.preflight import ok, warn
 
 ENGINE_HOST = "127.0.0.1"
 ROUTER = "vllm-router"
+# vllm-router's power_of_two polls each engine's /get_load (a route vLLM 0.22 lacks: 404, answered by the router's
+# own count) every 5 s: an access-log line per engine that says nothing (audit 2026-12-06 L9)
+QUIET_ROUTES = "/get_load"
 POLICY = "power_of_two"
 # the router's health check every 2 s, one miss takes an engine out and one answer puts it back; it waits for
 # every engine at start (an engine's first start may take many minutes: a long bound, qvl gives up before). A
@@ -205,6 +208,8 @@ def fleet_command(
     for group, port in zip(groups, ports, strict=True):
         one = dataclasses.replace(opts, host=ENGINE_HOST, port=port)
         _, launch, said = replica_launch(check, one, environ, remap=lambda where, group=group: _remapped(where, group))
+        if not any(word.startswith("--disable-access-log-for-endpoints") for word in opts.extra):
+            launch.argv += ["--disable-access-log-for-endpoints", QUIET_ROUTES]  # the router's polls, every 5 s
         engines.append(launch)
         warnings = warnings or said  # every replica says the same: the first one's lines
     checks = list(engines[0].checks)

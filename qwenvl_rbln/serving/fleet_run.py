@@ -112,8 +112,10 @@ class Fleet:
         wait = BACKOFF_S[min(m.starts, len(BACKOFF_S)) - 1] if m.starts else BACKOFF_S[0]
         m.next_start = now + wait
         m.restarts += 1
+        why = " unasked (vLLM's API server exits 0 when its engine core dies)" if code == 0 else ""
         self.say(
-            f"{m.name} exited with code {code}; restarting it in {wait:.0f} s (the router sends its work elsewhere)"
+            f"{m.name} exited with code {code}{why}; restarting it in {wait:.0f} s (the router sends its work "
+            "elsewhere)"
         )
 
     def _check(self, m: Member, now: float) -> None:

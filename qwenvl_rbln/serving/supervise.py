@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,9 +51,13 @@ def _reap() -> None:
             pass
 
 
+_ESCAPES = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")  # terminal colour and cursor sequences (CSI)
+
+
 def _pump(source: IO[bytes], sink: IO[bytes], label: bytes, watch: Callable[[bytes], None] | None = None) -> None:
     """Copy ``source`` to ``sink`` line by line, each line prefixed with ``label`` (and shown to ``watch``)."""
     for line in iter(source.readline, b""):
+        line = _ESCAPES.sub(b"", line)  # vllm-router colours its log even into a pipe: no escapes in qvl's output
         if watch is not None:
             watch(line)
         with contextlib.suppress(OSError, ValueError):
