@@ -175,3 +175,26 @@ def test_a_huge_quoted_value_is_clipped_in_the_one_error_line(tmp_path, capsys):
     model.write_text(json.dumps({"kind": "linear", "vit": [0.0] * 1_000_000}))
     line = one_line(capsys, "bench-serve", str(art), "--emulate", "--time-model", str(model), "--dry-run")
     assert len(line) < 2500 and "characters left out" in line and "vit=" in line and "fix: " in line
+
+
+# --------------------------------------------------------------- L8: vllm bench serve by hand, no NPU here
+
+
+def test_the_printed_bench_line_runs_by_hand(tmp_path, capsys):
+    """`qvl bench-serve --emulate --dry-run` is a script: its environment lets the venv's `vllm bench serve` start
+    (vllm-rbln's platform plugin imports rebel, which only the emulator's shim provides on this machine)."""
+    import subprocess
+    import sys
+
+    art = emulated_artifact(tmp_path / "art")
+    code, out, err = run_main(["bench-serve", str(art), "--emulate", "--dry-run"], capsys)
+    assert code == 0, err
+    script = tmp_path / "bench.sh"
+    lines = out.strip().splitlines()
+    lines[-1] = lines[-1].replace("vllm bench serve", "vllm bench serve --help", 1)
+    script.write_text("\n".join(lines))
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "usage: vllm bench serve" in done.stdout, done.stderr[-3000:]
+    bare = subprocess.run(["bash", "-c", lines[-1]], env=env, capture_output=True, text=True, timeout=300)
+    assert bare.returncode != 0 and "No module named 'rebel'" in bare.stderr  # what the audit saw, without them
