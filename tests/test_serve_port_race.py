@@ -167,3 +167,18 @@ def test_an_npu_serve_execs_vllm_on_the_socket_qvl_holds(tmp_path):
     ran = run_qvl("serve", str(root), "--port", str(number), "--", "--tokenizer", str(record), env=env)
     assert ran.exit_code == 0, ran.stderr
     assert json.loads(record.read_text()) == {"port": number, "listening": 1}
+
+
+def test_a_vllm_of_another_environment_binds_itself(tmp_path):
+    """qvl's plugin is an entry point of this environment only: a `vllm` whose interpreter is another's might not
+    adopt the socket, and would then fail to bind beside it. qvl falls back to its one-time check for it."""
+    assert qvl_port.same_environment(str(Path(sys.executable).parent / "vllm"))
+    other = tmp_path / "vllm"
+    other.write_text("#!/usr/bin/env python3\n")
+    assert not qvl_port.same_environment(str(other))
+    held = qvl_port.hold("127.0.0.1", eng.free_port())
+    assert held.sock is not None and held.for_vllm(str(other)).sock is None and not held.handoff
+    with held.handed() as (env, fds):
+        assert env == {} and fds == ()
+    with socket.create_server(("127.0.0.1", held.port)):  # nothing of qvl's is left on the port
+        pass

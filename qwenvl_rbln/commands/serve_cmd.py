@@ -112,6 +112,8 @@ def _run(launch: Any, warnings: list[str], *, dry_run: bool, as_json: bool, held
         return
     env = launch.exec_env(os.environ)
     found = find_vllm(env)
+    if held is not None:
+        held = held.for_vllm(found)
     if launch.emulated:
         _supervised([found, *launch.argv[1:]], env, held)
         return

@@ -131,7 +131,7 @@ def _fleet(fleet: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> 
                     raise DependencyMissing(f"`{ROUTER}` is not on PATH, so nothing was started", ROUTER_INSTALL_HINT)
                 argv[0] = found
         restart = name.startswith("engine")
-        listen = held[int(name.split("-")[1])] if restart else None
+        listen = held[int(name.split("-")[1])].for_vllm(argv[0]) if restart else None
         member = fleet_run.Member(name, argv, env, f"{prefix}{name} | ", health_url=url, restart=restart, listen=listen)
         members.append(member)
     render.info(f"qvl: {label}a fleet of {len(fleet.engines)} engines behind vllm-router: " + ", ".join(fleet.names))

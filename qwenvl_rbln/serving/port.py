@@ -18,8 +18,9 @@ in the socket's backlog instead of being refused. A server that starts first and
 refused at qvl's check; a bare ``vllm serve`` that bound it in the window and not yet listened fails when it
 listens (EADDRINUSE), since qvl's socket is already listening there.
 
-Without qvl's plugin in this Python environment (vLLM would not adopt the socket, and would fail to bind beside
-it) qvl falls back to the one-time check.
+Without qvl's plugin in this Python environment, or with a ``vllm`` whose interpreter is another environment's (in
+either case vLLM might not adopt the socket, and would then fail to bind beside it), qvl falls back to the one-time
+check.
 """
 
 from __future__ import annotations
@@ -158,6 +159,32 @@ class HeldPort:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+
+    def for_vllm(self, vllm: str) -> HeldPort:
+        """Keep the socket for ``vllm`` only when it runs in this Python environment (where qvl's plugin is an entry
+        point); else close it and fall back to the check (a vLLM without the plugin would fail to bind beside it)."""
+        if self.handoff and not same_environment(vllm):
+            self.close()
+            self.handoff = False
+            self.hold()
+        return self
+
+
+def same_environment(vllm: str) -> bool:
+    """``vllm`` is a console script of this interpreter's environment (its ``#!`` line names a Python in the same
+    bin directory as ``sys.executable``)."""
+    try:
+        with open(vllm, "rb") as f:
+            first = f.readline(4096)
+    except OSError:
+        return False
+    if not first.startswith(b"#!"):
+        return False
+    words = first[2:].decode("utf-8", "replace").split()
+    if not words:
+        return False
+    here = os.path.realpath(os.path.dirname(sys.executable))
+    return os.path.realpath(os.path.dirname(words[0])) == here
 
 
 def hold(host: str, port: int) -> HeldPort:
