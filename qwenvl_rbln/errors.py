@@ -33,12 +33,25 @@ CONTROL_PICTURES = (
 )
 
 
+MAX_MESSAGE = 2000  # characters of a message or hint: a quoted value from a hostile file never floods a terminal
+
+
+def clip(text: str) -> str:
+    """``text`` with its middle left out when it is longer than ``MAX_MESSAGE`` (a value quoted from an input file:
+    a million-element list made a 3 MB error line), its start and end kept, and how much was cut said."""
+    if len(text) <= MAX_MESSAGE:
+        return text
+    cut = len(text) - MAX_MESSAGE
+    return f"{text[: MAX_MESSAGE - 300]} ... ({cut} characters left out) ... {text[-300:]}"
+
+
 class QvlError(Exception):
     """Base class: a message that names the file/key/value, and a hint that says the fix."""
 
     exit_code = EXIT_INTERNAL
 
     def __init__(self, message: str, hint: str | None = None, *, exit_code: int | None = None):
+        message, hint = clip(message), clip(hint) if hint is not None else None
         super().__init__(message)
         self.message = message
         self.hint = hint

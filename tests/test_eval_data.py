@@ -91,7 +91,7 @@ def test_every_bad_line_is_reported_at_once_naming_the_line_and_key(folder):
         (":6:", "no id (a non-empty string or an integer)"),
         (":7:", "expected a JSON object, got array"),
         (":8:", "image and video are both given"),
-        (":9:", "choices has 1 options; a question needs 2 to 26"),
+        (":9:", "choices has 1 option; a question needs 2 to 26"),
     ]
     assert len(lines) == len(expected), lines
     for line, (where, says) in zip(lines, expected, strict=True):

@@ -122,4 +122,4 @@ def test_score_refuses_run_only_flags_in_one_line(flag, tmp_path, capsys):
     path = _file(tmp_path / "r.jsonl", [_line("q1", True)])
     code, out, err = run_main(["eval", "--score", str(path), *flag], capsys)
     assert code == 2 and out == "" and err.count("\n") == 1, err
-    assert f"{flag[0]} only apply to a run" in err, err
+    assert f"{flag[0]} only applies to a run" in err, err

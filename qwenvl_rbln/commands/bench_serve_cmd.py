@@ -88,12 +88,20 @@ def _timed_bench(
         raise typer.Exit(1)
 
 
+def _why_invalid(run: dict[str, Any]) -> str:
+    calls = run["calls"]
+    why = [f"{calls['overruns']} of {calls['calls']} calls overran their hold"] if calls["overruns"] else []
+    if run["failed"] or not run["completed"]:
+        why.append(f"{run['failed']} of {run['completed'] + run['failed']} requests failed")
+    return "; ".join(why)
+
+
 def _timed_human(console: Any, d: dict[str, Any]) -> None:
     console.print(d["label"], markup=False, highlight=False)
     console.print("figures in device time (the scale taken out); latencies in ms", markup=False, highlight=False)
     for r in d["runs"]:
         calls = r["calls"]
-        mark = "valid" if r["valid"] else f"INVALID: {calls['overruns']} of {calls['calls']} calls overran their hold"
+        mark = "valid" if r["valid"] else f"INVALID: {_why_invalid(r)}"
         console.print(
             f"rate {r['rate']:g} req/s: {r['completed']} done, {r['failed']} failed, "
             f"{r['request_throughput']:.3f} req/s, {r['output_throughput']:.1f} tok/s; "
@@ -176,4 +184,42 @@ def register(app: typer.Typer) -> None:
         launch, warnings = bench_command(opts, os.environ)
         if opts.emulate:
             _emulated(launch, serve=False)
-        _run(launch, warnings, dry_run=dry_run, as_json=as_json)
+        if dry_run:
+            _run(launch, warnings, dry_run=dry_run, as_json=as_json)
+            return
+        _bench(launch, warnings)
+
+
+def _bench(launch: Any, warnings: list[str]) -> None:
+    """``vllm bench serve`` as qvl's child (its output passed through, labelled under --emulate): its exit code is 0
+    even when every request failed, so its summary decides (``bench.Outcome``)."""
+    import os
+    import shlex
+
+    from qwenvl_rbln.errors import EXIT_INTERRUPTED, BackendError
+    from qwenvl_rbln.serving import emulated, supervise
+    from qwenvl_rbln.serving.bench import Outcome
+    from qwenvl_rbln.serving.launch import find_vllm
+    from qwenvl_rbln.views import render
+
+    label = "emulated NPU: " if launch.emulated else ""
+    for line in warnings:
+        render.warn(label + line)
+    env = launch.exec_env(os.environ)
+    argv = [find_vllm(env), *launch.argv[1:]]
+    render.info(f"qvl: {label}{shlex.join(launch.argv)}")
+    outcome = Outcome()
+    code = supervise.run(argv, env, emulated.LABEL if launch.emulated else "", watch=outcome.see)
+    if code == EXIT_INTERRUPTED:
+        raise typer.Exit(code)
+    if code != 0:
+        raise BackendError(
+            f"`vllm bench serve` exited with code {code} (its output is above)",
+            "read the first error line above; rerun with --dry-run to see the exact command and environment",
+        )
+    problem = outcome.problem()
+    if problem is not None:
+        raise BackendError(
+            f"`vllm bench serve`: {problem}, so its figures measure no server (the errors are above)",
+            "check that `qvl serve` is up on --host/--port and answers /health (the port is --port, default 8000)",
+        )

@@ -34,8 +34,9 @@ def _refuse_run_flags(flags: dict[str, Any]) -> None:
 
     given = [name for name, value in flags.items() if value not in (None, False, [])]
     if given:
+        verb = "only applies" if len(given) == 1 else "only apply"
         raise InputError(
-            f"--score scores a results file again without running anything; {', '.join(given)} only apply to a run",
+            f"--score scores a results file again without running anything; {', '.join(given)} {verb} to a run",
             f"drop {', '.join(given)}, or drop --score to run the questions",
         )
 

@@ -95,7 +95,8 @@ EmulateOpt = typer.Option(
 )
 
 
-def _run(launch: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> None:
+def _run(launch: Any, warnings: list[str], *, dry_run: bool, as_json: bool, held: Any = None) -> None:
+    """Print the launch (``--dry-run``) or start it; ``held``: the port qvl holds for it (``serving/port.py``)."""
     import os
     import shlex
     import sys
@@ -111,9 +112,13 @@ def _run(launch: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> N
         return
     env = launch.exec_env(os.environ)
     found = find_vllm(env)
+    if held is not None:
+        held = held.for_vllm(found)
     if launch.emulated:
-        _supervised([found, *launch.argv[1:]], env)
+        _supervised([found, *launch.argv[1:]], env, held)
         return
+    if held is not None:
+        env.update(held.for_exec())  # the listening socket goes on into the process vLLM becomes
     render.info(f"qvl: exec {shlex.join(launch.argv)}")
     sys.stdout.flush()
     sys.stderr.flush()
@@ -135,7 +140,7 @@ def _emulated(launch: Any, *, serve: bool) -> None:
     emulated.apply(launch, emulator.engine_environment(os.environ), serve=serve)
 
 
-def _supervised(argv: list[str], env: dict[str, str]) -> None:
+def _supervised(argv: list[str], env: dict[str, str], held: Any = None) -> None:
     """``--emulate``: vLLM as qvl's child, every line labelled, its whole process group ended with qvl."""
     import shlex
 
@@ -144,7 +149,7 @@ def _supervised(argv: list[str], env: dict[str, str]) -> None:
     from qwenvl_rbln.views import render
 
     render.info(f"qvl: emulated NPU (qvl's CPU emulator, no NPU): {shlex.join(argv)}")
-    code = supervise.run(argv, env, emulated.LABEL)
+    code = supervise.run(argv, env, emulated.LABEL, held)
     if code == EXIT_INTERRUPTED:
         render.info("qvl: emulated NPU: stopped; no process of the emulated server is left")
         raise typer.Exit(code)
@@ -156,14 +161,15 @@ def _supervised(argv: list[str], env: dict[str, str]) -> None:
         )
 
 
-def _before_start(opts: Any, launch: Any) -> None:
+def _before_start(opts: Any, launch: Any) -> Any:
     """What must hold before vLLM starts here: a --vllm-rbln line of the installed generation (the engine the line
-    was built for), and a free port (vLLM binds with SO_REUSEPORT: it would start beside a server listening there)."""
+    was built for), and a free port, held by qvl from now on and handed to vLLM (vLLM binds with SO_REUSEPORT: it
+    would start beside a server listening there; ``serving/port.py``)."""
+    from qwenvl_rbln.serving import port
     from qwenvl_rbln.serving.engine import check_runnable
-    from qwenvl_rbln.serving.port import check_port_free
 
     check_runnable(launch.engine)
-    check_port_free(opts.host, opts.port)
+    return port.hold(opts.host, opts.port)
 
 
 def register(app: typer.Typer) -> None:
@@ -244,6 +250,5 @@ def _register_serve(app: typer.Typer) -> None:
         launch, warnings = serve_command(opts, os.environ)
         if opts.emulate:
             _emulated(launch, serve=True)
-        if not dry_run:
-            _before_start(opts, launch)
-        _run(launch, warnings, dry_run=dry_run, as_json=as_json)
+        held = None if dry_run else _before_start(opts, launch)
+        _run(launch, warnings, dry_run=dry_run, as_json=as_json, held=held)

@@ -135,7 +135,7 @@ def _fleet(fleet: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> 
     if dry_run:
         render.emit(fleet.to_dict(), as_json=as_json, human=fleet_human)
         return
-    _ports_free(fleet)
+    held = _ports_free(fleet)
     members = []
     prefix = emulated.LABEL if fleet.emulated else ""
     for name, launch in fleet.processes:
@@ -152,9 +152,17 @@ def _fleet(fleet: Any, warnings: list[str], *, dry_run: bool, as_json: bool) -> 
                     raise DependencyMissing(f"`{ROUTER}` is not on PATH, so nothing was started", ROUTER_INSTALL_HINT)
                 argv[0] = found
         engine = name.startswith("engine")
+        listen = held[int(name.split("-")[1])].for_vllm(argv[0]) if engine else None
         members.append(
             fleet_run.Member(
-                name, argv, env, f"{prefix}{name} | ", health_url=url, restart=engine, after_engines=not engine
+                name,
+                argv,
+                env,
+                f"{prefix}{name} | ",
+                health_url=url,
+                restart=engine,
+                after_engines=not engine,
+                listen=listen,
             )
         )
     render.info(f"qvl: {label}a fleet of {len(fleet.engines)} engines behind vllm-router: " + ", ".join(fleet.names))
@@ -189,26 +197,14 @@ def public_health(fleet: Any) -> str:
     return f"http://{host_port(reach, int(port))}/health"
 
 
-def _ports_free(fleet: Any) -> None:
+def _ports_free(fleet: Any) -> list[Any]:
     """Every loopback port the fleet takes (its engines', the router's metrics, the router's own behind a front
     door) is free, or one line before anything starts: an engine that cannot bind would only be restarted until qvl
-    gives up."""
-    import socket
+    gives up. Each engine's port is held by qvl from here and handed to that engine (``serving/port.py``)."""
+    from qwenvl_rbln.serving import port
 
-    from qwenvl_rbln.errors import InputError
-
-    ports = [*fleet.ports, fleet.metrics_port, *([fleet.router_port] if fleet.front is not None else [])]
-    for port in ports:
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                raise InputError(
-                    f"port {port} on 127.0.0.1 is in use; the fleet takes ports {min(ports)}-{max(ports)} (its "
-                    "engines, the router's metrics and its port behind the front door, above --port); nothing was "
-                    "started",
-                    "pass another --port (the fleet uses it and the ports just above it)",
-                ) from None
+    checked = [fleet.metrics_port, *([fleet.router_port] if fleet.front is not None else [])]
+    return port.hold_fleet(fleet.ports, checked)
 
 
 def fleet_size(host: str, port: int) -> int | None:

@@ -58,7 +58,9 @@ def register(app: typer.Typer) -> None:
             help="Requests/s the fleet must carry: with --slo the replicas and NPUs (ranked by NPUs); alone, each "
             "candidate's simulated TTFT/TPOT/latency percentiles on one replica at that rate.",
         ),
-        sim_requests: int = typer.Option(1000, "--sim-requests", help="Requests per simulated run (--slo, --rate)."),
+        sim_requests: int = typer.Option(
+            None, "--sim-requests", help="Requests per simulated run (--slo, --rate; default 1000).", show_default=False
+        ),
         seed: int = typer.Option(
             0,
             "--seed",
@@ -93,10 +95,11 @@ def register(app: typer.Typer) -> None:
         plot = check_plot(plot)
         slos = tuple(parse_slo(slo)) if slo is not None else ()
         check_rate(rate, list(slos))
-        if arrivals is not None and not slos and rate is None:
-            from qwenvl_rbln.errors import InputError
+        for given, what in ((arrivals, "--arrivals replays a trace"), (sim_requests, "--sim-requests sizes the runs")):
+            if given is not None and not slos and rate is None:
+                from qwenvl_rbln.errors import InputError
 
-            raise InputError("--arrivals replays a trace for the serving simulation", "add --slo and/or --rate")
+                raise InputError(f"{what} for the serving simulation", "add --slo and/or --rate")
         replay = read_arrivals(arrivals) if arrivals is not None else None
         if output is not None:
             check_output(output, force=force)
@@ -111,7 +114,7 @@ def register(app: typer.Typer) -> None:
             concurrency=concurrency,
             slos=slos,
             rate=rate,
-            sim_requests=sim_requests,
+            sim_requests=1000 if sim_requests is None else sim_requests,
             seed=seed,
             arrivals=replay,
         )

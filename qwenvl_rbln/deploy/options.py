@@ -33,6 +33,8 @@ DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*
 MAX_LABEL = 63
 MAX_SUBDOMAIN = 253
 
+MAX_REPLICAS = 2**31 - 1  # Kubernetes' int32 spec.replicas
+
 
 @dataclass
 class DeployOptions:
@@ -65,6 +67,12 @@ class DeployOptions:
         _choice("--service-type", self.service_type, SERVICE_TYPES)
         if self.replicas < 1:
             raise InputError(f"--replicas {self.replicas}: at least one replica", "pass --replicas 1 or more")
+        if self.replicas > MAX_REPLICAS:  # Kubernetes' spec.replicas is an int32: kubectl would refuse the file
+            raise InputError(
+                f"--replicas {self.replicas} is more than a Deployment holds (spec.replicas is an int32, at most "
+                f"{MAX_REPLICAS})",
+                "pass the replicas the rate needs (`qvl tune --slo ... --rate R` prints them)",
+            )
         if self.out is None and not self.dry_run:
             raise InputError("no output folder", "pass -o OUT (the kustomize folder to write), or --dry-run")
         if self.name is not None:

@@ -136,7 +136,8 @@ def _choices(where: str, value: Any, answers: list[str]) -> list[str]:
     choices = _strings(where, "choices", value, '"choices": ["cat", "dog"]')
     if not 2 <= len(choices) <= len(LETTERS):
         raise InputError(
-            f"{where}: choices has {len(choices)} options; a question needs 2 to 26", "list each option once"
+            f"{where}: choices has {len(choices)} option{'' if len(choices) == 1 else 's'}; a question needs 2 to 26",
+            "list each option once",
         )
     for answer in answers:
         if not answer_letters([answer], choices):

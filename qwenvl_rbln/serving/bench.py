@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from qwenvl_rbln.errors import InputError
 from qwenvl_rbln.serving import emulated
@@ -91,7 +92,7 @@ def bench_command(opts: BenchOptions, environ: Mapping[str, str] | None = None) 
     if opts.emulate:
         emulated.check_host(opts.host, opts.port)
     directory, warnings = resolve_directory(opts.directory, opts.preset, "bench-serve")
-    art = preflight(directory, verify_hashes=False, emulated=opts.emulate)
+    art = preflight(directory, verify_hashes=False, emulated=opts.emulate, command="bench-serve")
     checks = list(art.checks)
     refuse_owned(opts.extra, BENCH_OWNED, by="qvl bench-serve", fix="use {}")
     sizes, notes = bench_images(art, opts.input_len, opts.output_len)
@@ -145,3 +146,28 @@ def bench_command(opts: BenchOptions, environ: Mapping[str, str] | None = None) 
         launch.env[BENCH_KEY_ENV] = key
         launch.secret = frozenset({BENCH_KEY_ENV})
     return launch, warnings
+
+
+@dataclass
+class Outcome:
+    """What ``vllm bench serve`` says it got (its summary's "Successful requests:" and "Failed requests:" lines):
+    its own exit code is 0 however many requests failed, so qvl reads them (audit 2026-12-06 M3)."""
+
+    successful: int | None = None
+    failed: int | None = None
+
+    def see(self, line: bytes) -> None:
+        words = line.decode("utf-8", "replace").split()
+        if len(words) == 3 and words[1] == "requests:" and words[2].isdigit():
+            if words[0] == "Successful":
+                self.successful = int(words[2])
+            elif words[0] == "Failed":
+                self.failed = int(words[2])
+
+    def problem(self) -> str | None:
+        """Why the run is no benchmark (every request, or some, failed), or None."""
+        if self.successful is None or self.failed is None or (self.failed == 0 and self.successful > 0):
+            return None
+        if self.successful + self.failed == 0:
+            return "no request was sent"
+        return f"{self.failed} of {self.successful + self.failed} requests failed"

@@ -271,7 +271,7 @@ def check_serve(opts: ServeOptions, *, command: str = "serve") -> ServeCheck:
     if opts.emulate:
         emulated.check_host(opts.host, opts.port)
     directory, warnings = resolve_directory(opts.directory, opts.preset, command)
-    art = preflight(directory, emulated=opts.emulate)
+    art = preflight(directory, emulated=opts.emulate, command=command)
     return ServeCheck(art=art, plan=_preset_plan(opts.preset), engine=engine, warnings=warnings)
 
 

@@ -53,6 +53,8 @@ from qwenvl_rbln.serving.preflight import ok, warn
 
 ENGINE_HOST = "127.0.0.1"
 ROUTER = "vllm-router"
+# vllm-router's power_of_two polls each engine's /get_load (a route vLLM 0.22 lacks: 404, answered by the router's
+# own count) every 5 s: an access-log line per engine that says nothing (audit 2026-12-06 L9)
 POLICY = "power_of_two"
 ONE_REPLICA_POLICY = "round_robin"  # vllm-router refuses power_of_two with one worker ("requires at least 2")
 NEEDS_TWO = ("power_of_two",)

@@ -26,6 +26,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from qwenvl_rbln.errors import EXIT_INTERRUPTED
 from qwenvl_rbln.serving import supervise
@@ -49,6 +50,7 @@ class Member:
     health_url: str | None = None  # engines: their loopback /health
     restart: bool = True
     after_engines: bool = False  # the router and the front door: started once every engine has answered /health
+    listen: Any = None  # engines: the port qvl holds for them (serving/port.HeldPort), handed to every start
     proc: subprocess.Popen | None = None
     pumps: list[threading.Thread] = field(default_factory=list)
     starts: int = 0  # starts in a row without one /health 200: GIVE_UP of them end the fleet
@@ -116,7 +118,7 @@ class Fleet:
     # ------------------------------------------------------------------------------------------ one member
 
     def _start(self, m: Member) -> None:
-        m.proc, m.pumps = supervise.spawn(m.argv, m.env, m.label)
+        m.proc, m.pumps = supervise.spawn(m.argv, m.env, m.label, m.listen)
         m.starts += 1
         m.up_since, m.misses = None, 0
         m.next_check = time.monotonic() + HEALTH_EVERY_S
@@ -141,7 +143,11 @@ class Fleet:
         m.backoff += 1
         m.next_start = now + wait
         m.restarts += 1
-        self.say(f"{m.name} exited with code {code}; restarting it in {wait:g} s (the router sends its work elsewhere)")
+        why = " unasked (vLLM's API server exits 0 when its engine core dies)" if code == 0 else ""
+        self.say(
+            f"{m.name} exited with code {code}{why}; restarting it in {wait:.0f} s (the router sends its work "
+            "elsewhere)"
+        )
 
     def _check(self, m: Member, now: float) -> None:
         """An engine's /health: its first 200 puts it (back) in rotation; misses after that count as its death."""

@@ -64,19 +64,35 @@ EMULATED_FIX = (
     "compile it for real on an RBLN host (`qvl compile --preset P`, without --emulate) and serve that, or try the "
     "API here on the emulated NPU: `qvl serve --emulate DIR`"
 )
+# what each command can do with an emulated artifact instead (audit 2026-12-06 L3: bench-serve and deploy gave
+# serve's advice)
+EMULATED_FIXES = {
+    "bench-serve": "benchmark the emulated server here with `qvl bench-serve --emulate DIR` (against `qvl serve "
+    "--emulate DIR`), or compile for real on an RBLN host (`qvl compile --preset P`, without --emulate)",
+    "deploy": "a deployment needs a real compile (the pod runs its NPU graphs; a --dry-run prints the files for one): "
+    "compile on an RBLN host (`qvl compile --preset P`, without --emulate) and deploy that; to try the API here, "
+    "`qvl serve --emulate DIR`",
+}
 
 
-def preflight(directory: Path, *, verify_hashes: bool = True, emulated: bool = False) -> Artifact:
+def emulated_fix(command: str) -> str:
+    return EMULATED_FIXES.get(command, EMULATED_FIX)
+
+
+def preflight(
+    directory: Path, *, verify_hashes: bool = True, emulated: bool = False, command: str = "serve"
+) -> Artifact:
     """Every check vllm-rbln would fail on (late) or silently work around, in order; InputError on the first.
     ``emulated``: the artifact must be one ``qvl compile --emulate`` wrote (``qvl serve --emulate``); else it must
     not be."""
     root = user_path(directory, "artifact directory").absolute()
     checks: list[dict[str, Any]] = []
-    art = _load(root, checks, emulated)
+    fix = emulated_fix(command)
+    art = _load(root, checks, emulated, fix)
     cfg, manifest = art.cfg, art.manifest
     _check_config(cfg, root / RBLN_CONFIG_NAME, checks)
     check_kv_pool(cfg, root / RBLN_CONFIG_NAME, checks)
-    _check_graphs(root, cfg, checks, emulated)
+    _check_graphs(root, cfg, checks, emulated, fix)
     _check_processor(root, checks, _source_model(manifest), art.read)
     _check_video_class(root, checks, art.read)
     caps_fix = _check_processor_caps(art, checks)
@@ -110,7 +126,7 @@ def _note_moe(model_config: Any, checks: list[dict[str, Any]]) -> None:
     ok(checks, "model", line or "Qwen3-VL-MoE")
 
 
-def _load(root: Path, checks: list[dict[str, Any]], emulated: bool) -> CheckedArtifact:
+def _load(root: Path, checks: list[dict[str, Any]], emulated: bool, fix: str = EMULATED_FIX) -> CheckedArtifact:
     """rbln_config.json and qvl-manifest.json of an optimum-rbln artifact that qvl's emulator did not write (or, with
     ``emulated``, did), read once (``artifacts.checked``)."""
     if not root.is_dir():
@@ -138,7 +154,7 @@ def _load(root: Path, checks: list[dict[str, Any]], emulated: bool) -> CheckedAr
         raise InputError(
             f"{root} was compiled by qvl's CPU emulator (qvl-manifest.json emulated: true): it holds no NPU graphs "
             "vllm-rbln can run on an NPU",
-            EMULATED_FIX,
+            fix,
         )
     ok(checks, "not emulated", "a real NPU compile" if manifest else "no qvl-manifest.json (not compiled by qvl)")
     return art
@@ -204,7 +220,9 @@ def _check_config(cfg: dict[str, Any], path: Path, checks: list[dict[str, Any]])
     )
 
 
-def _check_graphs(root: Path, cfg: dict[str, Any], checks: list[dict[str, Any]], emulated: bool) -> None:
+def _check_graphs(
+    root: Path, cfg: dict[str, Any], checks: list[dict[str, Any]], emulated: bool, fix: str = EMULATED_FIX
+) -> None:
     """Every graph optimum-rbln loads (and the host-side files beside them), none written by the emulator (all of
     them, with ``emulated``)."""
     graphs = [f"{name}.rbln" for name in expected_graph_names(cfg)] + ["visual/compiled_model.rbln"]
@@ -231,7 +249,7 @@ def _check_graphs(root: Path, cfg: dict[str, Any], checks: list[dict[str, Any]],
         raise InputError(
             f"{root}: {', '.join(marked[:3])} {'was' if len(marked) == 1 else 'were'} written by qvl's CPU "
             "emulator, not compiled for an NPU; vllm-rbln cannot run it on an NPU",
-            EMULATED_FIX,
+            fix,
         )
     ok(checks, "graph files", ", ".join(graphs))
 

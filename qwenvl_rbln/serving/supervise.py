@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO
 
 from qwenvl_rbln.errors import EXIT_INTERRUPTED, DependencyMissing
+from qwenvl_rbln.serving.port import HeldPort
 
 GRACE_S = 20.0  # vLLM's own shutdown after SIGINT (engine core, API server) before the group is killed
 GONE_S = 10.0  # after SIGKILL: how long to wait for the kernel to clear the group
@@ -49,9 +51,15 @@ def _reap() -> None:
             pass
 
 
-def _pump(source: IO[bytes], sink: IO[bytes], label: bytes) -> None:
-    """Copy ``source`` to ``sink`` line by line, each line prefixed with ``label``."""
+_ESCAPES = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")  # terminal colour and cursor sequences (CSI)
+
+
+def _pump(source: IO[bytes], sink: IO[bytes], label: bytes, watch: Callable[[bytes], None] | None = None) -> None:
+    """Copy ``source`` to ``sink`` line by line, each line prefixed with ``label`` (and shown to ``watch``)."""
     for line in iter(source.readline, b""):
+        line = _ESCAPES.sub(b"", line)  # vllm-router colours its log even into a pipe: no escapes in qvl's output
+        if watch is not None:
+            watch(line)
         with contextlib.suppress(OSError, ValueError):
             sink.write(label + line if line.endswith(b"\n") else label + line + b"\n")
             sink.flush()
@@ -88,13 +96,33 @@ def _forwarded(on_signal) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, str], label: str) -> tuple[subprocess.Popen, list[threading.Thread]]:
-    """Start ``argv`` in its own session (its pid is its group's id), its output pumped under ``label``."""
+def spawn(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    label: str,
+    listen: HeldPort | None = None,
+    watch: Callable[[bytes], None] | None = None,
+) -> tuple[subprocess.Popen, list[threading.Thread]]:
+    """Start ``argv`` in its own session (its pid is its group's id), its output pumped under ``label``; ``listen``:
+    the port qvl holds for it, handed over as an inherited socket (``port.py``); ``watch`` sees each stdout line."""
     _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: vLLM's engine processes come back to qvl if vLLM ends first
+    with listen.handed() if listen is not None else contextlib.nullcontext(({}, ())) as (extra, fds):
+        proc = _popen(argv, {**env, **extra}, fds)
+    pumps = [
+        threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, label.encode(), watch), daemon=True),
+        threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, label.encode()), daemon=True),
+    ]
+    for pump in pumps:
+        pump.start()
+    return proc, pumps
+
+
+def _popen(argv: Sequence[str], env: Mapping[str, str], fds: tuple[int, ...]) -> subprocess.Popen:
     try:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             list(argv),
             env=dict(env),
+            pass_fds=fds,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -105,13 +133,6 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], label: str) -> tuple[subp
         from qwenvl_rbln.serving.launch import VLLM_INSTALL_HINT
 
         raise DependencyMissing(f"cannot start {argv[0]}: {exc.strerror or exc}", VLLM_INSTALL_HINT) from None
-    pumps = [
-        threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, label.encode()), daemon=True),
-        threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, label.encode()), daemon=True),
-    ]
-    for pump in pumps:
-        pump.start()
-    return proc, pumps
 
 
 def end_group(pgid: int) -> None:
@@ -128,7 +149,13 @@ def exit_code(returncode: int) -> int:
     return returncode if returncode >= 0 else 128 - returncode
 
 
-def run(argv: Sequence[str], env: Mapping[str, str], label: str) -> int:
+def run(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    label: str,
+    listen: HeldPort | None = None,
+    watch: Callable[[bytes], None] | None = None,
+) -> int:
     """Run ``argv`` to its end; its exit code, or ``EXIT_INTERRUPTED`` when qvl was interrupted meanwhile.
 
     The signals are forwarded from before the child exists: a Ctrl-C that lands while it is being started (its
@@ -147,7 +174,7 @@ def run(argv: Sequence[str], env: Mapping[str, str], label: str) -> int:
                 _kill_group(pgid, signal.SIGKILL)  # a second Ctrl-C: now
 
     with _forwarded(on_signal):
-        proc, pumps = spawn(argv, env, label)
+        proc, pumps = spawn(argv, env, label, listen, watch)
         group.append(proc.pid)
         try:
             if interrupted:  # a Ctrl-C while it was starting

@@ -153,10 +153,17 @@ def run(
                                        "rerun with --dry-run to see the exact command")  # fmt: skip
                 result = json.loads(result_file.read_text(encoding="utf-8"))
                 stats = timed_mod.read_stats(work / "stats", since, until)
-                runs.append({"rate": rate, **figures(result, timed.scale), "calls": stats.to_dict(),
-                             "valid": stats.valid, "raw": _raw(result)})  # fmt: skip
+                got = figures(result, timed.scale)
+                valid = run_valid(got, stats.valid)
+                runs.append({"rate": rate, **got, "calls": stats.to_dict(), "valid": valid, "raw": _raw(result)})
     return {"emulated": True, "label": label, "time_model": timed.model_name, "time_model_json": timed.model,
             "time_scale": timed.scale, "valid": all(r["valid"] for r in runs), "runs": runs}  # fmt: skip
+
+
+def run_valid(got: Mapping[str, Any], held: bool) -> bool:
+    """A run is valid when every graph call kept its hold and every request completed: a run with a failed request
+    (or none done) measured no server (audit 2026-12-06 M3)."""
+    return held and got["completed"] > 0 and not got["failed"]
 
 
 def _warm_up(argv: list[str], port: int, result: Path, env: dict[str, str]) -> None:

@@ -19,6 +19,9 @@ batch reaches optimum-rbln longest first (``serving/decode_sort.py``).
 
 ``QVL_RESUME_MM=1`` (set by ``qvl serve`` for an artifact whose KV pool can preempt): a request vLLM preempted is
 recomputed with its images and videos, not as text (``serving/resume_features.py``).
+
+``QVL_LISTEN_FD=<fd>`` (set by ``qvl serve`` for the socket it bound and listens on since its port check): vLLM's
+API server serves on that socket instead of binding the port again (``serving/port.py`` says why).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from qwenvl_rbln.serving import decode_sort, resume_features
+from qwenvl_rbln.serving import decode_sort, port, resume_features
 from qwenvl_rbln.serving.options import FRAME_CAP_ENV, MAX_FRAME_PIXELS_ENV
 
 
@@ -75,8 +78,12 @@ def install_frame_cap() -> bool:
 
 
 def register() -> None:
-    """Install the per-frame video cap (``QVL_FRAME_CAP=1``), the decode batch sort (``QVL_SORT_DECODE=1``) and the
-    resumed request's features (``QVL_RESUME_MM=1``)."""
+    """Serve on qvl's listening socket (``QVL_LISTEN_FD``), install the per-frame video cap (``QVL_FRAME_CAP=1``),
+    the decode batch sort (``QVL_SORT_DECODE=1``) and the resumed request's features (``QVL_RESUME_MM=1``)."""
+    try:
+        port.adopt_in_vllm(warn)
+    except Exception as exc:  # noqa: BLE001 - a plugin must never stop vLLM from starting
+        warn(f"qvl's listening socket could not be handed to vLLM ({type(exc).__name__}: {exc})")
     if os.environ.get(FRAME_CAP_ENV) == "1":
         install_frame_cap()
     decode_sort.install(warn)  # QVL_SORT_DECODE unset: nothing to sort, nothing said

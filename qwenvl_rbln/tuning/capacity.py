@@ -55,7 +55,11 @@ NEAR_SATURATION_TEXT = (
     "1,000 requests): rerun with more --sim-requests and other --seed values before relying on it"
 )
 MAX_SEED = 2**32 - 1  # numpy's np.random.seed range, which vllm bench serve's --seed goes to
-_TARGET = re.compile(r"(?P<metric>[a-z]+)_p(?P<pct>\d+)=(?P<num>[0-9]*\.?[0-9]+(?:e[-+]?\d+)?)(?P<unit>ms|s)?")
+_TARGET = re.compile(r"(?P<metric>[a-z]+)_p(?P<pct>\d+)=(?P<num>-?[0-9]*\.?[0-9]+(?:e[-+]?\d+)?)(?P<unit>ms|s)?")
+# The rates a simulation answers sanely: below RATE_MIN the arrival times of a long run (up to 100,000 requests /
+# rate seconds) lose the precision of a device step (at 1e-12 req/s every figure came out 0 ms); above RATE_MAX the
+# replica count is no deployment (1e300 req/s printed a 48-digit --replicas).
+RATE_MIN, RATE_MAX = 1e-3, 1e6
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,11 @@ def read_arrivals(path: Path) -> tuple[float, ...]:
         raise InputError(
             f"--arrivals {path} cannot be read ({exc.strerror or exc})", "give a file of arrival times"
         ) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"--arrivals {path} is not a UTF-8 text file ({exc.reason} at byte {exc.start})",
+            "a JSON list or one number per line, e.g. 0.0 0.13 0.52",
+        ) from None
     try:
         raw = json.loads(text) if text.lstrip().startswith("[") else [ln for ln in text.split() if ln]
         times = tuple(float(x) for x in raw)
@@ -148,6 +157,12 @@ def check_rate(rate: float | None, slos: list[Slo] | None) -> None:
         return
     if not math.isfinite(rate) or rate <= 0:
         raise InputError(f"--rate {rate} is not a positive request rate", "requests per second, e.g. --rate 20")
+    if not RATE_MIN <= rate <= RATE_MAX:
+        raise InputError(
+            f"--rate {rate:g} is outside {RATE_MIN:g}..{RATE_MAX:g} requests per second, where the simulation's "
+            "figures hold (its arrival times lose precision below, and no fleet is that large above)",
+            "requests per second, e.g. --rate 20",
+        )
 
 
 # ------------------------------------------------------------------------------------------------ figures
@@ -395,7 +410,7 @@ def unreachable_text(missed: list[dict[str, Any]]) -> str:
     """Which targets no rate meets, and by how much (at the lightest load)."""
     return "; ".join(
         f"{m['target']} is unreachable: {_secs(m['got_s'])} at the lightest load, "
-        f"{_secs(m['over_s'])} over (x{m['over_ratio']:.2f})"
+        f"{_secs(m['over_s'])} over (x{m['over_ratio']:.{'2f' if m['over_ratio'] < 1e4 else '3g'}})"
         for m in missed
     )
 

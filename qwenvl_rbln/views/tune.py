@@ -376,7 +376,8 @@ def _hand_over(console: Any, data: dict[str, Any]) -> None:
     console.print(markup("  {}", cmds["compile"]))
     console.print(markup("  {}", cmds["serve"]))
     if cmds.get("deploy"):  # --rate: the replicas that carry it (serve runs one)
-        console.print(markup("  {}  [dim]({} replicas)[/dim]", cmds["deploy"], cmds["replicas"]))
+        word = "replica" if cmds["replicas"] == 1 else "replicas"
+        console.print(markup("  {}  [dim]({} {})[/dim]", cmds["deploy"], cmds["replicas"], word))
     env = " ".join(f"{k}={v}" for k, v in cmds["env"].items())
     # one line, never wrapped: it is the exact command `qvl serve` runs (serving.command.vllm_launch)
     console.print(markup("  [dim]which runs: {} {}[/dim]", env, shlex.join(cmds["vllm"])), soft_wrap=True)

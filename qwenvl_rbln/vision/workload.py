@@ -77,7 +77,7 @@ def _open_text(path: str | Path, what: str):
         raise InputError(f"{p}: cannot be read ({e.strerror or e})", "check the file permissions") from e
 
 
-def _first_char(path: str | Path, what: str) -> str:
+def _first_char(path: str | Path, what: str, hint: str = "pass a JSONL or CSV text file") -> str:
     with _open_text(path, what) as f:
         try:
             for line in f:
@@ -85,7 +85,7 @@ def _first_char(path: str | Path, what: str) -> str:
                 if s and not s.startswith("#"):
                     return s[0]
         except UnicodeDecodeError as e:
-            raise InputError(f"{path}: not a UTF-8 text file ({e.reason})", "pass a JSONL or CSV text file") from e
+            raise InputError(f"{path}: not a UTF-8 text file ({e.reason})", hint) from e
     return ""
 
 
@@ -366,7 +366,7 @@ def _batch_value(where: str, value: Any) -> int:
 def read_batch_trace(path: str | Path) -> dict[int, int]:
     """Observed running-batch sizes -> number of decode steps with that size."""
     p = user_path(path, "batch trace file")
-    first = _first_char(p, "batch trace")
+    first = _first_char(p, "batch trace", _TRACE_HINT)
     counts: dict[int, int] = {}
     if first and first in "[{":
         data = _load_json(p, "batch trace", _TRACE_HINT)
