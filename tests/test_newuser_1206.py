@@ -159,12 +159,12 @@ def test_fleet_engines_leave_the_routers_load_polls_out_of_their_access_log(tmp_
     engines = [p for p in json.loads(out)["processes"] if p["name"].startswith("engine")]
     for proc in engines:
         argv = proc["argv"]
-        assert argv[argv.index("--disable-access-log-for-endpoints") + 1] == "/get_load"
+        assert argv[argv.index("--disable-access-log-for-endpoints") + 1] == "/health,/get_load"
     extra = ["--", "--disable-access-log-for-endpoints=/metrics"]
     code, out, err = run_main(["serve", str(art), "--emulate", "--workers", "2", "--dry-run", "--json", *extra], capsys)
     assert code == 0, err
     for proc in json.loads(out)["processes"][:2]:
-        assert "/get_load" not in proc["argv"] and "--disable-access-log-for-endpoints=/metrics" in proc["argv"]
+        assert "/health,/get_load" not in proc["argv"] and "--disable-access-log-for-endpoints=/metrics" in proc["argv"]
 
 
 def test_a_huge_quoted_value_is_clipped_in_the_one_error_line(tmp_path, capsys):
