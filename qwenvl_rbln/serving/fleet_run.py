@@ -145,8 +145,7 @@ class Fleet:
         m.restarts += 1
         why = " unasked (vLLM's API server exits 0 when its engine core dies)" if code == 0 else ""
         self.say(
-            f"{m.name} exited with code {code}{why}; restarting it in {wait:g} s (the router sends its work "
-            "elsewhere)"
+            f"{m.name} exited with code {code}{why}; restarting it in {wait:g} s (the router sends its work elsewhere)"
         )
 
     def _check(self, m: Member, now: float) -> None:
