@@ -136,3 +136,17 @@ def test_a_measured_host_time_is_the_estimates_too(workload, tmp_path):
     running = est["mean_running_batch"]  # no trace: the full batch on every step
     assert est["decode_host_s_per_step"] == pytest.approx(0.02 + 1e-3 * running)
     assert "measured" in got["preset"]["description"]
+
+
+def test_with_slo_the_host_time_and_sampler_are_named_once_for_the_estimate_and_the_simulation(workload, tmp_path):
+    """One source: the capacity table's footer names the same host time as the estimate, and it is not repeated."""
+    res = run_qvl("tune", "-w", str(workload), "--context", "32768", "--slo", "ttft_p90=2s", "--sim-requests", "20",
+                  env={"QVL_HOME": str(tmp_path), "COLUMNS": "250"})  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    flat = " ".join(res.stdout.split())
+    assert flat.count("host time default: this machine's measurement (provisional)") == 1
+    assert flat.count("sampler assumed, not measured") == 1
+    res = run_qvl("tune", "-w", str(workload), "--context", "32768", "--slo", "ttft_p90=2s", "--sim-requests", "20",
+                  "--json", env={"QVL_HOME": str(tmp_path)})  # fmt: skip
+    doc = json.loads(res.stdout)
+    assert doc["capacity"]["host_time"] == doc["cost_model"]["host_time"]
