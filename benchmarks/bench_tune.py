@@ -103,6 +103,13 @@ def main() -> None:
                 if best
                 else f"exit 4, {len(doc['nearest'])} nearest"
             )
+            if best:  # the estimate: graphs, sampler and host time (its source: timings.json's, else the default)
+                est, host = best["estimate"], doc["cost_model"]["host_time"]
+                answer += (
+                    f"; estimate {est['output_tokens_per_s']:.0f} tok/s, TTFT {est['ttft_s'] * 1000:.2f} ms, TPOT "
+                    f"{est['tpot_s'] * 1000:.2f} ms, NPU busy {est['npu_busy_share']:.0%} (host time "
+                    f"{'measured' if host['measured'] else 'default'})"
+                )
             if (best or {}).get("capacity", {}).get("capacity_rps"):
                 cap = best["capacity"]
                 answer += f"; capacity {cap['capacity_rps']:.2f} req/s per replica, {cap['replicas']} replica(s)"

@@ -5,6 +5,14 @@ Serving model (vllm-rbln on one card for the LM): a request costs the LM card it
 decode steps; with the ViT on the same card its ViT calls too, with the ViT on its own card they overlap (the two
 cards pipeline, the slower one decides). Running batches above the compiled batch wait in the queue.
 
+Every engine step is also charged what the serving simulator (``tuning.simulate``) charges it, from the same
+figures: the sampler's NPU call (``Roofline.sampler_call``: one row for a prefill, the running rows padded to the
+sampler's bucket for a decode, ``simulate.sampler_rows``; an assumption, ``roofline.SAMPLER_ASSUMPTION``) and the
+host's own time (``host_time.HostTimeModel``, the one ``host_time.for_prediction`` gives: a prefill step by its
+tokens and ViT calls, a decode step by its running rows), during which the NPU waits. Graph figures
+(``decode_graphs[].step_s``, ``prefill_s_per_request``) are the graph calls alone; TTFT, TPOT, throughput and
+latency include both. ``npu_busy_share`` is device time / (device + host time) per request.
+
 Two corrections to a single figure (docs/tuning.md, "The cost model"):
 - a MoE model's figures are a range: ``low`` with only the routed experts computed and read, ``high`` with every
   expert (a dense ``custom_moe_glu``). The headline figures, and so the ranking, are the high end: the one a
@@ -17,9 +25,12 @@ Two corrections to a single figure (docs/tuning.md, "The cost model"):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
+from qwenvl_rbln.tuning.host_time import HostTimeModel
 from qwenvl_rbln.tuning.roofline import Roofline
+from qwenvl_rbln.tuning.simulate import sampler_rows
 from qwenvl_rbln.tuning.workload import Work, chunks, clamp_trace, vit_seconds_per_request
 from qwenvl_rbln.vision.buckets import select_bucket
 
@@ -37,53 +48,99 @@ def _prefill_per_request(work: Work, roof: Roofline, block: int) -> tuple[float,
     return seconds / count, pieces / count
 
 
-def _at_load(
-    work: Work, roof: Roofline, trace: dict[int, int], graphs: list[int], block: int, fixed: tuple[float, float, bool]
-) -> dict[str, float]:
-    """Throughput and latency with the running batches of ``trace``; ``fixed`` is (ViT s, prefill s, shared)."""
-    vit_s, prefill_s, shared = fixed
+@dataclass(frozen=True)
+class _Fixed:
+    """What a request costs outside its decode steps: its ViT calls, and its prefill step's chunks, sampler call (one
+    row) and host time; ``shared``: the ViT on the LM's card."""
+
+    vit_s: float
+    prefill_s: float
+    sampler_s: float
+    host_s: float
+    shared: bool
+
+    @property
+    def ttft(self) -> float:
+        return self.vit_s + self.prefill_s + self.sampler_s + self.host_s
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A decoder's step costs: the graph (by the roofline end), the sampler and the host; the same at every load."""
+
+    roof: Roofline
+    host: HostTimeModel
+    graphs: list[int]
+    batch: int
+    block: int
+
+    def __call__(self, running: int, context: float) -> tuple[float, float, float]:
+        """(graph, sampler, host) seconds of one decode step of ``running`` rows."""
+        g = select_bucket(running, self.graphs) or self.graphs[-1]
+        graph = self.roof.decode_step(g, running, context, self.block)
+        return graph, self.roof.sampler_call(sampler_rows(running, self.graphs, self.batch)), self.host.decode(running)
+
+
+def _at_load(work: Work, step: _Step, trace: dict[int, int], fixed: _Fixed) -> dict[str, float]:
+    """Throughput and latency with the running batches of ``trace``: every step's graph, sampler and host time."""
     context = work.mean_input_tokens + work.output_tokens / 2  # mean tokens each row attends to while decoding
-    steps = rows = step_time = 0.0
+    steps = rows = graph_s = sampler_s = host_s = 0.0
     for running, n in trace.items():
-        g = select_bucket(running, graphs) or graphs[-1]
+        graph, sampler, host = step(running, context)
         steps += n
         rows += n * running
-        step_time += n * roof.decode_step(g, running, context, block)
+        graph_s, sampler_s, host_s = graph_s + n * graph, sampler_s + n * sampler, host_s + n * host
+    step_time = graph_s + sampler_s + host_s
     per_token = step_time / rows  # decode seconds per generated token, shared by the running rows
     tpot = step_time / steps  # what one request waits per output token
-    lm_per_request = prefill_s + work.output_tokens * per_token
-    card_s = lm_per_request + vit_s if shared else max(lm_per_request, vit_s)
+    lm_per_request = fixed.prefill_s + fixed.sampler_s + fixed.host_s + work.output_tokens * per_token
+    card_s = lm_per_request + fixed.vit_s if fixed.shared else max(lm_per_request, fixed.vit_s)
     requests_per_s = 1.0 / card_s if card_s else 0.0
-    ttft = vit_s + prefill_s
+    device = fixed.vit_s + fixed.prefill_s + fixed.sampler_s + work.output_tokens * (graph_s + sampler_s) / rows
+    host_per_request = fixed.host_s + work.output_tokens * host_s / rows
     return {
-        "ttft_s": ttft,
+        "ttft_s": fixed.ttft,
         "tpot_s": tpot,
         "mean_running_batch": rows / steps,
-        "latency_s": ttft + work.output_tokens * tpot,
+        "latency_s": fixed.ttft + work.output_tokens * tpot,
         "requests_per_s": requests_per_s,
         "output_tokens_per_s": requests_per_s * work.output_tokens,
+        "decode_sampler_s_per_step": sampler_s / steps,
+        "decode_host_s_per_step": host_s / steps,
+        "device_s_per_request": device,
+        "host_s_per_request": host_per_request,
+        "npu_busy_share": device / (device + host_per_request) if device + host_per_request > 0 else None,
         "lm_s_per_request": lm_per_request,
     }
 
 
-def _one_end(
-    work: Work, roof: Roofline, batch: int, graphs: list[int], vit_s: float, block: int, shared: bool, load: int | None
-) -> dict[str, Any]:
-    """Every figure at one end of the cost model: at the trace (or the full batch), and at the lighter load."""
-    prefill_s, prefill_chunks = _prefill_per_request(work, roof, block)
+def _one_end(work: Work, step: _Step, vit: tuple[float, float], shared: bool, load: int | None) -> dict[str, Any]:
+    """Every figure at one end of the cost model: at the trace (or the full batch), and at the lighter load.
+    ``vit``: (ViT seconds, ViT calls) per request."""
+    roof, batch, graphs = step.roof, step.batch, step.graphs
+    prefill_s, prefill_chunks = _prefill_per_request(work, roof, step.block)
+    # one prefill step per request; the host-time model is linear, so the mean request's tokens and calls are exact
+    prefill_host = step.host.prefill(work.mean_input_tokens, vit[1])
+    fixed = _Fixed(vit[0], prefill_s, roof.sampler_call(1), prefill_host, shared)
     context = work.mean_input_tokens + work.output_tokens / 2
-    fixed = (vit_s, prefill_s, shared)
     trace = clamp_trace(work.trace, batch) if work.trace else {batch: 1}
+    decode_graphs = []
+    for g in graphs:
+        graph, sampler, host = step(g, context)
+        decode_graphs.append({"graph": g, "step_s": graph, "sampler_s": sampler, "host_s": host})
     out: dict[str, Any] = {
-        "vit_s_per_request": vit_s,
+        "vit_s_per_request": vit[0],
+        "vit_calls_per_request": vit[1],
         "prefill_s_per_request": prefill_s,
         "prefill_chunks_per_request": prefill_chunks,
         "prefill_s_per_chunk": prefill_s / prefill_chunks,
-        "decode_graphs": [{"graph": g, "step_s": roof.decode_step(g, g, context, block)} for g in graphs],
-        **_at_load(work, roof, trace, graphs, block, fixed),
+        "prefill_sampler_s": fixed.sampler_s,
+        "prefill_host_s": fixed.host_s,
+        "decode_graphs": decode_graphs,
+        **_at_load(work, step, trace, fixed),
     }
     if load is not None and not work.trace:
-        light = _at_load(work, roof, {min(load, batch): 1}, graphs, block, fixed)
+        light = _at_load(work, step, {min(load, batch): 1}, fixed)
         out["lighter"] = {"concurrency": load, "running_batch": min(load, batch), **light}
     return out
 
@@ -110,17 +167,22 @@ def estimate(
     vit_buckets: list[int],
     block: int,
     shared: bool,
+    host: HostTimeModel,
     load: int | None = None,
 ) -> dict[str, Any]:
     """The candidate's figures (seconds, tokens/s), as plain data: the headline ones at the high end of a MoE's
-    range, ``moe_range`` with both ends, ``lighter_load`` at ``load`` running requests (no trace only)."""
-    vit_s = vit_seconds_per_request(work, vit_buckets, roof.vit_call)
+    range, ``moe_range`` with both ends, ``lighter_load`` at ``load`` running requests (no trace only). ``host``
+    is required: a prediction never leaves the host's time at 0 in silence (``host_time.HOST_FREE`` says so)."""
+    vit = (vit_seconds_per_request(work, vit_buckets, roof.vit_call), vit_seconds_per_request(work, vit_buckets, _one))
     ordered = sorted(graphs)
     high_roof = roof.high_end()
-    low = _one_end(work, roof, batch, ordered, vit_s, block, shared, load)
-    high = _one_end(work, high_roof, batch, ordered, vit_s, block, shared, load) if high_roof is not roof else low
+    low = _one_end(work, _Step(roof, host, ordered, batch, block), vit, shared, load)
+    high = low
+    if high_roof is not roof:
+        high = _one_end(work, _Step(high_roof, host, ordered, batch, block), vit, shared, load)
     for g_low, g_high in zip(low["decode_graphs"], high["decode_graphs"], strict=True):
-        g_high["tokens_per_s"] = g_high["graph"] / g_high["step_s"] if g_high["step_s"] > 0 else None
+        whole = g_high["step_s"] + g_high["sampler_s"] + g_high["host_s"]
+        g_high["tokens_per_s"] = g_high["graph"] / whole if whole > 0 else None  # the graph, sampler and host
         differ = abs(g_low["step_s"] - g_high["step_s"]) > 1e-15  # not a dense model, nor a measured graph
         g_high["step_s_range"] = _span(g_low["step_s"], g_high["step_s"]) if differ else None
     moe_range = _ranges(low, high) if high is not low else None
@@ -133,9 +195,14 @@ def estimate(
             "ranked_at": "batch trace" if work.trace else ("lighter load" if lighter else "full batch"),
         },
         "lighter_load": {k: v for k, v in lighter.items() if k != "lm_s_per_request"} if lighter else None,
-        "bottleneck": "ViT card" if not shared and vit_s > high["lm_s_per_request"] else "LM card",
+        "bottleneck": "ViT card" if not shared and vit[0] > high["lm_s_per_request"] else "LM card",
         "label": roof.label(),
     }
+
+
+def _one(_bucket: int) -> float:
+    """A ViT call counted once (``vit_seconds_per_request`` with it gives the packed calls per request)."""
+    return 1.0
 
 
 def score(est: dict[str, Any], objective: str) -> float:

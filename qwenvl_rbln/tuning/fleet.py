@@ -26,7 +26,8 @@ from typing import Any
 from qwenvl_rbln.errors import DoesNotFit
 from qwenvl_rbln.tuning.capacity import MAX_UTILISATION, Kind, Load, capacity, fleet, unreachable_text
 from qwenvl_rbln.tuning.device_time import DeviceTimeModel, from_roofline
-from qwenvl_rbln.tuning.host_time import COEFFICIENTS, HostTimeModel, for_prediction
+from qwenvl_rbln.tuning.host_time import HostTimeModel
+from qwenvl_rbln.tuning.host_time import section as host_section
 from qwenvl_rbln.tuning.search import Checker, Config
 from qwenvl_rbln.tuning.simulate import CONTEXT_ENDS, LONGEST, OWN, Engine
 from qwenvl_rbln.tuning.workload import Work
@@ -130,16 +131,6 @@ def _sized(load: Load, needs: Any, npus: int) -> dict[str, Any]:
     return out
 
 
-def host_section(host: HostTimeModel, measured: bool) -> dict[str, Any]:
-    """The host-time model a prediction used, for --json and the table's footer: never 0 in silence."""
-    return {
-        "source": host.source,
-        "measured": measured,
-        "seconds": {k: getattr(host, k) for k in COEFFICIENTS},
-        "host": dict(host.host),
-    }
-
-
 def _key(needs: Any, item: tuple[int, Config, dict[str, Any]]) -> tuple:
     i, _, row = item
     c = row["capacity"]
@@ -155,7 +146,7 @@ def size_candidates(
     """Every candidate sized and ranked (by NPUs for --rate, else by capacity per NPU); the document's
     ``capacity`` section; the error when no candidate meets the targets at any rate."""
     needs = checker.needs
-    host, measured = for_prediction()
+    host, measured = checker.host, checker.host_measured  # the estimate's own: one source of host time
     for cfg, row in items:
         row["capacity"] = size_one(checker, cfg, row, host, measured)
     ranked = items

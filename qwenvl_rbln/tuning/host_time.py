@@ -118,6 +118,16 @@ def for_prediction(path: Path | None = None) -> tuple[HostTimeModel, bool]:
     return (found, True) if found is not None else (DEFAULT, False)
 
 
+def section(host: HostTimeModel, measured: bool) -> dict[str, Any]:
+    """The host-time model a prediction used, for --json and the footer under tune's tables: never 0 in silence."""
+    return {
+        "source": host.source,
+        "measured": measured,
+        "seconds": {k: getattr(host, k) for k in COEFFICIENTS},
+        "host": dict(host.host),
+    }
+
+
 def read_section(path: Path) -> dict[str, Any]:
     """timings.json's host-time entries ({} when the file or the section is missing)."""
     try:

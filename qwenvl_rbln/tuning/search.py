@@ -20,7 +20,8 @@ from qwenvl_rbln.errors import InputError, QvlError
 from qwenvl_rbln.memory.moe import WEIGHTS_ALONE
 from qwenvl_rbln.memory.report import FITS
 from qwenvl_rbln.tuning.estimate import FULL_BATCH, estimate, score
-from qwenvl_rbln.tuning.roofline import Roofline
+from qwenvl_rbln.tuning.host_time import HostTimeModel, for_prediction, section
+from qwenvl_rbln.tuning.roofline import SAMPLER_ASSUMPTION, Roofline
 from qwenvl_rbln.tuning.workload import Work, decoder_graphs
 
 BASE_PRESET = "rebel100-1npu"  # the Model Zoo baseline every configuration is a set of changes to
@@ -82,10 +83,15 @@ def largest(pred: Any, lo: int, hi: int) -> int:
 
 
 class Checker:
-    """Builds and estimates configurations (memoised): the planner's verdict and the cost model's figures."""
+    """Builds and estimates configurations (memoised): the planner's verdict and the cost model's figures.
+    ``host``: (host-time model, measured?), by default ``host_time.for_prediction()``'s: the one source of host time
+    for the estimate and the simulated capacity alike."""
 
-    def __init__(self, needs: Needs, work: Work, roof: Roofline, base: Any):
+    def __init__(
+        self, needs: Needs, work: Work, roof: Roofline, base: Any, host: tuple[HostTimeModel, bool] | None = None
+    ):
         self.needs, self.work, self.roof, self.base = needs, work, roof, base
+        self.host, self.host_measured = host if host is not None else for_prediction()
         self.max_position: int = base.geometry.text.max_position_embeddings
         self._checks: dict[Config, dict[str, Any]] = {}
         self._graphs: dict[int, tuple[list[int], str]] = {}
@@ -127,6 +133,8 @@ class Checker:
                 "rule": rule,
             },  # fmt: skip
             "moe_range": MOE_RANGE if self.roof.is_moe else None,
+            "host_time": section(self.host, self.host_measured),
+            "sampler": SAMPLER_ASSUMPTION,
         }
 
     def graphs(self, cfg: Config) -> list[int]:
@@ -230,6 +238,7 @@ class Checker:
             vit_buckets=self.vit(cfg),
             block=cfg.partition,
             shared=not cfg.split,
+            host=self.host,
             load=self.light_load(),
         )
 

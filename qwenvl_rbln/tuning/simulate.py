@@ -75,13 +75,7 @@ class Engine:
         return tuple(sorted(self.graphs)) if self.graphs else (self.batch,)
 
     def sampler_rows(self, n: int) -> int:
-        """Rows of logits the sampler runs on for n decode rows: vllm-rbln pads them (not one row) to its bucket,
-        the decoder graphs when there are several (``use_multiple_decoder``), else ``get_bucket_sizes``."""
-        if n <= 1:
-            return 1
-        graphs = self.decoder_graphs()
-        buckets = list(graphs) if len(graphs) > 1 else sampler_buckets(self.batch)
-        return buckets[min(bisect.bisect_left(buckets, n), len(buckets) - 1)]
+        return sampler_rows(n, self.decoder_graphs(), self.batch)
 
     def usable_blocks(self) -> int:
         full = self.num_blocks >= self.batch * math.ceil(self.max_model_len / self.block_size)
@@ -89,6 +83,16 @@ class Engine:
 
     def blocks_for(self, tokens: int) -> int:
         return math.ceil(min(tokens, self.max_model_len) / self.block_size)
+
+
+def sampler_rows(n: int, graphs: Sequence[int], batch: int) -> int:
+    """Rows of logits the sampler runs on for n decode rows: vllm-rbln pads them (not one row) to its bucket,
+    the decoder graphs when there are several (``use_multiple_decoder``), else ``get_bucket_sizes``. Shared with
+    the analytic estimate (``tuning.estimate``), so both charge the same sampler call."""
+    if n <= 1:
+        return 1
+    buckets = sorted(graphs) if len(graphs) > 1 else sampler_buckets(batch)
+    return buckets[min(bisect.bisect_left(buckets, n), len(buckets) - 1)]
 
 
 def sampler_buckets(max_num_seqs: int) -> list[int]:

@@ -37,7 +37,7 @@ def _checker(checker: Checker, top: int, p: int) -> Checker | None:
         )
     except QvlError:
         return None
-    return Checker(needs, small, checker.roof, base)
+    return Checker(needs, small, checker.roof, base, (checker.host, checker.host_measured))
 
 
 def _best(chk: Checker) -> Config | None:

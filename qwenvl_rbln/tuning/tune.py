@@ -248,12 +248,13 @@ def _description(checker: Checker, best: dict[str, Any]) -> str:
     trace = f", batch trace {work.trace_path}" if work.trace_path else ""
     origin = (best.get("timing") or {}).get("label", LABEL)
     origin = LABEL if origin == ROOFLINE else origin
+    host = "measured" if checker.host_measured else "this machine's default"
     return (
         f"qvl tune: {checker.base.model_id} for {work.path} ({work.requests:,} requests{trace}); "
         f"needs context {needs.context}, batch >= {needs.min_batch}, {needs.devices} NPU(s), objective "
         f"{needs.objective}; estimate ({origin}): {est['output_tokens_per_s']:.0f} output tokens/s, TTFT "
-        f"{est['ttft_s'] * 1000:.1f} ms, TPOT {est['tpot_s'] * 1000:.2f} ms{_moe_span(est)}"
-        f"{_capacity_text(checker, best)}"
+        f"{est['ttft_s'] * 1000:.1f} ms, TPOT {est['tpot_s'] * 1000:.2f} ms{_moe_span(est)} (host time: {host}; "
+        f"sampler assumed){_capacity_text(checker, best)}"
     )
 
 

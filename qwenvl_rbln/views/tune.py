@@ -158,7 +158,9 @@ def print_human(console: Any, data: dict[str, Any]) -> None:
         cols = _config_cols(data["needs"]) + _load_cols(data)
         print_left_out(console, print_table(console, cols, rows, title="best configurations (every one fits)"))
         if data.get("capacity"):
-            _capacity(console, data)
+            _capacity(console, data)  # its footer names the host time and the sampler, the same as the estimate's
+        else:
+            _host_and_sampler(console, data["cost_model"])
         _timing_sources(console, data)
         console.print(markup("decoder graphs: {}", data.get("decoder_graphs_from") or ""))
         capped = [f["largest_batch"] for f in data["frontier"] if f["batch_cap_reached"]]
@@ -222,17 +224,23 @@ def _share(value: float | None) -> str:
 def _charged(console: Any, sec: dict[str, Any]) -> None:
     """What every simulated step is charged besides the graphs: the host time (its source, never 0 in silence), the
     sampler (an assumption), the decode rows' context end, and what the NPU busy share is."""
-    host = sec.get("host_time") or {}
-    colour = "" if host.get("measured") else "yellow"
-    line = f"[bold]host time[/bold] [{colour}]{{}}[/{colour}]" if colour else "[bold]host time[/bold] {}"
-    console.print(markup(line, host.get("source", "none")), highlight=False)
-    console.print(markup("[bold]sampler[/bold] {}", sec.get("sampler") or "none"), highlight=False)
+    _host_and_sampler(console, sec)
     ctx = sec.get("decode_context") or {}
     if ctx.get("rule"):
         console.print(markup("[bold]decode rows[/bold] {}", ctx["rule"]), highlight=False)
     if sec.get("npu_busy_share"):
         rest = "the rest is host time and waiting for requests: the gap to the card's limit"
         console.print(markup("[dim]{}; {}[/dim]", sec["npu_busy_share"], rest), highlight=False)
+
+
+def _host_and_sampler(console: Any, sec: dict[str, Any]) -> None:
+    """What every step is charged besides its graphs, estimated or simulated: the host time (its source, in yellow
+    unless measured: never 0 in silence) and the sampler (an assumption). Printed once, under the last table."""
+    host = sec.get("host_time") or {}
+    colour = "" if host.get("measured") else "yellow"
+    line = f"[bold]host time[/bold] [{colour}]{{}}[/{colour}]" if colour else "[bold]host time[/bold] {}"
+    console.print(markup(line, host.get("source", "none")), highlight=False)
+    console.print(markup("[bold]sampler[/bold] {}", sec.get("sampler") or "none"), highlight=False)
 
 
 def _capacity(console: Any, data: dict[str, Any]) -> None:
@@ -348,6 +356,18 @@ def _breakdown(console: Any, best: dict[str, Any]) -> None:
             graphs,
             f"{est['mean_running_batch']:.2f}",
             est["bottleneck"],
+        )
+    )
+    busy = est.get("npu_busy_share")
+    console.print(
+        markup(
+            "#1 per step besides the graphs: sampler {} ms (prefill) / {} ms (decode), host {} ms (prefill) / {} ms "
+            "(decode); NPU busy {} of each request (device time / device + host time)",
+            _ms(est.get("prefill_sampler_s")),
+            _ms(est.get("decode_sampler_s_per_step")),
+            _ms(est.get("prefill_host_s")),
+            _ms(est.get("decode_host_s_per_step")),
+            _share(busy),
         )
     )
 
