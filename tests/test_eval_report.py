@@ -126,7 +126,7 @@ def test_accuracy_below_min_accuracy_exits_8_and_both_broken_gates_are_named(tmp
         (["--max-drop", "2"], "--max-drop compares against a baseline and needs --baseline"),
         (["--min-accuracy", "85"], "--min-accuracy 85 is not a fraction between 0 and 1"),
         (["--metric", "bleu"], "--metric 'bleu' is not one of vqa, exact, anls"),
-        (["--data", "easy-vqa"], "--score scores a results file again without running anything; --data only apply"),
+        (["--data", "easy-vqa"], "--score scores a results file again without running anything; --data only applies"),
         (["--plot", "x.gif"], "the file must end in .png or .svg"),
     ],
 )
