@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import BackendError
+from qwenvl_rbln.serving import step_log
 from qwenvl_rbln.serving.options import Launch
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -40,10 +41,21 @@ STOP_S = 30.0
 class TimedRun:
     """What the timed benchmark takes besides the two launches."""
 
-    model: dict[str, Any]  # the device-time model as JSON (DeviceTimeModel.to_json)
+    model: dict[str, Any] | None  # the device-time model as JSON (DeviceTimeModel.to_json); None: a real NPU
     model_name: str
     scale: float
     rates: tuple[float, ...]  # requests/s in device time; inf: all at once
+    speed: str = "cpu"  # cpu: the tiny model's math inside each hold; device: nothing computed (timed.py)
+
+    @property
+    def label(self) -> str:
+        if self.model is None:
+            return "the NPU: its own engine with the engine-step log (host time = step wall time - device time)"
+        held = f"qvl's CPU emulator held to device time model {self.model_name}, scale {self.scale:g}"
+        if self.speed == "device":
+            return (f"emulated at device speed: {held}; no graph computed, the output tokens are meaningless "
+                    "(their lengths kept with --ignore-eos); the host's time is real")  # fmt: skip
+        return f"emulated: {held}"
 
 
 def free_port() -> int:
@@ -127,7 +139,6 @@ def run(
     ``timed_mod``: the emulator's timing module (its ``environment`` and ``read_stats``), given by the command, which
     composes the emulator in (serving never imports a backend)."""
 
-    label = f"emulated: qvl's CPU emulator held to device time model {timed.model_name}, scale {timed.scale:g}"
     runs = []
     with tempfile.TemporaryDirectory(prefix="qvl-timed-bench-") as tmp:
         work = Path(tmp)
@@ -135,9 +146,11 @@ def run(
         server_argv = [vllm, *serve.argv[1:]]
         server_argv[server_argv.index("--port") + 1] = str(port)
         env = serve.exec_env(environ)
-        model_file = work / "time-model.json"
-        model_file.write_text(json.dumps(timed.model), encoding="utf-8")
-        env.update(timed_mod.environment(model_file, timed.scale, work / "stats"))
+        if timed.model is not None:
+            model_file = work / "time-model.json"
+            model_file.write_text(json.dumps(timed.model), encoding="utf-8")
+            env.update(timed_mod.environment(model_file, timed.scale, work / "stats", timed.speed))
+        env[step_log.ENV] = str(work / "steps")
         bench_env = bench.exec_env(environ)
         with _server(server_argv, env, port, work / "server.log"):
             _warm_up([vllm, *bench.argv[1:]], port, work / "warm-up.json", bench_env)
@@ -152,11 +165,15 @@ def run(
                     raise BackendError(f"`vllm bench serve` exited with {done.returncode}: {done.stderr[-2000:]}",
                                        "rerun with --dry-run to see the exact command")  # fmt: skip
                 result = json.loads(result_file.read_text(encoding="utf-8"))
-                stats = timed_mod.read_stats(work / "stats", since, until)
-                runs.append({"rate": rate, **figures(result, timed.scale), "calls": stats.to_dict(),
-                             "valid": stats.valid, "raw": _raw(result)})  # fmt: skip
-    return {"emulated": True, "label": label, "time_model": timed.model_name, "time_model_json": timed.model,
-            "time_scale": timed.scale, "valid": all(r["valid"] for r in runs), "runs": runs}  # fmt: skip
+                stats = timed_mod.read_stats(work / "stats", since, until) if timed.model is not None else None
+                steps = step_log.read_steps(work / "steps", since, until)
+                runs.append({"rate": rate, **figures(result, timed.scale),
+                             "calls": stats.to_dict() if stats is not None else None,
+                             "valid": (stats is None or stats.valid) and bool(result["completed"]),
+                             "steps": [s.to_dict() for s in steps], "raw": _raw(result)})  # fmt: skip
+    return {"emulated": timed.model is not None, "label": timed.label, "time_model": timed.model_name,
+            "time_model_json": timed.model, "time_scale": timed.scale, "speed": timed.speed,
+            "valid": all(r["valid"] for r in runs), "runs": runs}  # fmt: skip
 
 
 def _warm_up(argv: list[str], port: int, result: Path, env: dict[str, str]) -> None:

@@ -25,7 +25,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from qwenvl_rbln.serving import decode_sort
+from qwenvl_rbln.serving import decode_sort, step_log
 from qwenvl_rbln.serving.options import FRAME_CAP_ENV, MAX_FRAME_PIXELS_ENV
 
 
@@ -72,7 +72,9 @@ def install_frame_cap() -> bool:
 
 
 def register() -> None:
-    """Install the per-frame video cap (``QVL_FRAME_CAP=1``) and the decode batch sort (``QVL_SORT_DECODE=1``)."""
+    """Install the per-frame video cap (``QVL_FRAME_CAP=1``), the decode batch sort (``QVL_SORT_DECODE=1``) and the
+    engine-step log (``QVL_STEP_LOG=DIR``, ``step_log.py``)."""
     if os.environ.get(FRAME_CAP_ENV) == "1":
         install_frame_cap()
     decode_sort.install(warn)  # QVL_SORT_DECODE unset: nothing to sort, nothing said
+    step_log.install(warn)  # QVL_STEP_LOG unset: nothing logged
