@@ -8,8 +8,8 @@ device``, and usable by hand on an NPU host) makes qvl's vLLM plugin wrap, in th
 * ``EngineCore.step`` (vLLM 0.22, ``vllm/v1/engine/core.py``: schedule, execute, sample, update): each step that
   scheduled tokens appends ``WALL_START WALL_END KIND TOKENS ROWS IMAGES DEVICE_S PENDING`` to
   ``DIR/steps-PID.tsv``; KIND is ``prefill`` when a request is new or has more than one token scheduled, else
-  ``decode``; ROWS the requests scheduled, IMAGES the encoder inputs scheduled, PENDING 1 when the scheduler still
-  had requests after the step (the engine loops straight on, so the gap to the next step is host work too);
+  ``decode``; ROWS the requests scheduled, IMAGES the new requests' images and videos, PENDING 1 when unfinished
+  requests remained after the step (the engine loops straight on, so the gap to the next step is host work too);
 * ``rebel.capture_reports`` (vllm-rbln's runner wraps every model and sampler call in it,
   ``v1/worker/optimum_model_runner.py``): the ``total_device`` microseconds each report gives are summed into the
   step's DEVICE_S. On an NPU host that is the runtime's own device time; on the emulator, the time inside the
@@ -66,8 +66,10 @@ def describe(scheduler_output: Any) -> tuple[str, int, int, int]:
     tokens = int(getattr(scheduler_output, "total_num_scheduled_tokens", sum(counts.values())) or 0)
     new = list(getattr(scheduler_output, "scheduled_new_reqs", []) or [])
     kind = "prefill" if new or any(int(n) > 1 for n in counts.values()) else "decode"
-    encoder = dict(getattr(scheduler_output, "scheduled_encoder_inputs", {}) or {})
-    return kind, tokens, len(counts), sum(len(v) for v in encoder.values())
+    images = sum(len(getattr(r, "mm_features", None) or []) for r in new)  # a new request's images and videos
+    if not images:  # a request resumed, or an engine that schedules its encoder inputs apart
+        images = sum(len(v) for v in (getattr(scheduler_output, "scheduled_encoder_inputs", None) or {}).values())
+    return kind, tokens, len(counts), images
 
 
 @contextlib.contextmanager
@@ -126,18 +128,50 @@ def wrap_step(step: Callable[..., Any], writer: _Writer) -> Callable[..., Any]:
             scheduler._qvl_caught = True
         scheduler._qvl_last = None
         start = time.time()
-        with _step_device() as acc:
+        with _step_device() as acc, _profiled():
             result = step(self)
         end = time.time()
         out = scheduler._qvl_last
         if out is not None and int(getattr(out, "total_num_scheduled_tokens", 0) or 0) > 0:
             kind, tokens, rows, images = describe(out)
-            pending = int(bool(scheduler.has_requests()))
+            pending = int(_unfinished(scheduler) > 0)
             writer.write(f"{start:.6f} {end:.6f} {kind} {tokens} {rows} {images} {acc[0]:.7f} {pending}\n")
         return result
 
     logged.qvl_step_log = True  # type: ignore[attr-defined]
     return logged
+
+
+PROFILE_ENV = "QVL_STEP_PROFILE"  # FILE: cProfile of the engine steps, dumped there every DUMP_EVERY steps
+DUMP_EVERY = 50
+_profile: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def _profiled() -> Iterator[None]:
+    """With ``QVL_STEP_PROFILE=FILE``: the step runs under cProfile (a map of the host's costs per step; the
+    graph calls' holds show as ``time.sleep``), the stats written to FILE every DUMP_EVERY steps."""
+    target = os.environ.get(PROFILE_ENV)
+    if not target:
+        yield
+        return
+    import cProfile
+
+    prof = _profile.setdefault("p", cProfile.Profile())
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        _profile["n"] = _profile.get("n", 0) + 1
+        if _profile["n"] % DUMP_EVERY == 0:
+            prof.dump_stats(target)
+
+
+def _unfinished(scheduler: Any) -> int:
+    """Requests still to be served after a step (finished ones not yet removed do not count: no work)."""
+    count = getattr(scheduler, "get_num_unfinished_requests", None)
+    return int(count()) if callable(count) else int(bool(scheduler.has_requests()))
 
 
 def install(warn: Callable[[str], None]) -> bool:

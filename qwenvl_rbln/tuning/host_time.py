@@ -119,7 +119,7 @@ def record(model: HostTimeModel, key: str, path: Path | None = None) -> Path:
 
     path = path or timings_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    entry = {**model.to_json(), "measured_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    entry = {**model.to_json(), "measured_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
     with flock.held(path.with_name(f".{path.name}.lock"), blocking=True):
         data = read_file(path)  # refuses a file qvl cannot read (v1, a newer version, malformed) with the fix
         section = data.get(SECTION)

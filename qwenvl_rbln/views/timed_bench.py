@@ -23,8 +23,11 @@ def human(console: Any, d: dict[str, Any]) -> None:
         else:
             mark = "valid" if r["valid"] else (
                 f"INVALID: {calls['overruns']} of {calls['calls']} calls overran their hold" if calls["overruns"]
-                else "INVALID: no request completed")  # fmt: skip
+                else "INVALID: no request completed" if not r["completed"]
+                else "INVALID: the emulator's own work took over 5 % of the run")  # fmt: skip
             share = f"; CPU share {calls['cpu_share']:.1%} (worst call {calls['worst_cpu_share']:.0%})"
+            if d.get("speed") == "device":
+                share = f"; emulator's own work {r.get('emulator_share', 0.0):.1%} of the wall time"
         say(
             f"rate {r['rate']:g} req/s: {r['completed']} done, {r['failed']} failed, "
             f"{r['request_throughput']:.3f} req/s, {r['output_throughput']:.1f} tok/s; "

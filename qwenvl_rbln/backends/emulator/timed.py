@@ -15,7 +15,11 @@ scheduler meets the same durations an NPU would give it, only ``scale`` times sl
   info, stored in the artifact), and holds for its device time (the scale is 1 by default, so the engine runs at
   the NPU's pace and the host's own work between calls is real, unscaled). The tokens are meaningless. The RBLN
   sampler (an NPU call in vllm-rbln) returns zeros too, and holds for the model's ``sampler(rows)`` seconds where
-  the time model has that method (0 otherwise); its calls are logged as kind ``sampler``.
+  the time model has that method (0 otherwise); its calls are logged as kind ``sampler``. Here the hold comes
+  *after* the emulator's own work in the call (choosing the graph, the zeros: tens of microseconds), as a device
+  runs after the runtime's launch: a hold of 0.2 ms cannot absorb a thread that waited for the GIL, so a call never
+  overruns; its HOLD_S is the call's whole wall time, and that work (CPU_S, summed in ``Stats.cpu_s``) is the
+  emulator's distortion of the pace, which bench-serve bounds (``serving/timed_bench.py``).
 
 A call's wall time is ``max(CPU work, device_s * scale)``: the CPU's work counts inside the hold. When the CPU took
 longer than the hold (an *overrun*) the call ran slower than the model says; a run with any overrun is invalid,
@@ -139,8 +143,13 @@ class Timer:
     def hold(self, start: float, call: Call, floor_s: float = 0.0) -> None:
         """Sleep until ``start`` + the call's scaled device time (at least ``floor_s``); record the call."""
         device = device_seconds(self.model, call)
-        target = max(device * self.scale, floor_s)
         cpu = time.perf_counter() - start
+        if self.device_speed:  # the device's time after the emulator's own work, as an NPU's after its launch
+            if device > 0:
+                time.sleep(device * self.scale)
+            self._record(call, device, cpu, time.perf_counter() - start)
+            return
+        target = max(device * self.scale, floor_s)
         if target > cpu:
             time.sleep(target - cpu)
         self._record(call, device, cpu, target)
