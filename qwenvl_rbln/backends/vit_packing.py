@@ -125,6 +125,24 @@ def host_inputs(self: Any, hidden_states: Any, grid_thw: Any) -> tuple[Any, Any,
     return hidden_states, cos, sin, [int(n) for n in lengths]
 
 
+def _buffers(self: Any, bucket: int, hidden: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any, Any]:
+    """The zeroed inputs of one pack of ``bucket`` (hidden, cos, sin, mask), kept per instance and bucket and zeroed
+    again after each call (``run_packs``). Why: a fresh ``[1, 1, S, S]`` mask is S² new pages per ViT call (64 MB at
+    bucket 4096: about 13 ms of the host's time per image on a 2-core host, the largest of qvl's own per-step costs in
+    docs/tuning.md's profile); resetting the used blocks is a few copies. The compiled call is synchronous and
+    keeps no reference to its inputs."""
+    import torch
+
+    key = (bucket, hidden.shape[-1], cos.shape[-1], sin.shape[-1], hidden.dtype, cos.dtype, sin.dtype)
+    cache = self.__dict__.setdefault("_qvl_pack_buffers", {})
+    if key not in cache:
+        cache[key] = (torch.zeros(bucket, hidden.shape[-1], dtype=hidden.dtype),
+                      torch.zeros(bucket, cos.shape[-1], dtype=cos.dtype),
+                      torch.zeros(bucket, sin.shape[-1], dtype=sin.dtype),
+                      torch.zeros(1, 1, bucket, bucket, dtype=hidden.dtype))  # fmt: skip
+    return cache[key]
+
+
 def run_packs(self: Any, plan: PackPlan, hidden: Any, cos: Any, sin: Any) -> tuple[Any, list[Any]]:
     """One compiled call per pack; outputs gathered back into segment order."""
     import torch
@@ -136,17 +154,18 @@ def run_packs(self: Any, plan: PackPlan, hidden: Any, cos: Any, sin: Any) -> tup
     main: list[Any] = [None] * len(plan.segments)
     deep: list[list[Any]] | None = None
     for pack in plan.packs:
-        s = pack.bucket
-        h = torch.zeros(s, hidden.shape[-1], dtype=hidden.dtype)
-        c = torch.zeros(s, cos.shape[-1], dtype=cos.dtype)
-        sn = torch.zeros(s, sin.shape[-1], dtype=sin.dtype)
-        mask = torch.zeros(1, 1, s, s, dtype=hidden.dtype)
-        for i, start, length in zip(pack.segments, pack.starts, pack.lengths, strict=True):
-            src = slice(offsets[i], offsets[i] + length)
-            dst = slice(start, start + length)
+        h, c, sn, mask = _buffers(self, pack.bucket, hidden, cos, sin)
+        spans = [slice(start, start + length) for start, length in zip(pack.starts, pack.lengths, strict=True)]
+        for i, dst in zip(pack.segments, spans, strict=True):
+            src = slice(offsets[i], offsets[i] + dst.stop - dst.start)
             h[dst], c[dst], sn[dst] = hidden[src], cos[src], sin[src]
             mask[:, :, dst, dst] = 1
-        outputs = self.transformer(h, mask, c[None, None, :, :], sn[None, None, :, :])
+        try:
+            outputs = self.transformer(h, mask, c[None, None, :, :], sn[None, None, :, :])
+        finally:  # all zeros again for the next pack of this bucket
+            for dst in spans:
+                h[dst], c[dst], sn[dst] = 0, 0, 0
+                mask[:, :, dst, dst] = 0
         if deep is None:
             deep = [[None] * len(plan.segments) for _ in outputs[1:]]
         for i, start, length in zip(pack.segments, pack.starts, pack.lengths, strict=True):

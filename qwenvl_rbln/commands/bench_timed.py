@@ -86,7 +86,7 @@ def host_time_section(doc: dict[str, Any], plan: Any, directory: Path) -> dict[s
     the NPU's pace (scale 1: device speed, or the NPU itself)."""
     from datetime import UTC, datetime
 
-    from qwenvl_rbln.serving.step_log import Step
+    from qwenvl_rbln.serving.step_log import PROFILE_ENV, Step
     from qwenvl_rbln.tuning import host_measure, host_time
 
     steps = [Step(s["kind"], s["tokens"], s["rows"], s["images"], s["host_s"] + s["device_s"], s["device_s"], 0.0)
@@ -107,6 +107,8 @@ def host_time_section(doc: dict[str, Any], plan: Any, directory: Path) -> dict[s
     if not at_pace:
         recorded = (f"not recorded: at scale {plan.scale:g} with the graphs computed on the CPU the host time is not "
                     "the NPU's pace (use --emulate-speed device)")  # fmt: skip
+    elif os.environ.get(PROFILE_ENV):
+        recorded = f"not recorded: the steps ran under cProfile ({PROFILE_ENV}), which slows the host"
     elif not doc["valid"]:
         recorded = "not recorded: the run is invalid"
     elif not fit.kinds:

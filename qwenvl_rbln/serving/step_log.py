@@ -164,8 +164,9 @@ def _profiled() -> Iterator[None]:
     finally:
         prof.disable()
         _profile["n"] = _profile.get("n", 0) + 1
-        if _profile["n"] % DUMP_EVERY == 0:
-            prof.dump_stats(target)
+        if _profile["n"] % DUMP_EVERY == 0:  # a temp file renamed: a kill mid-write keeps the last whole dump
+            prof.dump_stats(f"{target}.tmp")
+            os.replace(f"{target}.tmp", target)
 
 
 def _unfinished(scheduler: Any) -> int:
