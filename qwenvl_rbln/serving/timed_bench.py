@@ -8,6 +8,11 @@ vLLM's (``np.percentile`` over its per-request lists, read from its ``--save-res
 out: a latency divided by N, a throughput multiplied by N. Each figure is labelled emulated with the time model
 and scale named, and a run in which any graph call's CPU work took longer than its hold is marked invalid
 (``backends/emulator/timed.py``, ``Stats.valid``).
+
+At device speed (``speed="device"``, scale 1) no graph is computed and the holds follow the emulator's own work in
+each call, so no call overruns; the run is invalid instead when that work exceeds MAX_EMULATOR_SHARE of the run's
+wall time (the pace it distorts). Without a time model (``--host-time`` on an NPU host) the server is the real
+engine. Every such server logs its engine steps (``step_log.py``): each run carries its steps with their host time.
 """
 
 from __future__ import annotations
