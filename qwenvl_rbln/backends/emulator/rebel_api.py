@@ -501,13 +501,8 @@ def _log_call(compiled: RBLNCompiledModel, index: int) -> None:
             fh.write(f"{os.getpid()} {name} {index}\n")
 
 
-_captures = threading.local()
-
-
-def _record_call(seconds: float) -> None:
-    for acc in getattr(_captures, "stack", ()):
-        acc["device"] += seconds
-        acc["calls"] += 1
+_captures = timed.captures  # the open capture_reports blocks of each thread (timed.py: the sampler adds to them)
+_record_call = timed.record_call
 
 
 @contextlib.contextmanager

@@ -97,6 +97,16 @@ def device_seconds(model: TimeModel, call: Call) -> float:
     return float(model.vit(call.size))
 
 
+captures = threading.local()  # per thread: the open ``rebel_api.capture_reports`` blocks (their accumulators)
+
+
+def record_call(seconds: float) -> None:
+    """One call of ``seconds`` into every open ``capture_reports`` block of this thread (its device time)."""
+    for acc in getattr(captures, "stack", ()):
+        acc["device"] += seconds
+        acc["calls"] += 1
+
+
 ModelReader = Callable[[dict[str, Any]], TimeModel]
 _reader: ModelReader | None = None
 
