@@ -154,3 +154,27 @@ def test_the_plugin_installs_the_step_log_only_where_it_is_asked(monkeypatch, tm
     monkeypatch.setattr(step_log.importlib if hasattr(step_log, "importlib") else __import__("importlib"),
                         "import_module", lambda name: (_ for _ in ()).throw(ImportError(name)))  # fmt: skip
     assert step_log.install(warned.append) is False and "could not be installed" in warned[0]
+
+
+def test_the_report_shows_host_time_by_kind_and_where_it_was_recorded():
+    from rich.console import Console
+
+    from qwenvl_rbln.views.timed_bench import human
+
+    steps = [step_log.Step("prefill", 100 + 50 * i, 1, i % 2, 0.01 + 0.05 * (i % 2), 0.002, 0.0) for i in range(6)]
+    steps += [step_log.Step("decode", 1, 1 + i % 2, 0, 0.002 + 0.001 * (i % 2), 0.001, 0.0) for i in range(10)]
+    fit = host_measure.fit(steps, "measured here", {"cpu": "x"})
+    calls = {"overruns": 0, "calls": 9, "cpu_share": 0.1, "worst_cpu_share": 0.5}
+    run = {"rate": float("inf"), "completed": 4, "failed": 0, "request_throughput": 1.0, "output_throughput": 9.0,
+           "valid": True, "emulator_share": 0.004, "calls": calls,
+           **{f"p{p}_{m}_ms": 1.0 for p in (50, 90, 99) for m in ("ttft", "tpot", "itl")}}  # fmt: skip
+    doc = {"label": "emulated at device speed: ... the output tokens are meaningless", "time_scale": 1.0,
+           "speed": "device", "runs": [run], "host_time": {"steps": 16, "fit": fit.to_dict(),
+           "recorded": "recorded in T, host_time['k']"}}  # fmt: skip
+    console = Console(width=300, record=True)
+    human(console, doc)
+    text = console.export_text()
+    assert "meaningless" in text and "wall time at scale 1" in text and "emulator's own work 0.4%" in text
+    assert "host time per engine step" in text and "measured here" in text
+    assert "prefill:" in text and "1 image(s) 58.00 ms" in text and "decode:" in text and "2 row(s) 2.00 ms" in text
+    assert "recorded in T" in text
