@@ -208,3 +208,19 @@ def test_serve_at_device_speed_sets_the_hold_and_refuses_a_fleet(art, tmp_path, 
     assert code == 2 and "serves one engine, not a fleet" in err
     code, _, err = run_main(["serve", str(art), "--emulate", "--time-model", model, "--dry-run"], capsys)
     assert code == 2 and "--time-model only with --emulate-speed device" in err
+
+
+def test_host_time_on_an_npu_host_starts_the_real_engine_with_the_step_log(tmp_path, capsys):
+    """``--host-time`` without --emulate: bench-serve's own server is the NPU's engine (no emulator, no hold, scale
+    1); the step log is switched on when it starts (``timed_bench.run``), so the dry run shows the plain serve line."""
+    from tests.fakes_rbln import run_main
+    from tests.test_serve_emulate import emulated_artifact
+
+    art = emulated_artifact(tmp_path / "npu", emulated=False)
+    code, out, err = run_main(["bench-serve", str(art), "--host-time", "--dry-run", "--json"], capsys)
+    assert code == 0, err
+    shown = json.loads(out)
+    assert (shown["speed"], shown["time_scale"], shown["rates"]) == ("npu", 1.0, [float("inf")])
+    assert shown["serve"]["argv"][:2] == ["vllm", "serve"] and not any("EMULATE" in k for k in shown["serve"]["env"])
+    code, _, err = run_main(["bench-serve", str(art), "--host-time", "--emulate-speed", "device", "--dry-run"], capsys)
+    assert code == 2 and "need --emulate" in err
