@@ -121,7 +121,7 @@ def test_bench_serve_time_model_refusals_are_one_line_and_the_dry_run_shows_both
     model_file.write_text(json.dumps(MODEL.to_json()))
     base = ["bench-serve", str(art), "--time-model", str(model_file)]
     code, _, err = run_main(base, capsys)  # no --emulate
-    assert code == 2 and "only with --emulate" in err and "Traceback" not in err
+    assert code == 2 and "need --emulate" in err and "Traceback" not in err
     code, _, err = run_main([*base, "--emulate", "--time-scale", "0"], capsys)
     assert code == 2 and "--time-scale 0.0 is not a positive number" in err
     code, _, err = run_main([*base[:3], str(tmp_path / "missing.json"), "--emulate"], capsys)

@@ -252,3 +252,22 @@ def test_pack_log_is_bounded():
         log.record(plan, packed=True)
     assert len(log.entries) == vp.LOG_LIMIT and log.graph_calls == vp.LOG_LIMIT
     assert len(log.drain()) == vp.LOG_LIMIT and not log.entries
+
+
+def test_pack_buffers_are_reused_and_hold_nothing_of_the_previous_call(parts):
+    """The pack inputs are kept per bucket (a fresh S x S mask per call was qvl's largest own host cost per image,
+    docs/tuning.md "Host time"): a call with other segments in the same bucket sees none of the previous call's."""
+    first, second = [[1, 4, 10], [1, 10, 20], [1, 4, 4]], [[1, 8, 8], [1, 4, 6]]
+    off = make_visual(parts)
+    vp.install_on_instance(off, enabled=False)
+    on = make_visual(parts)
+    vp.install_on_instance(on)
+    assert maxdiff(run(on, first, seed=3), run(off, first, seed=3)) <= 1e-5
+    (buf,) = on.__dict__["_qvl_pack_buffers"].values()
+    mask = buf["mask"]
+    assert maxdiff(run(on, second, seed=4), run(off, second, seed=4)) <= 1e-5  # no stale row or block of the first
+    for hidden, m, cos, _sin in on.transformer.calls[-2:]:  # the padding rows are zeros again, not the first's
+        valid = m[0, 0].diagonal() > 0
+        assert (hidden[~valid] == 0).all() and (cos[0, 0][~valid] == 0).all()
+    assert maxdiff(run(on, first, seed=5), run(off, first, seed=5)) <= 1e-5
+    assert any(b["mask"] is mask for b in on.__dict__["_qvl_pack_buffers"].values())  # the same mask, not a new one

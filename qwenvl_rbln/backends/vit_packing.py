@@ -11,7 +11,8 @@ attention within itself: the same function, with no recompile (``shared/referenc
 
 This forward does the same host preparation (the code below mirrors optimum-rbln's line for line), asks
 ``qwenvl_rbln.vision.packing.plan_packs`` for the packs (each in its segments' own bucket, starts aligned to the
-4-patch merge unit), fills each pack with zeros, copies the segments' rows in, calls the same compiled graph
+4-patch merge unit), fills each pack with zeros (buffers kept per bucket, ``_buffers``), copies the segments' rows
+in, calls the same compiled graph
 (``self.transformer``) once per pack, and returns the main output and DeepStack features in the original
 segment order. A call with a segment above the largest bucket runs optimum-rbln's own forward, unchanged
 (it raises its ``Required seq_len(...)`` error as today; qvl's oversize policy acts before that).
@@ -125,6 +126,36 @@ def host_inputs(self: Any, hidden_states: Any, grid_thw: Any) -> tuple[Any, Any,
     return hidden_states, cos, sin, [int(n) for n in lengths]
 
 
+def _buffers(self: Any, bucket: int, hidden: Any, cos: Any, sin: Any) -> dict[str, Any]:
+    """The inputs of a pack of ``bucket`` (hidden, cos, sin, mask), kept per instance and bucket with the segment
+    spans they hold (``run_packs`` rewrites only what changes). Why: a fresh ``[1, 1, S, S]`` mask is S² new
+    pages per ViT call (64 MB at bucket 4096: the largest of qvl's own per-step host costs in docs/tuning.md's
+    profile), and the same image size gives the same mask call after call. The compiled call is synchronous and
+    keeps no reference to its inputs."""
+    import torch
+
+    key = (bucket, hidden.shape[-1], cos.shape[-1], sin.shape[-1], hidden.dtype, cos.dtype, sin.dtype)
+    cache = self.__dict__.setdefault("_qvl_pack_buffers", {})
+    if key not in cache:
+        cache[key] = {"h": torch.zeros(bucket, hidden.shape[-1], dtype=hidden.dtype),
+                      "c": torch.zeros(bucket, cos.shape[-1], dtype=cos.dtype),
+                      "sn": torch.zeros(bucket, sin.shape[-1], dtype=sin.dtype),
+                      "mask": torch.zeros(1, 1, bucket, bucket, dtype=hidden.dtype), "spans": ()}  # fmt: skip
+    return cache[key]
+
+
+def _layout(buf: dict[str, Any], spans: tuple[tuple[int, int], ...]) -> None:
+    """Zero the rows of the spans ``buf`` last held; the mask's blocks only when the spans change."""
+    for start, stop in buf["spans"]:
+        buf["h"][start:stop], buf["c"][start:stop], buf["sn"][start:stop] = 0, 0, 0
+    if spans != buf["spans"]:
+        for start, stop in buf["spans"]:
+            buf["mask"][:, :, start:stop, start:stop] = 0
+        for start, stop in spans:
+            buf["mask"][:, :, start:stop, start:stop] = 1
+    buf["spans"] = spans
+
+
 def run_packs(self: Any, plan: PackPlan, hidden: Any, cos: Any, sin: Any) -> tuple[Any, list[Any]]:
     """One compiled call per pack; outputs gathered back into segment order."""
     import torch
@@ -136,17 +167,13 @@ def run_packs(self: Any, plan: PackPlan, hidden: Any, cos: Any, sin: Any) -> tup
     main: list[Any] = [None] * len(plan.segments)
     deep: list[list[Any]] | None = None
     for pack in plan.packs:
-        s = pack.bucket
-        h = torch.zeros(s, hidden.shape[-1], dtype=hidden.dtype)
-        c = torch.zeros(s, cos.shape[-1], dtype=cos.dtype)
-        sn = torch.zeros(s, sin.shape[-1], dtype=sin.dtype)
-        mask = torch.zeros(1, 1, s, s, dtype=hidden.dtype)
+        buf = _buffers(self, pack.bucket, hidden, cos, sin)
+        _layout(buf, tuple((start, start + n) for start, n in zip(pack.starts, pack.lengths, strict=True)))
+        h, c, sn = buf["h"], buf["c"], buf["sn"]
         for i, start, length in zip(pack.segments, pack.starts, pack.lengths, strict=True):
-            src = slice(offsets[i], offsets[i] + length)
-            dst = slice(start, start + length)
+            src, dst = slice(offsets[i], offsets[i] + length), slice(start, start + length)
             h[dst], c[dst], sn[dst] = hidden[src], cos[src], sin[src]
-            mask[:, :, dst, dst] = 1
-        outputs = self.transformer(h, mask, c[None, None, :, :], sn[None, None, :, :])
+        outputs = self.transformer(h, buf["mask"], c[None, None, :, :], sn[None, None, :, :])
         if deep is None:
             deep = [[None] * len(plan.segments) for _ in outputs[1:]]
         for i, start, length in zip(pack.segments, pack.starts, pack.lengths, strict=True):

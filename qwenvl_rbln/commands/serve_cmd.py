@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from qwenvl_rbln.commands import serve_fleet
+from qwenvl_rbln.commands import emulate_speed, serve_fleet
 from qwenvl_rbln.commands.common import JsonOpt
 from qwenvl_rbln.commands.serve_fleet import unshown  # noqa: F401  (deploy_cmd and the tests import it here)
 
@@ -172,6 +172,32 @@ def _before_start(opts: Any, launch: Any) -> Any:
     return port.hold(opts.host, opts.port)
 
 
+def _speed(opts: Any, speed: str, time_model: str | None, *, fleet: bool) -> str:
+    """``--emulate-speed`` / ``--time-model`` on serve: device speed only, one engine (checked before anything)."""
+    from qwenvl_rbln.errors import InputError
+
+    speed, _ = emulate_speed.resolve(emulate=opts.emulate, speed=speed, time_model=time_model, scale=None)
+    if time_model is not None and speed != "device":
+        raise InputError("qvl serve takes --time-model only with --emulate-speed device",
+                         "add --emulate --emulate-speed device, or time it with qvl bench-serve")  # fmt: skip
+    if speed == "device" and fleet:
+        raise InputError("--emulate-speed device serves one engine, not a fleet (--workers / --devices)",
+                         "drop --workers and --devices")  # fmt: skip
+    return speed
+
+
+def _device_speed(launch: Any, opts: Any, time_model: str) -> None:
+    """``--emulate-speed device``: every graph call returns zeros and holds for its device time (scale 1)."""
+    from qwenvl_rbln.serving.command import resolve_directory
+    from qwenvl_rbln.serving.preflight import ok
+
+    art, _ = resolve_directory(opts.directory, opts.preset, "serve")
+    model = emulate_speed.load_model(time_model, art)
+    launch.env.update(emulate_speed.serve_environment(model, "device"))
+    ok(launch.checks, "emulate speed", f"device: no graph computed, each call held for its device time under "
+       f"{time_model} (scale 1); the host's time is real and the output tokens are meaningless")  # fmt: skip
+
+
 def register(app: typer.Typer) -> None:
     _register_serve(app)
 
@@ -210,6 +236,13 @@ def _register_serve(app: typer.Typer) -> None:
             help="Serve a --device/--visual-device placement whose memory verdict is 'uncertain' (as load-check).",
         ),
         emulate: bool = EmulateOpt,
+        speed: str = emulate_speed.EmulateSpeedOpt,
+        time_model: str = typer.Option(
+            None,
+            "--time-model",
+            help="With --emulate-speed device: " + emulate_speed.TimeModelHelp + ".",
+            show_default=False,
+        ),
         vllm_rbln: str = VllmRblnOpt,
         workers: int = serve_fleet.WorkersOpt,
         devices: str = serve_fleet.DevicesOpt,
@@ -245,10 +278,13 @@ def _register_serve(app: typer.Typer) -> None:
         )
         if opts.emulate:
             refuse_real_rebel("--emulate")
+        speed = _speed(opts, speed, time_model, fleet=workers is not None or devices is not None)
         if serve_fleet.serve_fleet(opts, workers, devices, router_args, dry_run=dry_run, as_json=as_json):
             return
         launch, warnings = serve_command(opts, os.environ)
         if opts.emulate:
             _emulated(launch, serve=True)
+        if speed == "device":
+            _device_speed(launch, opts, time_model)
         held = None if dry_run else _before_start(opts, launch)
         _run(launch, warnings, dry_run=dry_run, as_json=as_json, held=held)

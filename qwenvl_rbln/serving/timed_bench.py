@@ -8,6 +8,11 @@ vLLM's (``np.percentile`` over its per-request lists, read from its ``--save-res
 out: a latency divided by N, a throughput multiplied by N. Each figure is labelled emulated with the time model
 and scale named, and a run in which any graph call's CPU work took longer than its hold is marked invalid
 (``backends/emulator/timed.py``, ``Stats.valid``).
+
+At device speed (``speed="device"``, scale 1) no graph is computed and the holds follow the emulator's own work in
+each call, so no call overruns; the run is invalid instead when that work exceeds MAX_EMULATOR_SHARE of the run's
+wall time (the pace it distorts). Without a time model (``--host-time`` on an NPU host) the server is the real
+engine. Every such server logs its engine steps (``step_log.py``): each run carries its steps with their host time.
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from qwenvl_rbln.errors import BackendError
+from qwenvl_rbln.serving import step_log
 from qwenvl_rbln.serving.options import Launch
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 PERCENTILES = (50, 90, 99)
+MAX_EMULATOR_SHARE = 0.05  # device speed: the emulator's own work inside the calls, at most 5 % of the run's wall
 START_S = 600.0  # a bound on the engine's start on a busy machine (about 30 s idle)
 STOP_S = 30.0
 
@@ -40,10 +47,21 @@ STOP_S = 30.0
 class TimedRun:
     """What the timed benchmark takes besides the two launches."""
 
-    model: dict[str, Any]  # the device-time model as JSON (DeviceTimeModel.to_json)
+    model: dict[str, Any] | None  # the device-time model as JSON (DeviceTimeModel.to_json); None: a real NPU
     model_name: str
     scale: float
     rates: tuple[float, ...]  # requests/s in device time; inf: all at once
+    speed: str = "cpu"  # cpu: the tiny model's math inside each hold; device: nothing computed (timed.py)
+
+    @property
+    def label(self) -> str:
+        if self.model is None:
+            return "the NPU: its own engine with the engine-step log (host time = step wall time - device time)"
+        held = f"qvl's CPU emulator held to device time model {self.model_name}, scale {self.scale:g}"
+        if self.speed == "device":
+            return (f"emulated at device speed: {held}; no graph computed, the output tokens are meaningless "
+                    "(their lengths kept with --ignore-eos); the host's time is real")  # fmt: skip
+        return f"emulated: {held}"
 
 
 def free_port() -> int:
@@ -127,7 +145,6 @@ def run(
     ``timed_mod``: the emulator's timing module (its ``environment`` and ``read_stats``), given by the command, which
     composes the emulator in (serving never imports a backend)."""
 
-    label = f"emulated: qvl's CPU emulator held to device time model {timed.model_name}, scale {timed.scale:g}"
     runs = []
     with tempfile.TemporaryDirectory(prefix="qvl-timed-bench-") as tmp:
         work = Path(tmp)
@@ -135,9 +152,11 @@ def run(
         server_argv = [vllm, *serve.argv[1:]]
         server_argv[server_argv.index("--port") + 1] = str(port)
         env = serve.exec_env(environ)
-        model_file = work / "time-model.json"
-        model_file.write_text(json.dumps(timed.model), encoding="utf-8")
-        env.update(timed_mod.environment(model_file, timed.scale, work / "stats"))
+        if timed.model is not None:
+            model_file = work / "time-model.json"
+            model_file.write_text(json.dumps(timed.model), encoding="utf-8")
+            env.update(timed_mod.environment(model_file, timed.scale, work / "stats", timed.speed))
+        env[step_log.ENV] = str(work / "steps")
         bench_env = bench.exec_env(environ)
         with _server(server_argv, env, port, work / "server.log"):
             _warm_up([vllm, *bench.argv[1:]], port, work / "warm-up.json", bench_env)
@@ -152,12 +171,18 @@ def run(
                     raise BackendError(f"`vllm bench serve` exited with {done.returncode}: {done.stderr[-2000:]}",
                                        "rerun with --dry-run to see the exact command")  # fmt: skip
                 result = json.loads(result_file.read_text(encoding="utf-8"))
-                stats = timed_mod.read_stats(work / "stats", since, until)
+                stats = timed_mod.read_stats(work / "stats", since, until) if timed.model is not None else None
+                steps = step_log.read_steps(work / "steps", since, until)
+                share = stats.cpu_s / max(until - since, 1e-9) if stats is not None else 0.0
                 got = figures(result, timed.scale)
-                valid = run_valid(got, stats.valid)
-                runs.append({"rate": rate, **got, "calls": stats.to_dict(), "valid": valid, "raw": _raw(result)})
-    return {"emulated": True, "label": label, "time_model": timed.model_name, "time_model_json": timed.model,
-            "time_scale": timed.scale, "valid": all(r["valid"] for r in runs), "runs": runs}  # fmt: skip
+                valid = run_valid(got, stats is None or stats.valid)
+                valid = valid and not (timed.speed == "device" and share > MAX_EMULATOR_SHARE)
+                runs.append({"rate": rate, **got,
+                             "calls": stats.to_dict() if stats is not None else None, "emulator_share": share,
+                             "valid": valid, "steps": [s.to_dict() for s in steps], "raw": _raw(result)})  # fmt: skip
+    return {"emulated": timed.model is not None, "label": timed.label, "time_model": timed.model_name,
+            "time_model_json": timed.model, "time_scale": timed.scale, "speed": timed.speed,
+            "valid": all(r["valid"] for r in runs), "runs": runs}  # fmt: skip
 
 
 def run_valid(got: Mapping[str, Any], held: bool) -> bool:

@@ -31,7 +31,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from qwenvl_rbln.serving import decode_sort, port, resume_features
+from qwenvl_rbln.serving import decode_sort, port, resume_features, step_log
 from qwenvl_rbln.serving.options import FRAME_CAP_ENV, MAX_FRAME_PIXELS_ENV
 
 
@@ -79,7 +79,8 @@ def install_frame_cap() -> bool:
 
 def register() -> None:
     """Serve on qvl's listening socket (``QVL_LISTEN_FD``), install the per-frame video cap (``QVL_FRAME_CAP=1``),
-    the decode batch sort (``QVL_SORT_DECODE=1``) and the resumed request's features (``QVL_RESUME_MM=1``)."""
+    the decode batch sort (``QVL_SORT_DECODE=1``), the resumed request's features (``QVL_RESUME_MM=1``) and the
+    engine-step log (``QVL_STEP_LOG=DIR``, ``step_log.py``)."""
     try:
         port.adopt_in_vllm(warn)
     except Exception as exc:  # noqa: BLE001 - a plugin must never stop vLLM from starting
@@ -88,3 +89,4 @@ def register() -> None:
         install_frame_cap()
     decode_sort.install(warn)  # QVL_SORT_DECODE unset: nothing to sort, nothing said
     resume_features.install(warn)  # QVL_RESUME_MM unset: a full pool, nothing preempts, nothing said
+    step_log.install(warn)  # QVL_STEP_LOG unset: nothing logged

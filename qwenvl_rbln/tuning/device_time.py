@@ -155,7 +155,8 @@ class _Roof:
 
 def _coeffs(spec: dict[str, Any], key: str, n: int) -> tuple[float, ...]:
     raw = spec.get(key)
-    if not isinstance(raw, list | tuple) or len(raw) != n or not all(isinstance(x, int | float) for x in raw):
+    numbers = isinstance(raw, list | tuple) and all(isinstance(x, int | float) and not isinstance(x, bool) for x in raw)
+    if not numbers or len(raw) != n:
         raise InputError(f"linear device-time model: {key}={raw!r} is not {n} numbers", f"e.g. {key}={[0.0] * n}")
     if not all(math.isfinite(x) and x >= 0 for x in raw):
         raise InputError(f"linear device-time model: {key}={raw!r} has a negative or non-finite coefficient",

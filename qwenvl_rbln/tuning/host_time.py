@@ -151,3 +151,24 @@ def recorded(path: Path, key: str | None = None) -> HostTimeModel | None:
     if key not in section:
         return None
     return HostTimeModel.from_json(section[key], where=f"{path} {SECTION}[{key!r}]")
+
+
+def record(model: HostTimeModel, key: str, path: Path | None = None) -> Path:
+    """Write ``model`` under ``key`` in timings.json's host-time section (the default file: ``$QVL_HOME/timings.json``),
+    stamped ``measured_at`` (UTC), atomically (temp file + rename) and under the file's lock, as ``qvl profile``
+    writes its entries (``measured.write_entry``); the other sections and entries are kept as they are."""
+    from datetime import UTC, datetime
+
+    from qwenvl_rbln.artifacts import flock
+    from qwenvl_rbln.artifacts.manifest import write_json_atomic
+    from qwenvl_rbln.tuning.measured import read_file, timings_path
+
+    path = path or timings_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entry = {**model.to_json(), "measured_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+    with flock.held(path.with_name(f".{path.name}.lock"), blocking=True):
+        data = read_file(path)  # refuses a file qvl cannot read (v1, a newer version, malformed) with the fix
+        section = data.get(SECTION)
+        data[SECTION] = {**(section if isinstance(section, dict) else {}), key: entry}
+        write_json_atomic(path, data)
+    return path

@@ -9,7 +9,17 @@ scheduler meets the same durations an NPU would give it, only ``scale`` times sl
 * ``QVL_EMULATE_TIME_MODEL=FILE``: the model (``tuning.device_time.DeviceTimeModel`` as JSON).
 * ``QVL_EMULATE_TIME_SCALE=N``: wall seconds per device second (default 1).
 * ``QVL_EMULATE_TIME_STATS=DIR``: each process appends one line per graph call to ``DIR/calls-PID.tsv``:
-  ``WALL_END KIND SIZE CONTEXT DEVICE_S CPU_S HOLD_S``. ``read_stats`` sums them over a time window.
+  ``WALL_END KIND SIZE CONTEXT DEVICE_S CPU_S HOLD_S ROWS``. ``read_stats`` sums them over a time window.
+* ``QVL_EMULATE_SPEED=device``: **device-speed mode** (``qvl serve/bench-serve --emulate --emulate-speed device``).
+  No graph is computed: each call returns zeros of the shapes and dtypes the compiled graph declares (its output
+  info, stored in the artifact), and holds for its device time (the scale is 1 by default, so the engine runs at
+  the NPU's pace and the host's own work between calls is real, unscaled). The tokens are meaningless. The RBLN
+  sampler (an NPU call in vllm-rbln) returns zeros too, and holds for the model's ``sampler(rows)`` seconds where
+  the time model has that method (0 otherwise); its calls are logged as kind ``sampler``. Here the hold comes
+  *after* the emulator's own work in the call (choosing the graph, the zeros: tens of microseconds), as a device
+  runs after the runtime's launch: a hold of 0.2 ms cannot absorb a thread that waited for the GIL, so a call never
+  overruns; its HOLD_S is the call's whole wall time, and that work (CPU_S, summed in ``Stats.cpu_s``) is the
+  emulator's distortion of the pace, which bench-serve bounds (``serving/timed_bench.py``).
 
 A call's wall time is ``max(CPU work, device_s * scale)``: the CPU's work counts inside the hold. When the CPU took
 longer than the hold (an *overrun*) the call ran slower than the model says; a run with any overrun is invalid,
@@ -39,6 +49,8 @@ from qwenvl_rbln.errors import QvlError
 MODEL_ENV = "QVL_EMULATE_TIME_MODEL"
 SCALE_ENV = "QVL_EMULATE_TIME_SCALE"
 STATS_ENV = "QVL_EMULATE_TIME_STATS"
+SPEED_ENV = "QVL_EMULATE_SPEED"
+SPEEDS = ("cpu", "device")  # cpu: the tiny model's math runs (inside the hold); device: nothing is computed
 
 
 class TimeModel(Protocol):
@@ -53,7 +65,7 @@ class TimeModel(Protocol):
 
 @dataclass(frozen=True)
 class Call:
-    """One graph call: ``kind`` is vit | prefill | decode, ``size`` the bucket, chunk or batch."""
+    """One graph call: ``kind`` is vit | prefill | decode | sampler, ``size`` the bucket, chunk or batch (rows)."""
 
     kind: str
     size: int
@@ -75,11 +87,24 @@ def classify(info: list[tuple[str, list[int], str]], values: list[Any]) -> Call:
 
 
 def device_seconds(model: TimeModel, call: Call) -> float:
+    if call.kind == "sampler":  # the time model's sampler figure where it has one (tuning.simulate defines it)
+        sampler = getattr(model, "sampler", None)
+        return float(sampler(call.size)) if callable(sampler) else 0.0
     if call.kind == "prefill":
         return float(model.prefill(call.size, call.context))
     if call.kind == "decode":
         return float(model.decode(call.size, call.context, call.rows or call.size))
     return float(model.vit(call.size))
+
+
+captures = threading.local()  # per thread: the open ``rebel_api.capture_reports`` blocks (their accumulators)
+
+
+def record_call(seconds: float) -> None:
+    """One call of ``seconds`` into every open ``capture_reports`` block of this thread (its device time)."""
+    for acc in getattr(captures, "stack", ()):
+        acc["device"] += seconds
+        acc["calls"] += 1
 
 
 ModelReader = Callable[[dict[str, Any]], TimeModel]
@@ -120,6 +145,7 @@ class Timer:
     model: TimeModel
     scale: float = 1.0
     stats_dir: Path | None = None
+    device_speed: bool = False  # QVL_EMULATE_SPEED=device: calls return zeros without computing
     _fh: Any = None
     _pid: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -127,8 +153,13 @@ class Timer:
     def hold(self, start: float, call: Call, floor_s: float = 0.0) -> None:
         """Sleep until ``start`` + the call's scaled device time (at least ``floor_s``); record the call."""
         device = device_seconds(self.model, call)
-        target = max(device * self.scale, floor_s)
         cpu = time.perf_counter() - start
+        if self.device_speed:  # the device's time after the emulator's own work, as an NPU's after its launch
+            if device > 0:
+                time.sleep(device * self.scale)
+            self._record(call, device, cpu, time.perf_counter() - start)
+            return
+        target = max(device * self.scale, floor_s)
         if target > cpu:
             time.sleep(target - cpu)
         self._record(call, device, cpu, target)
@@ -136,7 +167,10 @@ class Timer:
     def _record(self, call: Call, device: float, cpu: float, target: float) -> None:
         if self.stats_dir is None:
             return
-        line = f"{time.time():.6f} {call.kind} {call.size} {call.context} {device:.9f} {cpu:.6f} {target:.6f}\n"
+        line = (
+            f"{time.time():.6f} {call.kind} {call.size} {call.context} {device:.9f} {cpu:.6f} {target:.6f} "
+            f"{call.rows or call.size}\n"
+        )
         with self._lock:
             if self._fh is None or self._pid != os.getpid():  # a forked child writes its own file
                 self._pid = os.getpid()
@@ -145,15 +179,20 @@ class Timer:
             self._fh.write(line)
 
 
-_cache: dict[tuple[str, str, str], Timer | None] = {}
+_cache: dict[tuple[str, str, str, str], Timer | None] = {}
 
 
 def configured() -> Timer | None:
     """The process's timer from the environment (None: no time model); loaded once per setting."""
-    key = (os.environ.get(MODEL_ENV, ""), os.environ.get(SCALE_ENV, ""), os.environ.get(STATS_ENV, ""))
+    key = (os.environ.get(MODEL_ENV, ""), os.environ.get(SCALE_ENV, ""), os.environ.get(STATS_ENV, ""),
+           os.environ.get(SPEED_ENV, "").strip().lower())  # fmt: skip
     if key in _cache:
         return _cache[key]
     timer = None
+    if key[3] not in ("", *SPEEDS):
+        raise RuntimeError(f"qvl emulator: {SPEED_ENV}={key[3]!r} is not one of {', '.join(SPEEDS)}")
+    if key[3] == "device" and not key[0]:
+        raise RuntimeError(f"qvl emulator: {SPEED_ENV}=device needs a device-time model ({MODEL_ENV})")
     if key[0]:
         try:
             scale = float(key[1] or 1.0)
@@ -167,7 +206,7 @@ def configured() -> Timer | None:
             raise RuntimeError(
                 f"qvl emulator: {MODEL_ENV}={key[0]} cannot be read as a device-time model ({exc})"
             ) from None
-        timer = Timer(model, scale, Path(key[2]) if key[2] else None)
+        timer = Timer(model, scale, Path(key[2]) if key[2] else None, device_speed=key[3] == "device")
     _cache[key] = timer
     return timer
 
@@ -220,16 +259,17 @@ def read_stats(directory: Path, since: float = 0.0, until: float = float("inf"))
         last_end = None
         for line in path.read_text(encoding="utf-8").splitlines():
             parts = line.split()
-            if len(parts) != 7:
+            if len(parts) not in (7, 8):
                 continue  # a line being written
             end, kind = float(parts[0]), parts[1]
             if not since <= end <= until:
                 continue
             device, cpu, hold = float(parts[4]), float(parts[5]), float(parts[6])
-            first_of_step = kind == "decode" or kind == "vit" or parts[2] == parts[3]  # a prompt's first chunk
-            if first_of_step and last_end is not None:
-                gaps.append(end - max(hold, cpu) - last_end)
-            last_end = end
+            if kind != "sampler":  # the sampler runs inside a step, after its graph call
+                first_of_step = kind == "decode" or kind == "vit" or parts[2] == parts[3]  # a prompt's first chunk
+                if first_of_step and last_end is not None:
+                    gaps.append(end - max(hold, cpu) - last_end)
+                last_end = end
             stats.calls += 1
             stats.device_s += device
             stats.cpu_s += cpu
@@ -237,7 +277,7 @@ def read_stats(directory: Path, since: float = 0.0, until: float = float("inf"))
             stats.by_kind[kind] = stats.by_kind.get(kind, 0) + 1
             if hold > 0:
                 stats.worst_cpu_share = max(stats.worst_cpu_share, cpu / hold)
-            if cpu > hold:
+            if cpu > hold and not (kind == "sampler" and hold == 0):  # a sampler with no device time is not held
                 stats.overruns += 1
                 stats.overruns_by_kind[kind] = stats.overruns_by_kind.get(kind, 0) + 1
     if gaps:
@@ -245,6 +285,19 @@ def read_stats(directory: Path, since: float = 0.0, until: float = float("inf"))
     return stats
 
 
-def environment(model_file: Path, scale: float, stats_dir: Path) -> dict[str, str]:
-    """The variables that switch the hold on in every process an emulated server starts."""
-    return {MODEL_ENV: str(Path(model_file).resolve()), SCALE_ENV: repr(float(scale)), STATS_ENV: str(stats_dir)}
+def environment(model_file: Path, scale: float, stats_dir: Path | None = None, speed: str = "cpu") -> dict[str, str]:
+    """The variables that switch the hold on in every process an emulated server starts (``speed`` device: nothing
+    computed, see the module docstring)."""
+    env = {MODEL_ENV: str(Path(model_file).resolve()), SCALE_ENV: repr(float(scale)), SPEED_ENV: speed}
+    if stats_dir is not None:
+        env[STATS_ENV] = str(stats_dir)
+    return env
+
+
+def zeros_like_specs(specs: list[tuple[list[int], str]]) -> list[Any]:
+    """Well-formed outputs without computing them: zeros of each declared (shape, dtype)."""
+    import torch
+
+    from qwenvl_rbln.backends.emulator.graph import torch_dtype
+
+    return [torch.zeros(shape, dtype=torch_dtype(dtype)) for shape, dtype in specs]
