@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from qwenvl_rbln.commands.bench_serve_cmd import _why_invalid
 from qwenvl_rbln.serving.bench import Outcome
 from qwenvl_rbln.serving.timed_bench import run_valid
+from qwenvl_rbln.views.timed_bench import why_invalid
 from tests import engine_server as eng
 from tests.test_serve_emulate import emulated_artifact
 
@@ -42,7 +42,10 @@ def test_a_timed_run_with_a_failed_request_is_invalid():
     assert not run_valid({"completed": 4, "failed": 1}, True)
     assert not run_valid({"completed": 5, "failed": 0}, False)
     calls = {"overruns": 0, "calls": 9}
-    assert _why_invalid({"calls": calls, "completed": 0, "failed": 2}) == "2 of 2 requests failed"
+    assert why_invalid({"calls": calls, "completed": 0, "failed": 2}, None) == "2 of 2 requests failed"
+    assert why_invalid({"calls": calls, "completed": 5, "failed": 0}, "device") == (
+        "the emulator's own work took over 5 % of the run"
+    )
 
 
 def test_every_request_failing_is_exit_5_in_one_line(tmp_path, tiny_model):
