@@ -18,6 +18,14 @@ Per artifact (one locked engine run each, ``flock /tmp/qvl-engine.lock``):
 
     python benchmarks/bench_fidelity.py run ART --out fidelity-ART.json [--scale 200 --prompts 24]
     python benchmarks/bench_fidelity.py table fidelity-*.json
+
+At real speed (``device``, issue 46): the same engine at scale 1 (``--emulate-speed device``: nothing computed, the
+host's time real) on a realistic mix (``MIX``), predicted with host time from a separate calibration run of the
+same artifact (another seed, three rates): its fitted ``HostTimeModel``, the API server's time per request before
+the scheduler (by images) and the emulator's overshoot per step; beside it the steps-only and host-free predictions.
+
+    python benchmarks/bench_fidelity.py device ART --out dev-ART.json [--prompts 48 --calibration-prompts 24]
+    python benchmarks/bench_fidelity.py device-table dev-*.json
 """
 
 from __future__ import annotations
