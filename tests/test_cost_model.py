@@ -127,7 +127,7 @@ def test_tune_prints_a_moe_range_and_ranks_by_its_high_end(workload):
     assert error is None
     best = doc["best"]
     tpot = best["estimate"]["moe_range"]["tpot_s"]
-    assert best["estimate"]["tpot_s"] == tpot["high"] and tpot["high"] >= 12.59e-3 > tpot["low"]
+    assert best["estimate"]["tpot_s"] == tpot["high"] > tpot["low"] > 0  # a range, the high end the estimate's
     light = best["estimate"]["lighter_load"]["output_tokens_per_s"]
     assert best["score"] == pytest.approx(1 / light)  # the high end (fewest tokens/s) is what ranks
     assert light == best["estimate"]["moe_range"]["lighter"]["output_tokens_per_s"]["low"]

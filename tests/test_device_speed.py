@@ -80,7 +80,7 @@ def test_a_device_speed_call_returns_declared_zeros_without_computing_and_holds(
     stats = timed.read_stats(device_speed, since, time.time())
     assert (stats.calls, stats.by_kind, stats.valid) == (2, {"decode": 2}, True)
     line = next(device_speed.glob("calls-*.tsv")).read_text().splitlines()[0].split()
-    assert line[1:4] == ["decode", "2", "40"] and line[7] == "1"  # the real rows logged
+    assert line[1:4] == ["decode", "2", "41"] and line[7] == "1"  # the real rows, the context position + 1
 
 
 def test_the_cpu_speed_computes_the_graph(tmp_path, monkeypatch):

@@ -5,9 +5,8 @@ kind and records it in timings.json. Emulated: no NPU ran; the output tokens are
 
 The calibration half of the done-when test is here too: the measured TPOT is clearly apart from the host-free
 simulator's, and near the simulator's once the host time measured in the same run is given to it.
-``simulated_tpot_ms`` is the hook where the simulator's per-kind host-time model (``tuning.host_time.HostTimeModel``,
-read from the run's ``host_time.fit.model``) joins; until then the simulator takes the run's median host time per
-decode step as its per-step overhead (``Engine.step_overhead_s``).
+``simulated_tpot_ms`` gives the simulator the run's fitted per-kind host-time model (``tuning.host_time.HostTimeModel``,
+read from the run's ``host_time.fit.model``) through ``simulate(..., host=...)``.
 
 Why the bounds hold on a loaded 2-core machine: the host time is measured in the same run it is compared with, so a
 slow machine moves both sides; a run with any overrun (a call whose CPU work outgrew its sub-millisecond hold, as a
@@ -16,9 +15,7 @@ preempted thread does) is invalid and retried, at most ATTEMPTS times.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import statistics
 import subprocess
 import sys
 
@@ -42,26 +39,22 @@ def _bench(artifact, tmp_path) -> dict:
     return json.loads(done.stdout)
 
 
-def simulated_tpot_ms(artifact, run: dict, host_per_step_s: float) -> float:
-    """The simulator's TPOT p50 on the run's own requests and arrivals (scale 1: wall = device seconds), with
-    ``host_per_step_s`` of host time per engine step. JOIN: pass the run's HostTimeModel here once tuning.simulate
-    takes one (prefill by tokens and images, decode by rows)."""
+def simulated_tpot_ms(artifact, run: dict, host) -> float:
+    """The simulator's TPOT p50 on the run's own requests and arrivals (scale 1: wall = device seconds), each step
+    charged ``host`` (a ``HostTimeModel``: prefill by tokens and images, decode by rows) on top of its device time."""
     from qwenvl_rbln.tuning.capacity import metrics
     from qwenvl_rbln.tuning.device_time import time_model_for_artifact
-    from qwenvl_rbln.tuning.simulate import Engine, Request, simulate
+    from qwenvl_rbln.tuning.simulate import Request, engine_for_artifact, simulate
 
-    cfg = json.loads((artifact / "rbln_config.json").read_text())
-    engine = Engine(batch=cfg["batch_size"], chunk=cfg["prefill_chunk_size"], block_size=cfg["kvcache_block_size"],
-                    num_blocks=cfg["kvcache_num_blocks"], max_model_len=cfg["max_seq_len"],
-                    graphs=tuple(cfg["decoder_batch_sizes"]), step_overhead_s=host_per_step_s)  # fmt: skip
+    engine, _ = engine_for_artifact(artifact)
     starts = run["raw"]["start_times"]
     requests = [Request(s - min(starts), INPUT_LEN + 20, OUTPUT_LEN) for s in starts]
     model = time_model_for_artifact(artifact, model=MODEL)
-    return metrics(simulate(dataclasses.replace(engine), model, requests))["tpot"]["p50"] * 1e3
+    return metrics(simulate(engine, model, requests, host=host))["tpot"]["p50"] * 1e3
 
 
 def test_device_speed_runs_the_engine_at_scale_1_and_measures_host_time_per_step(engine_artifact, tmp_path):
-    from qwenvl_rbln.tuning.host_time import HostTimeModel, recorded
+    from qwenvl_rbln.tuning.host_time import HOST_FREE, HostTimeModel, recorded
 
     for attempt in range(1, ATTEMPTS + 1):  # noqa: B007  (named in the failure)
         doc = _bench(engine_artifact, tmp_path)
@@ -88,10 +81,10 @@ def test_device_speed_runs_the_engine_at_scale_1_and_measures_host_time_per_step
     assert model.decode(2) > 0 and model.prefill(INPUT_LEN + 20) > 0
     assert host["recorded"].startswith("recorded in")
     assert recorded(tmp_path / "home" / "timings.json") == model
-    # calibration: host time is what separates the engine's TPOT from the device-only prediction
-    host_decode = statistics.median(s["host_s"] for s in decodes)
+    # calibration: host time (the run's own fitted model, by kind) is what separates the engine's TPOT from the
+    # device-only prediction
     measured = run["p50_tpot_ms"]
-    free = simulated_tpot_ms(engine_artifact, run, 0.0)
-    with_host = simulated_tpot_ms(engine_artifact, run, host_decode)
+    free = simulated_tpot_ms(engine_artifact, run, HOST_FREE)
+    with_host = simulated_tpot_ms(engine_artifact, run, model)
     assert measured > APART * free, (measured, free, with_host, attempt, host["fit"])
     assert abs(measured - with_host) <= NEAR * with_host, (measured, free, with_host, attempt, host["fit"])

@@ -108,14 +108,17 @@ def test_tune_names_the_default_host_time_and_the_sampler_once_and_charges_them(
     assert cm["host_time"]["seconds"]["decode_base_s"] == DEFAULT.decode_base_s > 0
     assert cm["sampler"].startswith("assumed, not measured")
     est = doc["best"]["estimate"]
-    assert est["decode_host_s_per_step"] == DEFAULT.decode_base_s and est["prefill_host_s"] == DEFAULT.prefill_base_s
+    assert est["decode_host_s_per_step"] == pytest.approx(DEFAULT.decode(est["mean_running_batch"]))
+    tokens = doc["workload"]["mean_input_tokens"]  # rounded to 0.1 in the document
+    assert est["prefill_host_s"] == pytest.approx(DEFAULT.prefill(tokens, est["vit_calls_per_request"]), rel=1e-3)
     assert 0 < est["npu_busy_share"] < 1
     out = io.StringIO()
     print_human(Console(file=out, width=250, no_color=True), doc)
     text = out.getvalue()
-    assert text.count("host time default: this machine's measurement (provisional)") == 1
+    assert text.count("host time default: this machine's measurement") == 1
     assert text.count("sampler assumed, not measured") == 1
-    assert "host 4.00 ms (prefill) / 3.00 ms (decode)" in text and "NPU busy" in text
+    host = f"host {est['prefill_host_s'] * 1e3:.2f} ms (prefill) / {est['decode_host_s_per_step'] * 1e3:.2f} ms"
+    assert host in text and "NPU busy" in text
     assert "(host time: this machine's default; sampler assumed)" in doc["preset"]["description"]
 
 
@@ -144,7 +147,7 @@ def test_with_slo_the_host_time_and_sampler_are_named_once_for_the_estimate_and_
                   env={"QVL_HOME": str(tmp_path), "COLUMNS": "250"})  # fmt: skip
     assert res.exit_code == 0, res.stderr
     flat = " ".join(res.stdout.split())
-    assert flat.count("host time default: this machine's measurement (provisional)") == 1
+    assert flat.count("host time default: this machine's measurement") == 1
     assert flat.count("sampler assumed, not measured") == 1
     res = run_qvl("tune", "-w", str(workload), "--context", "32768", "--slo", "ttft_p90=2s", "--sim-requests", "20",
                   "--json", env={"QVL_HOME": str(tmp_path)})  # fmt: skip

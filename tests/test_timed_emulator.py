@@ -24,7 +24,10 @@ def test_calls_are_classified_as_profile_and_the_time_model_name_them():
     assert timed.classify(prefill, [torch.zeros(1, 128, 64), pos]) == timed.Call("prefill", 128, 384)
     decode = [("inputs_embeds", [4, 1, 64], "float32"), ("cache_position", [4, 1], "int32")]
     rows = torch.tensor([[40], [75], [0], [0]], dtype=torch.int32)  # two real rows, two padding rows at 0
-    assert timed.classify(decode, [torch.zeros(4, 1, 64), rows]) == timed.Call("decode", 4, 75, 2)
+    # each real row's context is its position + 1 (prompt + generated, the simulator's); the call's the longest
+    assert timed.classify(decode, [torch.zeros(4, 1, 64), rows]) == timed.Call("decode", 4, 76, 2)
+    lone = torch.tensor([[0], [9], [0], [0]], dtype=torch.int32)  # a lone real row in the second slot
+    assert timed.classify(decode, [torch.zeros(4, 1, 64), lone]) == timed.Call("decode", 4, 10, 1)
     vit = [("hidden_states", [1024, 64], "float32"), ("attn_mask", [1, 1, 1024, 1024], "float32")]
     assert timed.classify(vit, [torch.zeros(1024, 64), torch.zeros(1, 1, 1024, 1024)]) == timed.Call("vit", 1024, 0)
 
@@ -132,3 +135,23 @@ def test_bench_serve_time_model_refusals_are_one_line_and_the_dry_run_shows_both
     shown = json.loads(out)
     assert shown["serve"]["argv"][:2] == ["vllm", "serve"] and shown["bench"]["argv"][:3] == ["vllm", "bench", "serve"]
     assert shown["rates"] == [2.0] and shown["serve"]["env"]["QVL_EMULATE_NPU"] == "1"
+
+
+def test_a_decode_and_a_sampler_call_hold_for_what_the_simulator_charges():
+    """The emulator's hold and the simulator's step cost agree: a decode at the longest real row's context (position +
+    1) over its real rows, the sampler at ``DeviceTimeModel.sampler`` of the logits' padded rows."""
+    from qwenvl_rbln.tuning.device_time import time_model_for
+    from qwenvl_rbln.tuning.simulate import Engine, StepCosts
+
+    model = time_model_for(model="Qwen/Qwen3-VL-2B-Instruct", chunk=128, block=4096)
+    info = [("inputs_embeds", [4, 1, 64], "float32"), ("cache_position", [4, 1], "int32")]
+    pos = torch.tensor([[900], [1999], [0], [0]], dtype=torch.int32)  # two real rows: contexts 901 and 2000
+    call = timed.classify(info, [torch.zeros(4, 1, 64), pos])
+    engine = Engine(batch=4, chunk=128, block_size=4096, num_blocks=4, max_model_len=4096, graphs=(1, 2, 4))
+    _, device, _ = StepCosts(engine, model).decode(2, 2000)  # the simulator's LONGEST: graph 2 + sampler on 2 rows
+    graph = engine.decoder_graphs()[1]
+    assert timed.device_seconds(model, call) == pytest.approx(model.decode(4, 2000, rows=2))
+    assert model.sampler(engine.sampler_rows(2)) > 0
+    sampler = timed.device_seconds(model, timed.Call("sampler", engine.sampler_rows(2), 0))
+    assert sampler == pytest.approx(model.sampler(2))
+    assert device == pytest.approx(model.decode(graph, 2000, rows=2) + sampler)

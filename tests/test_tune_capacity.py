@@ -177,7 +177,7 @@ def test_the_host_time_source_and_the_npu_busy_share_are_named_in_json_and_the_t
     assert res.exit_code == 0, res.stderr
     out = " ".join(res.stdout.split())
     assert "NPU busy" in out and "own-context req/s" in out
-    assert "host time default: this machine's measurement (provisional)" in out
+    assert "host time default: this machine's measurement" in out
     assert "sampler assumed, not measured" in out and "decode rows ranked at the upper end" in out
     assert "NPU busy" in sized["preset"]["description"] and "host time this machine's default" in (
         sized["preset"]["description"])  # fmt: skip

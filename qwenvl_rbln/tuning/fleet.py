@@ -8,7 +8,7 @@ timings.json has them, a MoE at its high end) through ``tuning.device_time``. ``
 largest rate per replica that meets every target.
 
 Every step is charged its host time too (``tuning.host_time``: timings.json's measured ``host_time`` entry, else
-``host_time.DEFAULT``, named as this machine's provisional measurement) and the sampler's device call (an
+``host_time.DEFAULT``, named as this machine's measurement) and the sampler's device call (an
 assumption, stated). Each row is ranked at the upper end of a decode step's cost (every row at the longest row's
 context, as a MoE is ranked at its high end: a capacity promised at the lower end might not hold) and also sized
 at the lower end (each row at its own context), shown beside it. Its NPU busy share at capacity (device time /

@@ -27,9 +27,11 @@ never quietly slower (``Stats.valid``).
 
 Which call is which, from its inputs (as ``qvl profile`` names them, ``profiling/graphs.py``): a graph with
 ``cache_position`` of width > 1 is a prefill chunk of that width, its context the tokens in the KV cache after it
-(first position + width); of width 1 a decoder batch of its rows, its context the largest position among them and
-its real rows those at a position > 0; any other graph a ViT call of the bucket its first input's length gives
-(the contexts as ``tuning.device_time`` defines them).
+(first position + width); of width 1 a decoder batch of its rows, its real rows those at a position > 0 (vllm-rbln's
+padding rows sit at 0), each real row's context its position + 1 (prompt + tokens generated, as
+``tuning.simulate`` counts it) and the call's the longest of them (the simulator's default ``LONGEST``); a sampler
+call's rows are the logits' rows as vllm-rbln pads them (``simulate.sampler_rows``); any other graph a ViT call of
+the bucket its first input's length gives (the contexts as ``tuning.device_time`` defines them).
 """
 
 from __future__ import annotations
@@ -82,7 +84,11 @@ def classify(info: list[tuple[str, list[int], str]], values: list[Any]) -> Call:
         rows, width = (int(pos.shape[0]), int(pos.shape[-1])) if pos.dim() >= 2 else (1, int(pos.numel()))
         if width > 1:  # context: tokens in the KV cache after the chunk (device_time's convention)
             return Call("prefill", width, int(pos.reshape(-1)[0]) + width)
-        return Call("decode", rows, int(pos.max()), max(1, int((pos.reshape(-1) > 0).sum())))
+        # a real row's context: its position + 1 (prompt + tokens generated, the simulator's); the call holds at
+        # the longest real row's (the simulator's default LONGEST: model.decode(graph, max(contexts), real rows))
+        real = pos.reshape(-1)[pos.reshape(-1) > 0]
+        contexts = [int(p) + 1 for p in real.tolist()] or [1]
+        return Call("decode", rows, max(contexts), len(real) or 1)
     return Call("vit", int(info[0][1][0]) if info and info[0][1] else 0, 0)
 
 
