@@ -58,10 +58,11 @@ class _Fixed:
     sampler_s: float
     host_s: float
     shared: bool
+    front_s: float = 0.0  # the API server's own time before the scheduler: in TTFT, not on the card
 
     @property
     def ttft(self) -> float:
-        return self.vit_s + self.prefill_s + self.sampler_s + self.host_s
+        return self.front_s + self.vit_s + self.prefill_s + self.sampler_s + self.host_s
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def _one_end(work: Work, step: _Step, vit: tuple[float, float], shared: bool, lo
     prefill_s, prefill_chunks = _prefill_per_request(work, roof, step.block)
     # one prefill step per request; the host-time model is linear, so the mean request's tokens and calls are exact
     prefill_host = step.host.prefill(work.mean_input_tokens, vit[1])
-    fixed = _Fixed(vit[0], prefill_s, roof.sampler_call(1), prefill_host, shared)
+    fixed = _Fixed(vit[0], prefill_s, roof.sampler_call(1), prefill_host, shared, step.host.front(vit[1]))
     context = work.mean_input_tokens + work.output_tokens / 2
     trace = clamp_trace(work.trace, batch) if work.trace else {batch: 1}
     decode_graphs = []

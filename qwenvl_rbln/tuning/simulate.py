@@ -345,26 +345,32 @@ def simulate(
     fast: bool = True,
     costs: StepCosts | None = None,
 ) -> Trace:
-    """Run the requests (any order; taken by arrival, ties in the given order) through the scheduler, each step
+    """Run the requests (any order; taken as they reach the scheduler: arrival plus the host model's API-server front
+    end, ties in the given order) through the scheduler, each step
     charged its device time (``model``: graph calls and the sampler) and its host time (``host``); decode rows at
     ``context_end`` (``OWN`` or ``LONGEST``). ``fast`` takes runs of identical decode steps in one go
     (``_Sim.coast``); the result is the same step for step. ``costs``: step costs to share between runs (built
     for this engine, model, host and end; they replace those arguments)."""
     check_requests(engine, requests)
-    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i))
+    costs = costs or StepCosts(engine, model, host, context_end)
+    # a request reaches the scheduler after the API server's own work on it (``HostTimeModel.front``): its TTFT
+    # counts from its arrival, its place in the queue from then
+    ready = [r.arrival + costs.host.front(len(r.vit)) for r in requests]
+    order = sorted(range(len(requests)), key=lambda i: (ready[i], i))
     records = [Record(requests[i]) for i in order]
-    sim = _Sim(costs or StepCosts(engine, model, host, context_end), keep_steps)
+    reach = [ready[i] for i in order]
+    sim = _Sim(costs, keep_steps)
     now, nxt = 0.0, 0
     while sim.finished < len(records):
-        while nxt < len(records) and records[nxt].request.arrival <= now:
+        while nxt < len(records) and reach[nxt] <= now:
             sim.waiting.append(records[nxt])  # requests reach the scheduler between steps
             nxt += 1
         if not sim.waiting and not sim.running:
-            now = max(now, records[nxt].request.arrival)
+            now = max(now, reach[nxt])
             continue
         seconds = sim.try_prefill(now)
         if seconds is None and fast and sim.running:
-            arrival = records[nxt].request.arrival if nxt < len(records) else math.inf
+            arrival = reach[nxt] if nxt < len(records) else math.inf
             after = sim.coast(now, arrival)
             if after is not None:
                 now = after

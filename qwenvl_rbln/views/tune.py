@@ -240,6 +240,10 @@ def _host_and_sampler(console: Any, sec: dict[str, Any]) -> None:
     colour = "" if host.get("measured") else "yellow"
     line = f"[bold]host time[/bold] [{colour}]{{}}[/{colour}]" if colour else "[bold]host time[/bold] {}"
     console.print(markup(line, host.get("source", "none")), highlight=False)
+    if host.get("front_end"):
+        colour = "" if host.get("front_end_counted") else "yellow"
+        line = f"[bold]API server[/bold] [{colour}]{{}}[/{colour}]" if colour else "[bold]API server[/bold] {}"
+        console.print(markup(line, host["front_end"]), highlight=False)
     console.print(markup("[bold]sampler[/bold] {}", sec.get("sampler") or "none"), highlight=False)
 
 
