@@ -390,24 +390,24 @@ def table(files: list[Path]) -> None:
                                        for k, v in errs[c].items() if v))  # fmt: skip
 
 
+def _run_args(p: argparse.ArgumentParser, *, prompts: int, input_len: int, output_len: int) -> argparse.ArgumentParser:
+    """The arguments both measured modes take: the artifact, the output file, the requests and the seed."""
+    p.add_argument("artifact")
+    p.add_argument("--out", required=True)
+    p.add_argument("--prompts", type=int, default=prompts)
+    p.add_argument("--input-len", type=int, default=input_len)
+    p.add_argument("--output-len", type=int, default=output_len)
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("artifact")
-    r.add_argument("--out", required=True)
+    r = _run_args(sub.add_parser("run"), prompts=24, input_len=200, output_len=24)
     r.add_argument("--scale", type=float, default=200.0)
-    r.add_argument("--prompts", type=int, default=24)
-    r.add_argument("--input-len", type=int, default=200)
-    r.add_argument("--output-len", type=int, default=24)
-    r.add_argument("--seed", type=int, default=0)
     d = sub.add_parser("device", help="at scale 1 (--emulate-speed device), host time calibrated apart")
-    d.add_argument("artifact")
-    d.add_argument("--out", required=True)
-    d.add_argument("--prompts", type=int, default=48)
-    d.add_argument("--input-len", type=int, default=1250)
-    d.add_argument("--output-len", type=int, default=80)
-    d.add_argument("--seed", type=int, default=0)
+    _run_args(d, prompts=48, input_len=1250, output_len=80)
     d.add_argument("--calibration-seed", type=int, default=1)
     d.add_argument("--calibration-prompts", type=int, default=24)
     t = sub.add_parser("table")
