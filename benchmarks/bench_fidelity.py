@@ -248,8 +248,7 @@ def own_fit(steps: list[dict[str, Any]]) -> dict[str, Any]:
     from qwenvl_rbln.serving.step_log import Step
     from qwenvl_rbln.tuning import host_measure
 
-    got = [Step(s["kind"], s["tokens"], s["rows"], s["images"], s["host_s"] + s["device_s"], s["device_s"], 0.0)
-           for s in steps]  # fmt: skip
+    got = [Step.from_dict(s) for s in steps]
     return host_measure.fit(got, "the run's own steps", {}).to_dict()
 
 

@@ -89,8 +89,7 @@ def host_time_section(doc: dict[str, Any], plan: Any, directory: Path) -> dict[s
     from qwenvl_rbln.serving.step_log import PROFILE_ENV, Step
     from qwenvl_rbln.tuning import host_measure, host_time
 
-    steps = [Step(s["kind"], s["tokens"], s["rows"], s["images"], s["host_s"] + s["device_s"], s["device_s"], 0.0)
-             for r in doc["runs"] for s in r["steps"]]  # fmt: skip
+    steps = [Step.from_dict(s) for r in doc["runs"] for s in r["steps"]]
     if not steps:
         return None
     host = host_measure.host_info()

@@ -238,13 +238,16 @@ def hold_fleet(engine_ports: list[int], checked_ports: list[int]) -> list[HeldPo
     metrics port, the router's own behind a front door) checked; one line naming the first port in use, before
     anything starts."""
     ports = [*engine_ports, *checked_ports]
+    handoff = plugin_installed()  # one look at the entry points for every engine
     held: list[HeldPort] = []
     for number in ports:
         try:
             if number in checked_ports:
                 check_port_free("127.0.0.1", number)
             else:
-                held.append(hold("127.0.0.1", number))
+                one = HeldPort("127.0.0.1", number, handoff=handoff)
+                held.append(one)
+                one.hold()
         except InputError:
             for one in held:
                 one.close()

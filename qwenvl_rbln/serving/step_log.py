@@ -59,6 +59,11 @@ class Step:
         return {"kind": self.kind, "tokens": self.tokens, "rows": self.rows, "images": self.images,
                 "host_s": round(self.host_s, 7), "device_s": round(self.device_s, 7)}  # fmt: skip
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Step:
+        """A step as ``to_dict`` wrote it (a run's report): its span is its host and device time, its end unknown."""
+        return cls(d["kind"], d["tokens"], d["rows"], d["images"], d["host_s"] + d["device_s"], d["device_s"], 0.0)
+
 
 def describe(scheduler_output: Any) -> tuple[str, int, int, int]:
     """(kind, tokens, rows, images) of one scheduled step."""

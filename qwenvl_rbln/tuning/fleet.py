@@ -26,7 +26,6 @@ from typing import Any
 from qwenvl_rbln.errors import DoesNotFit
 from qwenvl_rbln.tuning.capacity import MAX_UTILISATION, Kind, Load, capacity, fleet, unreachable_text
 from qwenvl_rbln.tuning.device_time import DeviceTimeModel, from_roofline
-from qwenvl_rbln.tuning.host_time import HostTimeModel
 from qwenvl_rbln.tuning.host_time import section as host_section
 from qwenvl_rbln.tuning.search import Checker, Config
 from qwenvl_rbln.tuning.simulate import CONTEXT_ENDS, LONGEST, OWN, Engine
@@ -86,9 +85,7 @@ def _figures(fig: dict[str, Any]) -> dict[str, Any]:
     return {k: fig[k] for k in keep}
 
 
-def size_one(
-    checker: Checker, cfg: Config, row: dict[str, Any], host: HostTimeModel, measured: bool = False
-) -> dict[str, Any]:
+def size_one(checker: Checker, cfg: Config, row: dict[str, Any]) -> dict[str, Any]:
     """One candidate's capacity under the targets (and, with --rate, its fleet), and with --rate the figures each
     replica shows at its share of the rate (the whole rate on one replica without targets); at the ranked (upper)
     end of a decode step's cost, and the same at the lower end under ``own_context``."""
@@ -96,8 +93,8 @@ def size_one(
     engine, model = engine_for(cfg, row, checker.roof.chunk), time_model(checker, cfg)
     mix = kinds(checker.work, checker.vit(cfg))
     run = (engine, model, mix, checker.work.output_tokens, needs.sim_requests, needs.seed, needs.arrivals)
-    loads = {end: Load(*run, host=host, context_end=end) for end in (LONGEST, OWN)}
-    out: dict[str, Any] = {"host_time": "measured" if measured else "this machine's default"}
+    loads = {end: Load(*run, host=checker.host, context_end=end) for end in (LONGEST, OWN)}  # the estimate's own
+    out: dict[str, Any] = {"host_time": "measured" if checker.host_measured else "this machine's default"}
     if needs.slos:
         out.update(_sized(loads[LONGEST], needs, row["npus"]))
         lower = _sized(loads[OWN], needs, row["npus"])
@@ -146,14 +143,14 @@ def size_candidates(
     """Every candidate sized and ranked (by NPUs for --rate, else by capacity per NPU); the document's
     ``capacity`` section; the error when no candidate meets the targets at any rate."""
     needs = checker.needs
-    host, measured = checker.host, checker.host_measured  # the estimate's own: one source of host time
     for cfg, row in items:
-        row["capacity"] = size_one(checker, cfg, row, host, measured)
+        row["capacity"] = size_one(checker, cfg, row)
     ranked = items
     if needs.slos:
         ranked = [
             (c, r) for _, c, r in sorted(((i, c, r) for i, (c, r) in enumerate(items)), key=lambda t: _key(needs, t))
         ]
+    first_model = time_model(checker, items[0][0]) if items else None
     section: dict[str, Any] = {
         "targets": [s.text() for s in needs.slos],
         "rate_rps": needs.rate,
@@ -169,9 +166,9 @@ def size_candidates(
         "ranked_by": ("NPUs needed for --rate, then capacity per NPU" if needs.rate is not None else "capacity per NPU")
         if needs.slos
         else "the estimate (no --slo: the figures at --rate are predictions, not a ranking)",
-        "time_model": time_model(checker, items[0][0]).name if items else None,
-        "host_time": host_section(host, measured),
-        "sampler": time_model(checker, items[0][0]).sampler_source if items else None,
+        "time_model": first_model.name if first_model else None,
+        "host_time": host_section(checker.host, checker.host_measured),
+        "sampler": first_model.sampler_source if first_model else None,
         "decode_context": {"ranked": LONGEST, "also": OWN, "ends": dict(CONTEXT_ENDS), "rule": RANKED_END},
         "npu_busy_share": BUSY,
     }
